@@ -1,0 +1,231 @@
+"""The trajectory data model: token ids, typed spans that tile them, derived masks.
+
+A trajectory is what one episode produced: a flat list of token ids and a partition
+of ``[0, len(tokens))`` into typed spans. Context spans (``system``, ``user``,
+``tool_result``) are never trained on; model spans (``assistant_text``,
+``assistant_tool_call``, ``assistant_final``) hold the ids the model sampled,
+verbatim. Masks are *derived* from spans. When a file stores a mask, it is
+re-derived on read and a mismatch is a :class:`ProvenanceError`, never training data.
+
+The distribution that predicts token ``j`` lives at position ``j - 1``; position 0
+predicts nothing of its own sequence, and token 0 is always context.
+
+This module does not tokenize, render chat templates or run models.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import ProvenanceError
+
+
+class SpanType(str, Enum):
+    SYSTEM = "system"
+    USER = "user"
+    TOOL_RESULT = "tool_result"
+    ASSISTANT_TEXT = "assistant_text"
+    ASSISTANT_TOOL_CALL = "assistant_tool_call"
+    ASSISTANT_FINAL = "assistant_final"
+
+    @property
+    def trainable(self) -> bool:
+        return self in MODEL_SPANS
+
+
+CONTEXT_SPANS = frozenset({SpanType.SYSTEM, SpanType.USER, SpanType.TOOL_RESULT})
+MODEL_SPANS = frozenset(
+    {SpanType.ASSISTANT_TEXT, SpanType.ASSISTANT_TOOL_CALL, SpanType.ASSISTANT_FINAL}
+)
+
+
+class StopReason(str, Enum):
+    FINAL_ANSWER = "final_answer"
+    MAX_TURNS = "max_turns"
+    MAX_TOKENS = "max_tokens"
+    PARSE_ERRORS = "parse_errors"
+    REPEATED_CALLS = "repeated_calls"
+
+
+class Span(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: SpanType
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> Span:
+        if self.end <= self.start:
+            raise ValueError(f"span {self.type.value} [{self.start}, {self.end}) is empty")
+        return self
+
+
+class VerifierResult(BaseModel):
+    """What an environment's verifier said about a final answer; always bounded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    success: bool = False
+    score: float = Field(default=0.0, ge=0.0, le=1.0)
+    reason: str = Field(default="", max_length=500)
+
+
+class ToolCallStats(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    total: int = Field(default=0, ge=0)
+    parse_errors: int = Field(default=0, ge=0)
+    failed: int = Field(default=0, ge=0)
+    by_name: dict[str, int] = Field(default_factory=dict)
+
+
+class Trajectory(BaseModel):
+    """One episode: ids, typed spans and the facts that make its tokens traceable."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    tokens: list[int]
+    spans: list[Span]
+    policy_version: int = Field(ge=0, description="Student parameter version that sampled it.")
+    tokenizer_fp: str
+    environment: str
+    task_id: str
+    split: str = "train"
+    difficulty: str = "easy"
+    stop_reason: StopReason = StopReason.FINAL_ANSWER
+    tool_calls: ToolCallStats = Field(default_factory=ToolCallStats)
+    verifier: VerifierResult = Field(default_factory=VerifierResult)
+    seed: int | None = None
+    source: str = Field(default="rollout", description="rollout | oracle | import")
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _spans_tile(self) -> Trajectory:
+        n = len(self.tokens)
+        if n == 0:
+            raise ValueError("trajectory has no tokens")
+        cursor = 0
+        for span in self.spans:
+            if span.start != cursor:
+                raise ValueError(
+                    f"spans must tile the sequence: expected a span starting at {cursor}, "
+                    f"got {span.type.value} [{span.start}, {span.end})"
+                )
+            cursor = span.end
+        if cursor != n:
+            raise ValueError(f"spans cover [0, {cursor}) but the trajectory has {n} tokens")
+        if self.spans[0].type.trainable:
+            raise ValueError("token 0 must be context: position 0 is never a target")
+        return self
+
+    # -- derived views -------------------------------------------------------------
+
+    def loss_mask(self) -> np.ndarray:
+        """bool[T]: token ``j`` was sampled by the model and may be a training target."""
+        mask_T = np.zeros(len(self.tokens), dtype=bool)
+        for span in self.spans:
+            if span.type.trainable:
+                mask_T[span.start : span.end] = True
+        return mask_T
+
+    def target_positions(self, types: Iterable[SpanType] | None = None) -> np.ndarray:
+        """int64[P]: positions ``p = j - 1`` whose next token ``j`` is trainable.
+
+        ``types`` restricts the targets to some model span types (e.g. tool calls and
+        final answers only); context types are never returned.
+        """
+        wanted = MODEL_SPANS if types is None else MODEL_SPANS & frozenset(types)
+        out: list[np.ndarray] = []
+        for span in self.spans:
+            if span.type in wanted:
+                out.append(np.arange(span.start - 1, span.end - 1, dtype=np.int64))
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def span_types(self) -> list[SpanType]:
+        """The span type of every token, length T."""
+        types: list[SpanType] = []
+        for span in self.spans:
+            types.extend([span.type] * (span.end - span.start))
+        return types
+
+    def token_counts(self) -> dict[str, int]:
+        """Tokens per span type (every type present, zeros included)."""
+        counts = Counter({t.value: 0 for t in SpanType})
+        for span in self.spans:
+            counts[span.type.value] += span.end - span.start
+        return dict(counts)
+
+    def model_ids(self) -> list[list[int]]:
+        """The sampled ids of each model span, in order."""
+        return [self.tokens[s.start : s.end] for s in self.spans if s.type.trainable]
+
+
+# -- JSONL I/O -------------------------------------------------------------------------
+
+
+def _mask_string(mask_T: np.ndarray) -> str:
+    return "".join("1" if m else "0" for m in mask_T.tolist())
+
+
+def trajectory_to_json(traj: Trajectory) -> str:
+    """One JSONL line; the stored ``loss_mask`` is for readers, and is re-checked on read."""
+    record = traj.model_dump(mode="json")
+    record["loss_mask"] = _mask_string(traj.loss_mask())
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def trajectory_from_json(line: str, where: str = "<string>") -> Trajectory:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ProvenanceError(f"{where}: not valid JSON ({exc.msg}); the file is corrupted") from exc
+    if not isinstance(record, dict):
+        raise ProvenanceError(f"{where}: expected a JSON object per line")
+    stored_mask = record.pop("loss_mask", None)
+    try:
+        traj = Trajectory.model_validate(record)
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        detail = "; ".join(line.strip() for line in first[1:3]) or str(exc)
+        raise ProvenanceError(f"{where}: invalid trajectory: {detail}") from exc
+    if stored_mask is not None and stored_mask != _mask_string(traj.loss_mask()):
+        raise ProvenanceError(
+            f"{where}: stored loss_mask does not match the mask derived from the spans of "
+            f"trajectory {traj.id!r}; the file was edited or corrupted and is not trained on"
+        )
+    return traj
+
+
+def write_trajectories(path: str | Path, trajs: Iterable[Trajectory], append: bool = False) -> int:
+    """Write trajectories as JSONL; returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("a" if append else "w", encoding="utf-8") as fh:
+        for traj in trajs:
+            fh.write(trajectory_to_json(traj) + "\n")
+            n += 1
+    return n
+
+
+def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
+    """Yield trajectories, re-deriving every mask; raises ProvenanceError at ``file:line``."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if line.strip():
+                yield trajectory_from_json(line, where=f"{path}:{lineno}")
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    return list(iter_trajectories(path))
