@@ -25,7 +25,8 @@ COMMAND_MODULES = (
     "foundation",  # doctor, validate, schema
     "run_cmds",  # demo, up, train, eval, status, stop
     "teacher_cmds",  # teacher serve/status/reload/shutdown/use, qualify-teacher
-    "data_cmds",  # inspect, cache
+    "data_cmds",  # inspect
+    "cache_cmds",  # cache stats, cache validate
     "report_cmds",  # report, benchmark, export-benchmark
     "bridge_cmds",  # export-adapter, export-verl, convert-dataset, import-verl, bridge doctor
 )
