@@ -1,0 +1,188 @@
+"""Model and tokenizer loading: one path for toy and real models.
+
+``resolve_model_dir`` turns a recipe ``ModelSource`` (``toy`` spec, local ``path``, or
+pinned ``hub_id`` + ``revision``) into a local Hugging Face directory; ``load_tokenizer``
+and ``load_causal_lm`` then load *any* such directory with ``from_pretrained``. The
+toy stack is not special-cased after resolution.
+
+This module does not train, sample or score. torch, transformers and huggingface_hub
+are imported inside the functions, so ``miniverl.common`` imports without them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, MissingExtraError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "nf4", "int8")
+
+
+def _field(source: Any, name: str) -> Any:
+    if isinstance(source, dict):
+        return source.get(name)
+    return getattr(source, name, None)
+
+
+def resolve_model_dir(source: Any, offline: bool = False) -> Path:
+    """A local HF directory for a ``ModelSource`` (toy | path | hub_id + revision).
+
+    ``offline=True`` never touches the network: a hub model must already be in the
+    local Hugging Face cache, otherwise a ConfigError says what is missing.
+    """
+    toy = _field(source, "toy")
+    path = _field(source, "path")
+    hub_id = _field(source, "hub_id")
+    chosen = [name for name, v in (("toy", toy), ("path", path), ("hub_id", hub_id)) if v]
+    if len(chosen) != 1:
+        raise ConfigError(
+            f"model source sets {chosen or 'nothing'}; it must set exactly one of "
+            "'toy', 'path' or 'hub_id' (+ 'revision')"
+        )
+    if toy is not None:
+        from .toy import toy_model_dir
+
+        return toy_model_dir(toy)
+    if path:
+        p = Path(path).expanduser()
+        if not (p / "config.json").is_file():
+            raise ConfigError(
+                f"model path {str(p)!r} has no config.json; point 'path' at a Hugging Face "
+                "model directory (one saved with save_pretrained)"
+            )
+        return p
+    revision = _field(source, "revision")
+    if not revision:
+        raise ConfigError(
+            f"hub model {hub_id!r} has no 'revision'; pin the 40-hex commit so runs are "
+            "reproducible (see the model's 'Files and versions' page)"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError("huggingface_hub", "train") from exc
+    try:
+        return Path(
+            snapshot_download(repo_id=hub_id, revision=revision, local_files_only=offline)
+        )
+    except Exception as exc:
+        if offline:
+            raise ConfigError(
+                f"hub model {hub_id!r} at revision {revision} is not in the local Hugging "
+                "Face cache and offline mode forbids downloading it; run once online, or "
+                "`huggingface-cli download "
+                f"{hub_id} --revision {revision}`, or use 'path' to a local directory"
+            ) from exc
+        raise ConfigError(
+            f"could not download hub model {hub_id!r} at revision {revision}: "
+            f"{type(exc).__name__}: {exc}; check the id, the revision and your network"
+        ) from exc
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The tokenizer saved in a local HF directory (a fast tokenizer with a chat template)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError("transformers", "train") from exc
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    if not getattr(tok, "chat_template", None):
+        raise ConfigError(
+            f"tokenizer in {str(model_dir)!r} has no chat template; miniverl renders "
+            "episodes with it, so use an instruct/chat model's tokenizer"
+        )
+    return tok
+
+
+def resolve_device(device: str = "auto"):
+    """``auto`` → first CUDA device if present, else CPU; ``cuda[:N]`` must exist."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {device!r} requested but CUDA is not available; use 'cpu' or 'auto'"
+            )
+        dev = torch.device(device)
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {device!r} does not exist ({torch.cuda.device_count()} CUDA "
+                "device(s)); pick an index below that"
+            )
+        return dev
+    raise ConfigError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N")
+
+
+def resolve_dtype(dtype: str, device: Any):
+    """``auto`` → bfloat16 on CUDA that supports it, float16 on older CUDA, float32 on CPU."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dtype == "auto":
+        if dev.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def load_causal_lm(
+    model_dir: str | Path,
+    dtype: str = "auto",
+    device: str = "auto",
+    quantization: str = "none",
+    revision: str | None = None,
+    allow_cpu_quantization: bool = False,
+):
+    """Load a causal LM from a local HF directory onto ``device`` in eval mode.
+
+    ``revision`` is passed through to ``from_pretrained`` (it only matters for a hub
+    cache directory). Quantization needs bitsandbytes and CUDA.
+    """
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError("transformers", "train") from exc
+
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(
+            f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
+        )
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": True}
+    if revision:
+        kwargs["revision"] = revision
+    if quantization != "none":
+        if dev.type != "cuda" and not allow_cpu_quantization:
+            raise ConfigError(
+                f"quantization {quantization!r} needs a CUDA device (device is {dev}); "
+                "set quantization: none, or allow_cpu_quantization: true to try anyway"
+            )
+        try:
+            import bitsandbytes  # noqa: F401
+            from transformers import BitsAndBytesConfig
+        except ImportError as exc:
+            raise MissingExtraError("bitsandbytes", "cuda") from exc
+        if quantization == "nf4":
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=torch_dtype,
+            )
+        else:
+            kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+        kwargs["device_map"] = {"": dev.index or 0} if dev.type == "cuda" else {"": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+    if quantization == "none":
+        model.to(dev)
+    model.eval()
+    return model
