@@ -1,0 +1,205 @@
+"""The ``sqlite`` environment: numeric questions over in-memory customers/orders tables.
+
+Each task carries its rows in ``task.data`` (``customers``: ``[id, name, city]``,
+``orders``: ``[id, customer_id, amount]``); ``reset`` loads them into a fresh
+in-memory database. Tools: ``schema()`` returns the ``CREATE TABLE`` statements and
+``query(sql)`` runs one statement.
+
+Queries are read-only and bounded, because the SQL comes from a model:
+- an authorizer allows only SELECT, reading columns, calling functions and recursive
+  CTEs; INSERT, UPDATE, DELETE, CREATE, DROP, ATTACH, PRAGMA and transactions are
+  refused (``PRAGMA query_only`` is on as a second fence);
+- a progress handler stops a statement after a fixed number of VM steps, so a
+  runaway recursive CTE or cross join ends with an error text;
+- at most 50 rows and 2,000 characters come back; strings and blobs are capped at 1 MB.
+
+The verifier compares the last number of the answer with the ground truth.
+This module is torch-free.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from typing import Any
+
+from miniverl.common.trajectory import VerifierResult
+
+from .base import Environment, FinalAnswer, Task, ToolCall, format_number, numeric_result, tool_spec
+from .jsonnav import _CITIES, _FIRST, _LAST
+
+MAX_ROWS = 50
+MAX_PROGRESS_CALLS = 2000  # x 1000 VM steps: ~2M steps, far above any honest query here
+_PROGRESS_EVERY = 1000
+SCHEMA = (
+    "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL);\n"
+    "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL "
+    "REFERENCES customers(id), amount INTEGER NOT NULL);"
+)
+_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+# Recursive CTEs are allowed on purpose: the VM-step limit, not the authorizer, ends them.
+_ALLOWED.add(getattr(sqlite3, "SQLITE_RECURSIVE", 33))
+
+
+def _authorizer(action: int, arg1, arg2, db_name, trigger) -> int:
+    return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
+
+
+def open_database(customers: list[list], orders: list[list]) -> sqlite3.Connection:
+    """A fresh in-memory database holding the rows, locked down for model-written SQL."""
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    conn.executescript(SCHEMA)
+    conn.executemany("INSERT INTO customers VALUES (?, ?, ?)", customers)
+    conn.executemany("INSERT INTO orders VALUES (?, ?, ?)", orders)
+    conn.commit()
+    conn.execute("PRAGMA query_only = ON")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 10_000)
+    conn.set_authorizer(_authorizer)
+    return conn
+
+
+def run_query(conn: sqlite3.Connection, sql: str) -> str:
+    """Run one read-only statement; raises ``sqlite3.Error`` on refusal or step limit."""
+    calls = [0]
+
+    def progress() -> int:
+        calls[0] += 1
+        return 1 if calls[0] > MAX_PROGRESS_CALLS else 0
+
+    conn.set_progress_handler(progress, _PROGRESS_EVERY)
+    try:
+        try:
+            cursor = conn.execute(sql)
+            rows = cursor.fetchmany(MAX_ROWS + 1)
+        except sqlite3.OperationalError as exc:
+            if calls[0] > MAX_PROGRESS_CALLS:
+                raise sqlite3.OperationalError("query stopped: too many steps") from None
+            if "not authorized" in str(exc):
+                raise sqlite3.OperationalError("not authorized: only SELECT queries are allowed") from None
+            raise
+        header = [d[0] for d in cursor.description or []]
+    finally:
+        conn.set_progress_handler(None, 0)
+    if not header:
+        return "(no result)"
+    lines = [" | ".join(header)]
+    lines += [" | ".join(_cell(v) for v in row) for row in rows[:MAX_ROWS]]
+    if len(rows) > MAX_ROWS:
+        lines.append(f"... more than {MAX_ROWS} rows; add LIMIT or aggregate")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, int | float):
+        return format_number(value)
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return str(value)
+
+
+class SqliteEnv(Environment):
+    """Answer numeric questions with SQL over customers and orders."""
+
+    name = "sqlite"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._conn: sqlite3.Connection | None = None
+
+    def system_prompt(self) -> str:
+        return "Use the schema and query tools (SQLite). Reply with only the final number."
+
+    def tool_specs(self) -> list[dict]:
+        return [
+            tool_spec("schema", "Show the database tables.", {}),
+            tool_spec("query", "Run one read-only SQL query.", {"sql": {"type": "string"}}),
+        ]
+
+    def on_reset(self, task: Task) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = open_database(task.data["customers"], task.data["orders"])
+
+    def run_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        if name == "schema":
+            return SCHEMA
+        try:
+            return run_query(self._conn, arguments["sql"])
+        except sqlite3.Warning as exc:  # "You can only execute one statement at a time."
+            raise ValueError(str(exc)) from None
+        except (sqlite3.Error, OverflowError) as exc:
+            raise ValueError(f"sql: {exc}") from None
+
+    def check_answer(self, task: Task, answer: str) -> VerifierResult:
+        return numeric_result(task.answer, answer)
+
+    def oracle_actions(self, task: Task) -> list:
+        return [
+            ToolCall("schema", {}),
+            ToolCall("query", {"sql": task.data["sql"]}),
+            FinalAnswer(task.answer),
+        ]
+
+    def privileged_context(self, task: Task) -> str:
+        return f"SQL: {task.data['sql']} The answer is {task.answer}."
+
+    def generate_task(self, seed: int, split: str, difficulty: str) -> Task:
+        rng = random.Random(f"sqlite:{int(seed)}:{difficulty}")
+        cities = rng.sample(sorted(_CITIES), 3)
+        names = rng.sample([f"{f} {last}" for f in _FIRST for last in _LAST], rng.randint(5, 8))
+        customers = [[i + 1, n, rng.choice(cities)] for i, n in enumerate(names)]
+        orders = []
+        for cust in customers:
+            for _ in range(rng.randint(1, 4)):
+                orders.append([0, cust[0], rng.randint(5, 200)])
+        rng.shuffle(orders)
+        for i, order in enumerate(orders):
+            order[0] = i + 1
+        who = rng.choice(customers)
+        name = who[1]
+        if difficulty == "easy":
+            prompt = f"How many orders did {name} place?"
+            sql = (
+                "SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = customers.id "
+                f"WHERE customers.name = '{name}'"
+            )
+        elif difficulty == "medium":
+            if rng.random() < 0.5:
+                prompt = f"What is the total amount of orders by {name}?"
+                sql = (
+                    "SELECT SUM(amount) FROM orders JOIN customers ON orders.customer_id = "
+                    f"customers.id WHERE customers.name = '{name}'"
+                )
+            else:
+                prompt = f"What is the largest order amount of {name}?"
+                sql = (
+                    "SELECT MAX(amount) FROM orders JOIN customers ON orders.customer_id = "
+                    f"customers.id WHERE customers.name = '{name}'"
+                )
+        elif difficulty == "hard":
+            city, threshold = who[2], 5 * rng.randint(2, 38)
+            if rng.random() < 0.5:
+                prompt = f"How many orders over {threshold} were placed by customers in {city}?"
+                sql = (
+                    "SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = "
+                    f"customers.id WHERE customers.city = '{city}' AND amount > {threshold}"
+                )
+            else:
+                prompt = f"What is the total amount of orders over {threshold} from customers in {city}?"
+                sql = (
+                    "SELECT COALESCE(SUM(amount), 0) FROM orders JOIN customers ON "
+                    f"orders.customer_id = customers.id WHERE customers.city = '{city}' "
+                    f"AND amount > {threshold}"
+                )
+        else:
+            raise ValueError(f"difficulty {difficulty!r} is not easy, medium or hard")
+        conn = open_database(customers, orders)
+        try:
+            answer = format_number(conn.execute(sql).fetchone()[0])
+        finally:
+            conn.close()
+        data = {"customers": customers, "orders": orders, "sql": sql}
+        return self.make_task(seed, split, difficulty, prompt, answer, data)
