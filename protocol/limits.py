@@ -1,0 +1,66 @@
+"""Size limits for ``mvl-score/1`` messages, checked by the codec before any array is built.
+
+A :class:`Limits` says how large a header, a frame or a request may be. The codec
+applies it while decoding (``decode(frames, limits)``); the server builds one from its
+configuration and advertises ``max_tokens``/``max_positions``/``max_inflight`` and
+``k_max`` in ``HELLO_OK``; the client narrows its own copy to what the teacher
+advertised (:meth:`Limits.from_hello`). This module holds numbers only: it does not
+decode, validate semantics or talk to sockets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_HEADER_BYTES = 65536
+"""DESIGN §3: the msgpack header (frame 0) is at most 64 KiB."""
+
+
+class Limits(BaseModel):
+    """Caps applied while decoding a message; every cap is an inclusive maximum."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_header_bytes: int = Field(
+        MAX_HEADER_BYTES, ge=64, le=MAX_HEADER_BYTES, description="Bytes in frame 0 (msgpack)."
+    )
+    max_str_len: int = Field(
+        8192, ge=16, le=MAX_HEADER_BYTES, description="Bytes in one msgpack string."
+    )
+    max_array_len: int = Field(
+        256, ge=4, le=4096, description="Items in one msgpack list (not a data array)."
+    )
+    max_map_len: int = Field(128, ge=8, le=4096, description="Keys in one msgpack map.")
+    max_arrays: int = Field(8, ge=1, le=64, description="Data arrays (frames 1..n) per message.")
+    max_dims: int = Field(4, ge=1, le=8, description="Dimensions of one data array.")
+    max_array_bytes: int = Field(
+        2**32, ge=1, le=2**40, description="Bytes in one data frame (a [P, V] fp32 block)."
+    )
+    max_tokens: int = Field(262144, ge=1, description="Packed tokens N in one SCORE.")
+    max_sequences: int = Field(65536, ge=1, description="Sequences B in one SCORE.")
+    max_positions: int = Field(65536, ge=1, description="Scored positions P in one SCORE.")
+    max_inflight: int = Field(64, ge=1, description="SCORE requests one client may have open.")
+    max_k: int = Field(1024, ge=1, description="Largest top-k a SCORE may ask for.")
+    max_exact_vocab: int = Field(
+        262144, ge=1, description="Largest vocabulary an exact [P, V] reply may carry."
+    )
+
+    @classmethod
+    def from_hello(cls, hello: Any, base: Limits | None = None) -> Limits:
+        """Narrow ``base`` (default limits) to what a teacher advertised in ``HELLO_OK``.
+
+        ``hello`` is a :class:`miniverl.protocol.messages.HelloOk`. A client decodes
+        replies with these limits, so a reply larger than the teacher itself promised
+        is a protocol error rather than a memory spike.
+        """
+        base = base or cls()
+        fields = base.model_dump()
+        fields["max_tokens"] = min(base.max_tokens, hello.limits.max_tokens)
+        fields["max_positions"] = min(base.max_positions, hello.limits.max_positions)
+        fields["max_inflight"] = min(base.max_inflight, hello.limits.max_inflight)
+        fields["max_k"] = min(base.max_k, hello.kinds.topk.k_max)
+        if hello.kinds.exact is not None:
+            fields["max_exact_vocab"] = min(base.max_exact_vocab, hello.kinds.exact.max_vocab)
+        return cls(**fields)

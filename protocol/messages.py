@@ -1,0 +1,440 @@
+"""Typed headers of ``mvl-score/1`` (DESIGN §3): one pydantic model per message type.
+
+Each model is the msgpack map in frame 0 minus its ``arrays`` list, with DESIGN's
+field names exactly as they travel. Models are strict (``extra="forbid"``, no
+coercion of ``"5"`` into ``5``, no NaN), so a header either parses into the model
+its ``t`` names or :func:`parse_header` raises :class:`ProtocolViolation` carrying
+the error code the server answers with. :func:`expected_arrays` says which arrays
+(name, dtype, ndim) each message must carry; :func:`validate_score` checks a
+decoded SCORE's arrays against the teacher's vocabulary and limits.
+
+This module does not touch bytes (see ``codec.py``) or sockets (``client.py``,
+``server.py``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from miniverl.common.errors import ProtocolError
+from miniverl.protocol.limits import Limits
+
+PROTOCOL_VERSION = 1
+PROTOCOL_NAME = "mvl-score/1"
+MAX_ID = 2**63 - 1
+
+
+class ErrorCode(str, Enum):
+    """The ``code`` of an ``ERROR`` reply (DESIGN §3)."""
+
+    BAD_REQUEST = "BAD_REQUEST"
+    VERSION_MISMATCH = "VERSION_MISMATCH"
+    NEED_HELLO = "NEED_HELLO"
+    TOKENIZER_MISMATCH = "TOKENIZER_MISMATCH"
+    TOO_LARGE = "TOO_LARGE"
+    UNSUPPORTED = "UNSUPPORTED"
+    OVERLOADED = "OVERLOADED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    RELOADING = "RELOADING"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INTERNAL = "INTERNAL"
+    TEACHER_DEAD = "TEACHER_DEAD"
+    UNAUTHORIZED = "UNAUTHORIZED"
+
+
+class TeacherState(str, Enum):
+    """The ``state`` a teacher reports in ``PONG``/``STATUS_OK``."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    RELOADING = "RELOADING"
+    PARKED = "PARKED"
+    DRAINING = "DRAINING"
+
+
+class ProtocolViolation(ProtocolError):
+    """A malformed message, with the ``ERROR`` code a server answers it with.
+
+    ``ref_id`` is the request id when the header got far enough to have one, else None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        code: ErrorCode = ErrorCode.BAD_REQUEST,
+        ref_id: int | None = None,
+    ):
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.ref_id = ref_id
+
+
+def error_code_of(exc: BaseException) -> ErrorCode:
+    """The wire error code for an exception raised while decoding (BAD_REQUEST by default)."""
+    return getattr(exc, "code", ErrorCode.BAD_REQUEST)
+
+
+# Annotated scalar types shared by the models. Enum fields are not strict so a plain
+# string from msgpack validates into the enum.
+Id = Annotated[int, Field(ge=0, le=MAX_ID)]
+Count = Annotated[int, Field(ge=0, le=MAX_ID)]
+Name = Annotated[str, Field(max_length=1024)]
+Code = Annotated[ErrorCode, Field(strict=False)]
+State = Annotated[TeacherState, Field(strict=False)]
+Kind = Literal["topk", "exact"]
+Mode = Literal["drain", "abort"]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class TeacherInfo(_Wire):
+    """Who the teacher is: name, model id/path, pinned revision, adapter digest."""
+
+    name: Name
+    model: Name
+    revision: Name | None = None
+    adapter_sha256: Name | None = None
+
+
+class TopkKind(_Wire):
+    k_max: int = Field(ge=1, le=MAX_ID)
+
+
+class ExactKind(_Wire):
+    max_vocab: int = Field(ge=1, le=MAX_ID)
+
+
+class Kinds(_Wire):
+    """Scoring kinds a teacher serves; ``exact`` is None when it serves top-k only."""
+
+    topk: TopkKind
+    exact: ExactKind | None = None
+
+
+class ServerLimits(_Wire):
+    max_tokens: int = Field(ge=1, le=MAX_ID)
+    max_positions: int = Field(ge=1, le=MAX_ID)
+    max_inflight: int = Field(ge=1, le=MAX_ID)
+
+
+class Timing(_Wire):
+    queue_ms: float = Field(ge=0)
+    compute_ms: float = Field(ge=0)
+
+
+class Counters(_Wire):
+    """Teacher-side counters in ``STATUS_OK``."""
+
+    requests: Count = 0
+    positions: Count = 0
+    errors: dict[Name, Count] = Field(default_factory=dict)
+    bytes_received: Count = 0
+    bytes_sent: Count = 0
+
+
+class DeviceMemory(_Wire):
+    """Accelerator memory in ``STATUS_OK``; byte counts are None on CPU."""
+
+    device: Name
+    allocated_bytes: Count | None = None
+    reserved_bytes: Count | None = None
+    total_bytes: Count | None = None
+
+
+class Message(_Wire):
+    """Fields every message carries: protocol major ``v``, type ``t``, request ``id``."""
+
+    v: Literal[1] = PROTOCOL_VERSION
+    id: Id
+
+
+class Hello(Message):
+    t: Literal["HELLO"] = "HELLO"
+    client: Name
+    tokenizer_fp: Name
+    vocab_size: int = Field(ge=1, le=2**31 - 1)
+
+
+class HelloOk(Message):
+    t: Literal["HELLO_OK"] = "HELLO_OK"
+    teacher: TeacherInfo
+    instance: Name
+    gen: Count
+    tokenizer_fp: Name
+    vocab_size: int = Field(ge=1, le=2**31 - 1)
+    kinds: Kinds
+    limits: ServerLimits
+    heartbeat_ms: int = Field(ge=1, le=3_600_000)
+    server_version: Name
+
+
+class Score(Message):
+    """Score ``positions`` of packed ``tokens``; ``deadline_ms`` is a budget from receipt."""
+
+    t: Literal["SCORE"] = "SCORE"
+    student_version: Count
+    kind: Kind
+    k: int = Field(0, ge=0, le=2**31 - 1)
+    temperature: float = Field(1.0, gt=0, le=1e6)
+    deadline_ms: int | None = Field(None, ge=0, le=MAX_ID)
+
+    @model_validator(mode="after")
+    def _k_matches_kind(self) -> Score:
+        if self.kind == "topk" and self.k < 1:
+            raise ValueError(f"k={self.k} but a topk SCORE needs k >= 1")
+        return self
+
+
+class ScoreOk(Message):
+    t: Literal["SCORE_OK"] = "SCORE_OK"
+    student_version: Count
+    instance: Name
+    gen: Count
+    kind: Kind
+    k: int = Field(ge=0, le=2**31 - 1)
+    timing: Timing
+
+
+class ErrorReply(Message):
+    """``ERROR``: ``id`` and ``ref_id`` are the request's id, or None when it had none."""
+
+    t: Literal["ERROR"] = "ERROR"
+    id: Id | None = None
+    ref_id: Id | None = None
+    code: Code
+    message: Annotated[str, Field(max_length=8192)]
+    retryable: bool = False
+    instance: Name | None = None
+    gen: Count | None = None
+
+
+class Ping(Message):
+    t: Literal["PING"] = "PING"
+
+
+class Pong(Message):
+    t: Literal["PONG"] = "PONG"
+    instance: Name
+    gen: Count
+    state: State
+    inflight: Count
+    queue_depth: Count
+    last_progress_ms: float = Field(ge=0)
+
+
+class Status(Message):
+    t: Literal["STATUS"] = "STATUS"
+
+
+class StatusOk(Message):
+    t: Literal["STATUS_OK"] = "STATUS_OK"
+    instance: Name
+    gen: Count
+    state: State
+    inflight: Count
+    queue_depth: Count
+    last_progress_ms: float = Field(ge=0)
+    teacher: TeacherInfo | None = None
+    counters: Counters = Field(default_factory=Counters)
+    memory: DeviceMemory | None = None
+
+
+class Reload(Message):
+    t: Literal["RELOAD"] = "RELOAD"
+    model: Name
+    revision: Name | None = None
+    adapter: Name | None = None
+    mode: Mode = "drain"
+
+
+class ReloadOk(Message):
+    t: Literal["RELOAD_OK"] = "RELOAD_OK"
+    gen: Count
+    teacher: TeacherInfo
+
+
+class Park(Message):
+    t: Literal["PARK"] = "PARK"
+
+
+class ParkOk(Message):
+    t: Literal["PARK_OK"] = "PARK_OK"
+    state: State
+
+
+class Wake(Message):
+    t: Literal["WAKE"] = "WAKE"
+
+
+class WakeOk(Message):
+    t: Literal["WAKE_OK"] = "WAKE_OK"
+    state: State
+
+
+class Shutdown(Message):
+    t: Literal["SHUTDOWN"] = "SHUTDOWN"
+    mode: Mode = "drain"
+    timeout_s: float | None = Field(None, ge=0, le=86400)
+
+
+class ShutdownOk(Message):
+    t: Literal["SHUTDOWN_OK"] = "SHUTDOWN_OK"
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.model_fields["t"].default: cls
+    for cls in (
+        Hello, HelloOk, Score, ScoreOk, ErrorReply, Ping, Pong, Status, StatusOk,
+        Reload, ReloadOk, Park, ParkOk, Wake, WakeOk, Shutdown, ShutdownOk,
+    )
+}  # fmt: skip
+
+ArraySpec = tuple[str, int]  # (dtype code, ndim)
+SCORE_ARRAYS: dict[str, ArraySpec] = {"tokens": ("i4", 1), "cu_seqlens": ("i4", 1), "positions": ("i4", 1)}  # fmt: skip
+TOPK_ARRAYS: dict[str, ArraySpec] = {
+    "ids": ("i4", 2),
+    "logprobs": ("f4", 2),
+    "tail_logmass": ("f4", 1),
+    "target_logprobs": ("f4", 1),
+}
+EXACT_ARRAYS: dict[str, ArraySpec] = {"logprobs": ("f4", 2), "target_logprobs": ("f4", 1)}
+
+
+def expected_arrays(msg: Message) -> dict[str, ArraySpec]:
+    """The arrays ``msg`` must carry, exactly: name -> (dtype code, ndim)."""
+    if isinstance(msg, Score):
+        return SCORE_ARRAYS
+    if isinstance(msg, ScoreOk):
+        return TOPK_ARRAYS if msg.kind == "topk" else EXACT_ARRAYS
+    return {}
+
+
+def _id_of(header: dict) -> int | None:
+    value = header.get("id")
+    if type(value) is int and 0 <= value <= MAX_ID:
+        return value
+    return None
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = ".".join(str(part) for part in first["loc"]) or "<header>"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def parse_header(header: Any) -> Message:
+    """Validate a decoded header map into the model its ``t`` names.
+
+    An ``arrays`` key is ignored here (the codec checks it against the frames).
+    Raises :class:`ProtocolViolation`: ``VERSION_MISMATCH`` when ``v`` is not 1,
+    ``BAD_REQUEST`` for a non-map, an unknown ``t``, an unknown key or a bad field.
+    """
+    if not isinstance(header, dict):
+        raise ProtocolViolation(f"header must be a map, got {type(header).__name__}")
+    ref_id = _id_of(header)
+    version = header.get("v")
+    if version is None:
+        raise ProtocolViolation("header has no 'v'; mvl-score/1 headers carry v=1", ref_id=ref_id)
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise ProtocolViolation(
+            f"protocol version v={version!r} is not supported; this side speaks v=1",
+            ErrorCode.VERSION_MISMATCH,
+            ref_id,
+        )
+    kind = header.get("t")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolViolation(
+            f"unknown message type t={kind!r}; expected one of {sorted(MESSAGE_TYPES)}",
+            ref_id=ref_id,
+        )
+    fields = {key: value for key, value in header.items() if key != "arrays"}
+    try:
+        return cls.model_validate(fields)
+    except ValidationError as exc:
+        raise ProtocolViolation(f"bad {kind} header: {_first_error(exc)}", ref_id=ref_id) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise ProtocolViolation(f"bad {kind} header: {exc}", ref_id=ref_id) from None
+
+
+def header_dict(msg: Message) -> dict[str, Any]:
+    """The wire map for ``msg`` (enums as strings), without ``arrays``."""
+    return msg.model_dump(mode="json")
+
+
+def validate_score(
+    msg: Score,
+    arrays: dict[str, np.ndarray],
+    vocab_size: int,
+    limits: Limits | None = None,
+) -> None:
+    """Check a decoded SCORE against the teacher's vocabulary and limits.
+
+    Rules (DESIGN §3): ``cu_seqlens`` starts at 0, never decreases and ends at N;
+    every token id is in ``[0, vocab_size)``; every position ``p`` predicts a token of
+    its own sequence, ``cu_seqlens[b] <= p < cu_seqlens[b+1] - 1``; ``k <= k_max`` and
+    ``k <= vocab_size``; N, B and P within limits (``TOO_LARGE``); exact scoring only
+    when ``vocab_size <= max_exact_vocab`` (``UNSUPPORTED``). Raises
+    :class:`ProtocolViolation` with ``ref_id = msg.id``.
+    """
+    limits = limits or Limits()
+    rid = msg.id
+
+    def bad(text: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> ProtocolViolation:
+        return ProtocolViolation(text, code, rid)
+
+    for name, (dtype, ndim) in SCORE_ARRAYS.items():
+        arr = arrays.get(name)
+        if arr is None or arr.ndim != ndim or arr.dtype != np.dtype("<" + dtype):
+            raise bad(f"SCORE needs array {name!r} as {dtype}[{'N' if ndim == 1 else '...'}]")
+    tokens, cu, positions = arrays["tokens"], arrays["cu_seqlens"], arrays["positions"]
+    n, b, p = len(tokens), len(cu) - 1, len(positions)
+    if n > limits.max_tokens:
+        raise bad(f"SCORE has {n} tokens; the limit is {limits.max_tokens}", ErrorCode.TOO_LARGE)
+    if b > limits.max_sequences:
+        raise bad(f"SCORE has {b} sequences; limit {limits.max_sequences}", ErrorCode.TOO_LARGE)
+    if p > limits.max_positions:
+        raise bad(
+            f"SCORE has {p} positions; the limit is {limits.max_positions}", ErrorCode.TOO_LARGE
+        )
+    if b < 1:
+        raise bad("cu_seqlens must hold B+1 >= 2 offsets")
+    if p < 1:
+        raise bad("positions is empty; send at least one position")
+    cu64 = cu.astype(np.int64)
+    if cu64[0] != 0 or cu64[-1] != n:
+        raise bad(f"cu_seqlens must start at 0 and end at N={n}, got {cu64[0]}..{cu64[-1]}")
+    if np.any(np.diff(cu64) < 0):
+        raise bad("cu_seqlens must be non-decreasing")
+    if n and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise bad(f"token ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}")
+    pos64 = positions.astype(np.int64)
+    seq = np.searchsorted(cu64, pos64, side="right") - 1
+    inside = (pos64 >= 0) & (pos64 < n)
+    seq = np.clip(seq, 0, b - 1)
+    ok = inside & (cu64[seq] <= pos64) & (pos64 < cu64[seq + 1] - 1)
+    if not bool(np.all(ok)):
+        first = int(pos64[np.argmin(ok)])
+        raise bad(
+            f"position {first} does not predict a token of its own sequence "
+            "(need cu_seqlens[b] <= p < cu_seqlens[b+1] - 1)"
+        )
+    if msg.kind == "topk":
+        if msg.k > limits.max_k:
+            raise bad(f"k={msg.k} exceeds the teacher's k_max={limits.max_k}", ErrorCode.TOO_LARGE)
+        if msg.k > vocab_size:
+            raise bad(f"k={msg.k} exceeds the vocabulary size {vocab_size}")
+    elif vocab_size > limits.max_exact_vocab:
+        raise bad(
+            f"exact scoring needs V <= max_exact_vocab={limits.max_exact_vocab}, "
+            f"but V={vocab_size}; ask for kind=topk",
+            ErrorCode.UNSUPPORTED,
+        )
