@@ -1,0 +1,244 @@
+"""Tasks to verl Parquet rows and back, losslessly.
+
+A verl row carries what verl's ``RLHFDataset``, tool agent and reward manager read:
+``data_source`` (``miniverl/<environment>``), ``prompt`` (system + user messages),
+``ability``, ``reward_model {style: "rule", ground_truth}`` and ``extra_info {split, index,
+need_tools_kwargs, tools_kwargs, miniverl}``. The ``miniverl`` struct holds the task
+itself as a JSON string plus hashes, so the way back never guesses.
+
+Two verl 0.8.0 loader traps shape the schema: an empty struct breaks the Parquet reader,
+and a struct key present in some rows only becomes ``None`` in the others. So the schema
+is built explicitly, every row gets every tool key, and the parts that vary (task data,
+environment params) travel as JSON strings. Nothing is truncated here; verl's own
+``data.truncation: error`` is what the exported overrides set.
+
+This module converts; it does not pick splits or write bundles (see ``bundle.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from miniverl.bridge.hashing import canonical_json, sha256_json, sha256_text
+from miniverl.common.errors import ConfigError, ProvenanceError
+
+ROW_FORMAT = 1
+DATA_SOURCE_PREFIX = "miniverl/"
+ABILITY = "tool_use"
+TASK_FIELDS = ("id", "split", "difficulty", "prompt", "answer", "data", "seed")
+
+
+def _pa():
+    from miniverl.common.errors import require
+
+    return require("pyarrow", "bridge")
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def task_to_dict(task: object) -> dict:
+    """A Task (or an already plain dict) as the dict its JSONL line holds."""
+    if isinstance(task, dict):
+        return dict(task)
+    to_dict = getattr(task, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    if dataclasses.is_dataclass(task):
+        return dataclasses.asdict(task)
+    raise ConfigError(f"cannot convert {type(task).__name__} to a task dict; pass a Task")
+
+
+def read_tasks_jsonl(path: Path) -> list[dict]:
+    """Task dicts from a JSONL file (one ``Task.to_dict()`` per line)."""
+    tasks = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: not JSON ({exc.msg}); expected one task per line") from exc
+            missing = [f for f in ("id", "split", "prompt", "answer") if f not in task]
+            if not isinstance(task, dict) or missing:
+                raise ConfigError(f"{path}:{lineno}: a task needs fields {missing}; write tasks with Task.to_dict()")
+            tasks.append(task)
+    return tasks
+
+
+def write_tasks_jsonl(path: Path, tasks: Iterable[dict]) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for task in tasks:
+            fh.write(json.dumps(task, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+# ----------------------------------------------------------------------- environment
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFacts:
+    """What a row needs from an environment: its name, params, system prompt and tools."""
+
+    name: str
+    params: dict
+    system_prompt: str
+    tool_specs: list
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [spec.get("function", spec).get("name", "") for spec in self.tool_specs]
+
+
+def env_facts(name: str, params: dict | None = None) -> EnvFacts:
+    """Ask the environment registry for the facts a row carries."""
+    from miniverl.student.environments import get_environment
+
+    params = dict(params or {})
+    try:
+        env = get_environment(name, **params)
+    except KeyError as exc:
+        raise ConfigError(f"unknown environment {name!r}; pass --environment with a registered name") from exc
+    return EnvFacts(name, params, env.system_prompt(), list(env.tool_specs()))
+
+
+# ------------------------------------------------------------------------------ rows
+
+
+def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> dict:
+    """One verl row for one task dict; ``all_tools`` is the tool-key union of the file."""
+    task = task_to_dict(task)
+    task_json = canonical_json(task)
+    params_json = canonical_json(env.params)
+    row_tools = set(env.tool_names)
+    extra: dict = {"split": str(task["split"]), "index": int(index), "need_tools_kwargs": bool(all_tools)}
+    if all_tools:
+        # Every row carries every tool key (see the module docstring); a tool this row's
+        # environment lacks gets an empty environment name, which the tool refuses.
+        extra["tools_kwargs"] = {
+            tool: {
+                "create_kwargs": {
+                    "environment": env.name if tool in row_tools else "",
+                    "params_json": params_json,
+                    "task_json": task_json,
+                }
+            }
+            for tool in all_tools
+        }
+    messages = [
+        {"role": "system", "content": env.system_prompt},
+        {"role": "user", "content": str(task["prompt"])},
+    ]
+    extra["miniverl"] = {
+        "format": ROW_FORMAT,
+        "environment": env.name,
+        "params_json": params_json,
+        "task_id": str(task["id"]),
+        "difficulty": str(task.get("difficulty", "")),
+        "task_json": task_json,
+        "task_sha256": sha256_text(task_json),
+        "prompt_sha256": sha256_json(messages),
+        "tools_sha256": sha256_json(env.tool_specs),
+    }
+    return {
+        "data_source": DATA_SOURCE_PREFIX + env.name,
+        "prompt": messages,
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": str(task["answer"])},
+        "extra_info": extra,
+    }
+
+
+def verl_schema(all_tools: list[str]):
+    """The explicit Arrow schema of a verl file whose rows know ``all_tools``."""
+    pa = _pa()
+    miniverl = pa.struct(
+        [
+            ("format", pa.int64()),
+            ("environment", pa.string()),
+            ("params_json", pa.string()),
+            ("task_id", pa.string()),
+            ("difficulty", pa.string()),
+            ("task_json", pa.string()),
+            ("task_sha256", pa.string()),
+            ("prompt_sha256", pa.string()),
+            ("tools_sha256", pa.string()),
+        ]
+    )
+    extra_fields = [("split", pa.string()), ("index", pa.int64()), ("need_tools_kwargs", pa.bool_())]
+    if all_tools:
+        create = pa.struct([("environment", pa.string()), ("params_json", pa.string()), ("task_json", pa.string())])
+        tool_struct = pa.struct([("create_kwargs", create)])
+        extra_fields.append(("tools_kwargs", pa.struct([(t, tool_struct) for t in all_tools])))
+    extra_fields.append(("miniverl", miniverl))
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            ("extra_info", pa.struct(extra_fields)),
+        ]
+    )
+
+
+def tasks_to_table(tasks: Iterable[dict], envs: list[EnvFacts] | EnvFacts):
+    """An Arrow table of verl rows. ``envs`` is one environment, or one per task."""
+    tasks = [task_to_dict(t) for t in tasks]
+    per_task = envs if isinstance(envs, list) else [envs] * len(tasks)
+    if len(per_task) != len(tasks):
+        raise ConfigError(f"got {len(per_task)} environments for {len(tasks)} tasks; pass one per task")
+    all_tools = sorted({name for env in per_task for name in env.tool_names})
+    rows = [task_to_row(t, i, env, all_tools) for i, (t, env) in enumerate(zip(tasks, per_task, strict=True))]
+    return _pa().Table.from_pylist(rows, schema=verl_schema(all_tools))
+
+
+def write_verl_parquet(path: Path, tasks: Iterable[dict], envs: list[EnvFacts] | EnvFacts) -> int:
+    table = tasks_to_table(tasks, envs)
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path)
+    return table.num_rows
+
+
+# ------------------------------------------------------------------------- way back
+
+
+def row_to_task(row: dict, where: str) -> dict:
+    """The task dict a verl row was made from; ``ProvenanceError`` if the row was edited."""
+    info = (row.get("extra_info") or {}).get("miniverl")
+    if not info:
+        raise ProvenanceError(
+            f"{where}: no extra_info.miniverl block; only files written by "
+            "`miniverl convert-dataset --to verl` or `export-verl` convert back"
+        )
+    task_json = info.get("task_json") or ""
+    if sha256_text(task_json) != info.get("task_sha256"):
+        raise ProvenanceError(f"{where}: task_json does not match task_sha256; the row was edited")
+    task = json.loads(task_json)
+    prompt = row.get("prompt") or []
+    if sha256_json([{"role": m.get("role"), "content": m.get("content")} for m in prompt]) != info.get("prompt_sha256"):
+        raise ProvenanceError(f"{where}: prompt does not match prompt_sha256; the row was edited")
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    if truth != str(task.get("answer")):
+        raise ProvenanceError(f"{where}: reward_model.ground_truth differs from the task's answer")
+    return task
+
+
+def read_verl_parquet(path: Path) -> list[tuple[dict, str]]:
+    """``(task dict, environment name)`` for every row of a verl file written by miniverl."""
+    import pyarrow.parquet as pq
+
+    _pa()
+    rows = pq.read_table(path).to_pylist()
+    out = []
+    for i, row in enumerate(rows):
+        task = row_to_task(row, f"{path}: row {i}")
+        out.append((task, row["extra_info"]["miniverl"]["environment"]))
+    return out
