@@ -7,6 +7,7 @@ exclusion hold the run lock (:mod:`miniverl.common.rundir`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -27,10 +28,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         os.replace(tmp, path)
     except BaseException:
         # A failed write must not leave a stray temp file next to the real one.
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     return path
 

@@ -8,6 +8,7 @@ This module does not import torch unless it is installed; it never installs it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -18,7 +19,9 @@ def apply_cpu_threads(n: int) -> int:
     from .errors import ConfigError
 
     if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"cpu_threads must be an integer >= 1 (got {n!r}); set runtime.cpu_threads")
+        raise ConfigError(
+            f"cpu_threads must be an integer >= 1 (got {n!r}); set runtime.cpu_threads"
+        )
     for var in THREAD_ENV_VARS:
         os.environ[var] = str(n)
     try:
@@ -26,10 +29,8 @@ def apply_cpu_threads(n: int) -> int:
     except ImportError:
         return n
     torch.set_num_threads(n)
-    try:
+    # Interop threads can only be set before the first parallel op; the intra-op
+    # setting above is the one that matters for small models.
+    with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(n)
-    except RuntimeError:
-        # Interop threads can only be set before the first parallel op; the intra-op
-        # setting above is the one that matters for small models.
-        pass
     return n

@@ -1,0 +1,169 @@
+"""``manifest.json``: what a run was, on what, with which code and models.
+
+The manifest records versions (python, OS, miniverl, key packages), hardware (CPU
+count, GPUs when torch is already loaded), the git commit of the source tree when
+there is one, recipe digest and seeds, model ids/revisions, the tokenizer
+fingerprint, the teacher identities per student-version range, and a measurement
+status. It is written atomically and updated as the run learns facts (tokenizer,
+teacher identity). Call :func:`~miniverl.common.redact.redact` before sharing it.
+
+This module does not import torch: GPU facts are recorded only if the caller's
+process has already imported it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .atomic import atomic_write_json
+
+MANIFEST_VERSION = 1
+PACKAGES = (
+    "miniverl",
+    "torch",
+    "transformers",
+    "peft",
+    "tokenizers",
+    "accelerate",
+    "bitsandbytes",
+    "pydantic",
+    "pyzmq",
+    "msgpack",
+    "numpy",
+    "safetensors",
+    "pyarrow",
+)
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """Installed distribution versions; None for packages that are not installed."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_info(path: str | Path | None = None) -> dict[str, Any] | None:
+    """Commit and dirty flag of the git tree holding ``path`` (the source by default)."""
+    root = Path(path) if path else Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def hardware_info() -> dict[str, Any]:
+    """CPU facts always; GPU facts only if torch is already imported in this process."""
+    info: dict[str, Any] = {
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "gpus": [],
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            info["gpus"].append(
+                {"index": i, "name": props.name, "total_memory_bytes": int(props.total_memory)}
+            )
+    return info
+
+
+def _model_entry(placement: Any) -> dict[str, Any] | None:
+    if placement is None:
+        return None
+    source = placement.model
+    entry: dict[str, Any] = {
+        "source": "hub" if source.hub_id else ("path" if source.path else "toy"),
+        "id": source.hub_id or source.path,
+        "revision": source.revision,
+        "toy": source.toy.model_dump() if source.toy else None,
+        "dtype": placement.dtype,
+        "quantization": placement.quantization,
+    }
+    if hasattr(placement, "adapter"):
+        entry["adapter"] = placement.adapter
+        entry["adapter_revision"] = placement.adapter_revision
+    return entry
+
+
+def build_manifest(recipe: Any, run_id: str, **extra: Any) -> dict[str, Any]:
+    """A fresh manifest for ``recipe``; ``extra`` keys are added at the top level."""
+    from .recipe import recipe_digest
+    from .rundir import now_iso
+
+    manifest: dict[str, Any] = {
+        "manifest_version": MANIFEST_VERSION,
+        "run_id": run_id,
+        "created_at": now_iso(),
+        "mode": recipe.run.mode,
+        "on_policy": recipe.on_policy,
+        "recipe_digest": recipe_digest(recipe),
+        "seeds": {"run": recipe.run.seed, "split": recipe.environment.split_seed},
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "packages": package_versions(),
+        "hardware": hardware_info(),
+        "git": git_info(),
+        "models": {
+            "student": _model_entry(recipe.student),
+            "teacher": _model_entry(recipe.teacher),
+        },
+        "tokenizer_fp": None,
+        # Each entry: {from_version, to_version|None, name, instance, gen, how}.
+        "teachers": [],
+        "measurement": {"status": "not_measured"},
+    }
+    manifest.update(extra)
+    return manifest
+
+
+def read_manifest(run: Any) -> dict[str, Any]:
+    return json.loads(Path(run.manifest_path).read_text(encoding="utf-8"))
+
+
+def write_manifest(run: Any, manifest: dict[str, Any]) -> None:
+    atomic_write_json(run.manifest_path, manifest)
+
+
+def update_manifest(run: Any, **fields: Any) -> dict[str, Any]:
+    """Set top-level ``fields`` (shallow merge) and rewrite atomically; returns the result."""
+    manifest = read_manifest(run)
+    manifest.update(fields)
+    write_manifest(run, manifest)
+    return manifest
+
+
+def record_teacher(run: Any, from_version: int, identity: dict[str, Any], how: str) -> None:
+    """Close the open teacher range at ``from_version - 1`` and open a new one."""
+    manifest = read_manifest(run)
+    teachers = manifest.setdefault("teachers", [])
+    if teachers and teachers[-1].get("to_version") is None:
+        teachers[-1]["to_version"] = max(from_version - 1, teachers[-1]["from_version"])
+    teachers.append({"from_version": from_version, "to_version": None, "how": how, **identity})
+    write_manifest(run, manifest)
