@@ -26,7 +26,7 @@ from typing import Any
 
 # Bump when the tokenizer, the template or the model construction changes: cached
 # directories built by an older layout must not be reused silently.
-TOY_FORMAT_VERSION = 1
+TOY_FORMAT_VERSION = 2
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -47,7 +47,8 @@ SPECIAL_TOKENS = (
 
 # A Qwen2.5/Qwen3-style template, kept compact because every character is a token for
 # the toy model: tools are listed one per line as ``name(arg, ...): description``
-# instead of full JSON schemas. Assistant turns render exactly like Qwen's Hermes
+# instead of full JSON schemas, and no call instructions (the toy learns
+# the Hermes format from oracle traces). Assistant turns render exactly like Qwen's Hermes
 # format; consecutive ``tool`` messages share one user block like Qwen's template.
 TOY_CHAT_TEMPLATE = (
     "{%- if messages and messages[0].role == 'system' %}"
@@ -55,16 +56,16 @@ TOY_CHAT_TEMPLATE = (
     "{%- else %}{%- set sys = '' %}{%- set rest = messages %}{%- endif %}"
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}{%- if sys %}{{- sys + '\\n' }}{%- endif %}"
-    "{{- 'Tools:\\n' }}"
+    "{{- 'Tools:' }}"
     "{%- for tool in tools %}"
     "{%- set fn = tool.function if tool.function is defined else tool %}"
     "{%- set props = fn.parameters.properties if fn.parameters is defined"
     " and fn.parameters.properties is defined else {} %}"
-    "{{- '- ' + fn.name + '(' + (props.keys() | list | join(', ')) + ')' }}"
+    "{{- '\\n- ' + fn.name + '(' + (props.keys() | list | join(', ')) + ')' }}"
     "{%- if fn.description is defined and fn.description %}"
-    "{{- ': ' + fn.description }}{%- endif %}{{- '\\n' }}"
+    "{{- ': ' + fn.description }}{%- endif %}"
     "{%- endfor %}"
-    "{{- 'Call: <tool_call>\\n{\"name\": ..., \"arguments\": {...}}\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '<|im_end|>\\n' }}"
     "{%- elif sys %}"
     "{{- '<|im_start|>system\\n' + sys + '<|im_end|>\\n' }}"
     "{%- endif %}"
