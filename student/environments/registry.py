@@ -121,9 +121,11 @@ def get_environment(name: str, **params: Any):
     factory = _factory(name)
     try:
         env = factory(**params)
-    except TypeError as exc:
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
         raise ConfigError(
-            f"environment {name!r} does not accept params {sorted(params)}: {exc}; "
+            f"environment {name!r} rejected params {params!r:.200}: {exc}; "
             "fix environment.params in the recipe"
         ) from exc
     missing = [m for m in _REQUIRED_METHODS if not callable(getattr(env, m, None))]
