@@ -1,9 +1,324 @@
-"""CLI commands (registered into the app by `register`)."""
+"""``miniverl doctor``, ``miniverl validate`` and ``miniverl schema``.
+
+doctor says what this machine can run (extras, torch threads, CUDA devices and free
+memory, libzmq and CURVE, a writable output directory); validate checks a recipe and
+prints every error at once, or a short plan; schema prints a JSON Schema. These
+commands work on the torch-free core install; torch is imported only by doctor, and
+only when it is installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
 import typer
+
+# extra -> (import name, distribution name) for each package it brings.
+EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
+    "train": (
+        ("torch", "torch"),
+        ("transformers", "transformers"),
+        ("peft", "peft"),
+        ("accelerate", "accelerate"),
+        ("tokenizers", "tokenizers"),
+    ),
+    "cuda": (("bitsandbytes", "bitsandbytes"),),
+    "bridge": (("pyarrow", "pyarrow"),),
+    "dev": (
+        ("pytest", "pytest"),
+        ("pytest_asyncio", "pytest-asyncio"),
+        ("hypothesis", "hypothesis"),
+        ("ruff", "ruff"),
+    ),
+}
+INSTALL_HINTS = {
+    "train": 'pip install torch==2.13.0 && pip install -e ".[train]"',
+    "cuda": 'pip install -e ".[cuda]"  (needs an NVIDIA GPU)',
+    "bridge": 'pip install -e ".[bridge]"',
+    "dev": 'pip install -e ".[dev]"',
+}
+# name -> "module:function" returning a JSON Schema dict; other groups add theirs.
+SCHEMAS: dict[str, str] = {"recipe": "miniverl.common.recipe:recipe_json_schema"}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _extras_report() -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    for extra, packages in EXTRAS.items():
+        found = {}
+        missing = []
+        for module, dist in packages:
+            if importlib.util.find_spec(module) is None:
+                missing.append(dist)
+            else:
+                found[dist] = _version(dist)
+        report[extra] = {
+            "installed": not missing,
+            "packages": found,
+            "missing": missing,
+            "hint": INSTALL_HINTS[extra] if missing else None,
+        }
+    return report
+
+
+def _torch_report() -> dict[str, Any]:
+    if importlib.util.find_spec("torch") is None:
+        return {"installed": False}
+    import torch
+
+    out: dict[str, Any] = {
+        "installed": True,
+        "version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cuda": torch.cuda.is_available(),
+        "devices": [],
+    }
+    if out["cuda"]:
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            out["devices"].append(
+                {
+                    "index": i,
+                    "name": torch.cuda.get_device_name(i),
+                    "free_bytes": int(free),
+                    "total_bytes": int(total),
+                }
+            )
+    return out
+
+
+def _zmq_report() -> dict[str, Any]:
+    try:
+        import zmq
+    except ImportError:
+        return {"installed": False}
+    return {
+        "installed": True,
+        "pyzmq": zmq.pyzmq_version(),
+        "libzmq": zmq.zmq_version(),
+        "curve": bool(zmq.has("curve")),
+    }
+
+
+def _writable(output_dir: Path) -> dict[str, Any]:
+    """Is ``output_dir`` writable? Checked without creating it when it does not exist."""
+    path = output_dir.resolve()
+    if path.is_dir():
+        try:
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".miniverl-doctor-"):
+                pass
+            return {"path": str(output_dir), "writable": True}
+        except OSError as exc:
+            return {"path": str(output_dir), "writable": False, "reason": str(exc)}
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    ok = parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    reason = None if ok else f"{parent} is not writable"
+    return {"path": str(output_dir), "writable": ok, "exists": False, "reason": reason}
+
+
+def doctor_report(output_dir: Path) -> dict[str, Any]:
+    """Everything ``miniverl doctor`` prints, as data."""
+    return {
+        "miniverl": _version("miniverl"),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "cpu_count": os.cpu_count(),
+        "extras": _extras_report(),
+        "torch": _torch_report(),
+        "zmq": _zmq_report(),
+        "output_dir": _writable(output_dir),
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _print_doctor(report: dict[str, Any]) -> None:
+    echo = typer.echo
+    echo(f"miniverl {report['miniverl']}  python {report['python']}  {report['os']}")
+    echo(f"cpus: {report['cpu_count']}")
+    for extra, info in report["extras"].items():
+        if info["installed"]:
+            versions = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
+            echo(f"extra {extra:<7} ok       {versions}")
+        else:
+            echo(f"extra {extra:<7} missing  {', '.join(info['missing'])}: {info['hint']}")
+    torch = report["torch"]
+    if torch["installed"]:
+        echo(f"torch {torch['version']}: {torch['threads']} threads, cuda {torch['cuda']}")
+        for dev in torch["devices"]:
+            echo(
+                f"  cuda:{dev['index']} {dev['name']}: {_gib(dev['free_bytes'])} free of "
+                f"{_gib(dev['total_bytes'])}"
+            )
+    else:
+        echo(f"torch not installed: {INSTALL_HINTS['train']}")
+    zmq = report["zmq"]
+    if zmq["installed"]:
+        curve = "yes" if zmq["curve"] else "no (non-loopback TCP teachers are refused)"
+        echo(f"libzmq {zmq['libzmq']} (pyzmq {zmq['pyzmq']}), CURVE: {curve}")
+    else:
+        echo("pyzmq not installed: pip install -e .")
+    out = report["output_dir"]
+    state = "writable" if out["writable"] else f"NOT writable ({out.get('reason')})"
+    echo(f"output dir {out['path']}: {state}")
+
+
+def _check_environment(recipe: Any) -> None:
+    """The environment name and params must build an environment (torch-free)."""
+    from miniverl.common.errors import ConfigError
+
+    try:
+        from miniverl.student.environments import get_environment, list_environments
+    except ImportError:
+        return
+    names = list_environments()
+    name = recipe.environment.name
+    if name not in names:
+        raise ConfigError(
+            f"environment.name: {name!r} is not a registered environment; one of {', '.join(names)}"
+        )
+    try:
+        get_environment(name, **recipe.environment.params)
+    except Exception as exc:  # plugins raise anything; report it as a config problem
+        raise ConfigError(
+            f"environment.params: {name} rejected {recipe.environment.params}: {exc}"
+        ) from exc
+
+
+def _check_toy_vocab(recipe: Any) -> str | None:
+    """With the train extra installed, check the loss against the toy vocabulary."""
+    from miniverl.common.recipe import check_vocab
+
+    uses_toy = recipe.student.model.toy is not None or (
+        recipe.teacher is not None and recipe.teacher.model.toy is not None
+    )
+    if not uses_toy or importlib.util.find_spec("transformers") is None:
+        return None
+    from miniverl.common.toy import build_toy_tokenizer
+
+    vocab = len(build_toy_tokenizer())
+    check_vocab(recipe, vocab)
+    return f"toy vocabulary {vocab}"
+
+
+def plan_lines(recipe: Any) -> list[str]:
+    """A short human plan of what the recipe will do."""
+    mode = recipe.run.mode
+    policy = {
+        "opd": "strict on-policy: one update per fresh rollout batch of the current version",
+        "replay": f"off-policy replay, labelled; rollouts up to {recipe.train.max_lag} versions old",
+        "offline_kd": "off-policy: fixed trajectories, cached teacher targets",
+        "sft": "supervised on oracle traces, no teacher",
+        "dpo": "off-policy preference pairs; the teacher scores the reference",
+    }[mode]
+    student = recipe.student
+    tuning = f"LoRA r{student.lora.r}" if student.lora else "full fine-tune"
+    lines = [
+        f"mode         {mode} ({policy})",
+        f"student      {student.model.describe()} on {student.device}, {student.dtype}, {tuning}",
+    ]
+    if recipe.teacher is not None:
+        t = recipe.teacher
+        where = f"at {t.endpoint}" if t.endpoint else "launched by `miniverl up`"
+        lines.append(f"teacher      {t.model.describe()} {where}, memory {t.memory}, {t.mode}")
+    env = recipe.environment
+    lines.append(
+        f"environment  {env.name} ({env.difficulty}): {env.train_tasks} train / "
+        f"{env.eval_tasks} eval / {env.test_tasks} test tasks"
+    )
+    train = recipe.train
+    lines.append(
+        f"cycles       {train.cycles} x {train.rollouts_per_cycle} rollouts (batch "
+        f"{recipe.rollout.batch_size}), {train.updates_per_batch} update(s) per batch, lr {train.lr}"
+    )
+    loss = recipe.loss
+    if mode in ("sft", "dpo"):
+        lines.append(f"objective    {'cross-entropy' if mode == 'sft' else 'DPO'}")
+    else:
+        shape = (
+            f"top-{loss.top_k} + tail"
+            if loss.objective == "bucketed_topk_tail"
+            else f"exact, vocab <= {loss.exact_max_vocab}"
+        )
+        lines.append(
+            f"objective    {loss.divergence} over {loss.objective} ({shape}), positions "
+            f"{loss.positions}"
+        )
+    return lines
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
+
+    @app.command()
+    def doctor(
+        json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        output_dir: Path = typer.Option(
+            Path("runs"), "--output-dir", help="Where runs would be written."
+        ),
+    ) -> None:
+        """Say what this machine can run: extras, torch, CUDA, libzmq, output dir."""
+        report = doctor_report(output_dir)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            _print_doctor(report)
+        if not report["output_dir"]["writable"] or not report["zmq"]["installed"]:
+            raise typer.Exit(1)
+
+    @app.command()
+    def validate(
+        recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="Recipe YAML file."),
+    ) -> None:
+        """Check a recipe; print every error with its location, or a short plan."""
+        from miniverl.common.errors import ConfigError
+        from miniverl.common.recipe import load_recipe, recipe_digest
+
+        try:
+            recipe = load_recipe(recipe_path)
+            _check_environment(recipe)
+            vocab_note = _check_toy_vocab(recipe)
+        except ConfigError as exc:
+            # One line per problem, each marked, so none hides behind another.
+            problems = str(exc).splitlines()
+            for line in problems:
+                typer.echo(f"error: {line}", err=True)
+            typer.echo(f"{recipe_path}: {len(problems)} problem(s); fix them and re-run", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"{recipe_path}: valid ({recipe_digest(recipe)[:19]})")
+        for line in plan_lines(recipe):
+            typer.echo(f"  {line}")
+        if vocab_note:
+            typer.echo(f"  checked      {vocab_note}")
+
+    @app.command()
+    def schema(
+        name: str = typer.Argument("recipe", help=f"One of: {', '.join(SCHEMAS)}."),
+    ) -> None:
+        """Print a JSON Schema (default: the recipe's)."""
+        import importlib
+
+        from miniverl.common.errors import ConfigError
+
+        if name not in SCHEMAS:
+            raise ConfigError(f"unknown schema {name!r}; available: {', '.join(SCHEMAS)}")
+        module, func = SCHEMAS[name].split(":")
+        typer.echo(json.dumps(getattr(importlib.import_module(module), func)(), indent=2))
