@@ -1,9 +1,70 @@
-"""CLI commands (registered into the app by `register`)."""
+"""CLI: ``miniverl report``, ``miniverl benchmark`` and ``miniverl export-benchmark``.
+
+Thin wrappers over :mod:`miniverl.student.report`, :mod:`miniverl.student.benchmark`
+and :mod:`miniverl.student.benchmark_export`; all three are torch-free (the default
+benchmark cell imports the trainer only when it runs).
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
+def report(
+    run: Path = typer.Argument(..., help="Run directory, e.g. runs/<id>."),
+    out: Path | None = typer.Option(None, "--out", help="HTML file (default <run>/report.html)."),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write a markdown summary."),
+) -> None:
+    """Write a self-contained offline HTML report of a run."""
+    from miniverl.student.report import build_report, load_run
+
+    path = build_report(run, out=out, markdown=markdown)
+    problems = load_run(run).problems
+    typer.echo(f"report: {path}")
+    if markdown:
+        typer.echo(f"markdown: {markdown}")
+    for problem in problems:
+        typer.echo(f"note: {problem}", err=True)
+
+
+def benchmark(
+    config: Path = typer.Argument(
+        ..., help="Benchmark config YAML, e.g. benchmarks/toy_benchmark.yaml."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted benchmark."),
+    output_dir: Path | None = typer.Option(
+        None, "--output-dir", help="Override the config's output_dir."
+    ),
+) -> None:
+    """Compare training arms over several seeds under one matched budget."""
+    from miniverl.student.benchmark import run_benchmark, summary_markdown
+
+    def progress(cell) -> None:
+        state = cell.result.status
+        extra = f" ({cell.result.error})" if cell.result.error else ""
+        typer.echo(f"cell {cell.arm} seed {cell.seed}: {state}{extra}", err=True)
+
+    results, out_dir = run_benchmark(config, resume=resume, output_dir=output_dir, on_cell=progress)
+    typer.echo(summary_markdown(results))
+    typer.echo(f"results: {out_dir / 'results.json'}\nreport: {out_dir / 'report.html'}")
+    if not results.complete:
+        raise typer.Exit(1)
+
+
+def export_benchmark(
+    source: Path = typer.Argument(..., help="A run directory or a benchmark results.json."),
+    out: Path = typer.Option(..., "--out", help="Where to write the shareable JSON."),
+) -> None:
+    """Write a sanitized, schema-validated hardware result that can be shared."""
+    from miniverl.student.benchmark_export import export_benchmark as _export
+
+    typer.echo(f"wrote {_export(source, out)} (secrets and local paths redacted)")
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to `app`."""
+    app.command("report")(report)
+    app.command("benchmark")(benchmark)
+    app.command("export-benchmark")(export_benchmark)
