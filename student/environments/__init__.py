@@ -6,8 +6,9 @@ Public API::
     tasks = make_tasks("calculator", "train", 32, "easy", split_seed=0)
     env = get_environment("calculator")        # a fresh instance per episode
     env.reset(tasks[0])
-    env.step("calculator", {"expression": "37 + 48"})   # -> "85"
-    env.verify(tasks[0], "85")                          # -> VerifierResult
+    tasks[0].prompt                                     # -> "What is 32 + 85?"
+    env.step("calculator", {"expression": "32 + 85"})   # -> "117"
+    env.verify(tasks[0], "117")                         # -> VerifierResult(success=True, ...)
 
 Built-ins: ``calculator``, ``jsonnav``, ``sqlite``. Plugins come from :func:`register`
 or the ``miniverl.environments`` entry-point group. See docs/environments.md.
