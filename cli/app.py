@@ -63,7 +63,11 @@ def main() -> None:
     from miniverl.common.errors import MiniverlError
 
     try:
-        app(standalone_mode=False)
+        # In non-standalone mode click returns a command's `typer.Exit` code instead
+        # of exiting; without this, `raise typer.Exit(1)` would exit 0.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except MiniverlError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
@@ -75,12 +79,12 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        # typer >= 0.16 vendors click as `typer._click`, so match by shape, not class:
+        # an `import click` isinstance check would let usage errors escape as tracebacks.
+        if callable(getattr(exc, "show", None)) and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(exc.exit_code if exc.exit_code else 2)
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             typer.echo("aborted", err=True)
             sys.exit(130)
         raise
