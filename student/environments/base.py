@@ -92,9 +92,13 @@ class Task:
         return cls(**{k: obj[k] for k in (*names, "data", "seed")})
 
 
-def task_id(env_name: str, split: str, prompt: str) -> str:
-    """A stable id: the environment, the split and a hash of the prompt."""
-    digest = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:12]
+def task_id(env_name: str, split: str, prompt: str, seed: int = 0) -> str:
+    """A stable id: the environment, the split and a hash of the prompt and seed.
+
+    The seed is in the hash because one prompt can come with different data (two
+    documents can both hold ``items.k875.stock``); ids key caches, so they must differ.
+    """
+    digest = hashlib.sha256(f"{seed}:{prompt}".encode()).hexdigest()[:12]
     return f"{env_name}-{split}-{digest}"
 
 
@@ -232,7 +236,7 @@ class Environment:
         self, seed: int, split: str, difficulty: str, prompt: str, answer: str, data: dict
     ) -> Task:
         return Task(
-            id=task_id(self.name, split, prompt),
+            id=task_id(self.name, split, prompt, int(seed)),
             split=split,
             difficulty=difficulty,
             prompt=prompt,
