@@ -612,7 +612,7 @@ def recipe_json_schema() -> dict[str, Any]:
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(value, dict) and value:
+    if isinstance(value, dict):  # an empty mapping contributes no paths
         for key, item in value.items():
             _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
     else:
