@@ -70,8 +70,8 @@ def check_request(req: ScoreRequest, vocab_size: int, exact_max_vocab: int) -> N
             f"cu_seqlens must start at 0 and end at len(tokens)={tokens.size}; "
             f"got {cu[:1].tolist()}..{cu[-1:].tolist()} with {cu.size} entries"
         )
-    if np.any(np.diff(cu.astype(np.int64)) < 1):
-        raise ScoringBadRequest("cu_seqlens must be strictly increasing (no empty sequences)")
+    if np.any(np.diff(cu.astype(np.int64)) < 0):
+        raise ScoringBadRequest("cu_seqlens must be non-decreasing")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ScoringBadRequest(
             f"token ids must lie in [0, {vocab_size}); got range "

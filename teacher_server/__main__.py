@@ -1,0 +1,144 @@
+"""Entry point of the teacher process: ``python -m miniverl.teacher_server``.
+
+    python -m miniverl.teacher_server --model DIR|ORG/NAME [--revision SHA] [--adapter DIR]
+        [--bind tcp://127.0.0.1:5555] [--device auto] [--dtype auto] [--offline]
+        [--log FILE] [--threads N]
+    python -m miniverl.teacher_server --recipe recipe.yaml [--bind ipc://runs/x/teacher.sock]
+
+Binds first, then loads the model on the worker thread (``PING`` answers ``LOADING``
+meanwhile), then serves ``mvl-score/1`` until ``SHUTDOWN`` or SIGTERM (drain). Exit
+codes: 0 after a shutdown, 1 when the arguments, the bind or the model load fail (one
+``error:`` line on stderr and a ``load_failed`` log line). ``miniverl teacher serve``
+and ``miniverl up`` run exactly this. This module only wires arguments to the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m miniverl.teacher_server",
+        description="Serve a frozen teacher over mvl-score/1 (ZeroMQ ROUTER).",
+    )
+    src = p.add_argument_group("teacher (one of --model or --recipe)")
+    src.add_argument("--model", help="Local HF model directory or hub id ORG/NAME.")
+    src.add_argument("--revision", help="40-hex commit pinning a hub id.")
+    src.add_argument("--adapter", help="PEFT adapter directory merged into the teacher.")
+    src.add_argument("--recipe", help="Take the teacher section of this recipe.")
+    p.add_argument(
+        "--bind", default=None, help=f"Endpoint to bind (default {DEFAULT_TCP_ENDPOINT})."
+    )
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default auto).")
+    p.add_argument("--dtype", default=None, help="auto, float32, bfloat16, float16 (default auto).")
+    p.add_argument("--offline", action="store_true", help="Never touch the network.")
+    p.add_argument("--log", default=None, help="JSON-lines log file (default stderr).")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: recipe or 1).")
+    p.add_argument(
+        "--exact-max-vocab",
+        type=int,
+        default=262144,
+        help="Largest vocabulary served with kind=exact.",
+    )
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=16384,
+        help="Coalesce queued requests up to this many tokens per forward pass.",
+    )
+    p.add_argument("--max-inflight", type=int, default=64, help="Open requests per client.")
+    p.add_argument("--heartbeat-ms", type=int, default=1000, help="Advertised PING interval.")
+    p.add_argument("--curve-secret-key", help="Server CURVE secret certificate file.")
+    p.add_argument("--curve-authorized-dir", help="Directory of authorized client public keys.")
+    return p
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Build the server from parsed arguments and run it; returns the exit code."""
+    from miniverl.common.errors import ConfigError
+    from miniverl.common.runtime import THREAD_ENV_VARS
+    from miniverl.protocol.limits import Limits
+    from miniverl.protocol.server import ServerConfig, TeacherServer, run_server
+    from miniverl.teacher_server.jsonlog import JsonLog
+    from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
+    from miniverl.teacher_server.service import make_loader
+
+    if bool(args.model) == bool(args.recipe):
+        raise ConfigError("pass exactly one of --model DIR|ID or --recipe FILE")
+    threads = args.threads
+    if args.recipe:
+        from miniverl.common.recipe import load_recipe
+
+        recipe = load_recipe(args.recipe)  # validate now: a bad recipe fails before binding
+        if recipe.teacher is None:
+            raise ConfigError(f"recipe {args.recipe!r} has no teacher section; add one")
+        threads = threads or recipe.runtime.cpu_threads
+        bind = args.bind or recipe.teacher.endpoint or DEFAULT_TCP_ENDPOINT
+
+        def spec() -> TeacherSpec:
+            base = spec_from_recipe(args.recipe, offline=args.offline)
+            return TeacherSpec(
+                **{
+                    **base.__dict__,
+                    "device": args.device or base.device,
+                    "dtype": args.dtype or base.dtype,
+                }
+            )
+    else:
+        bind = args.bind or DEFAULT_TCP_ENDPOINT
+        spec = TeacherSpec(
+            model=args.model,
+            revision=args.revision,
+            adapter=args.adapter,
+            device=args.device or "auto",
+            dtype=args.dtype or "auto",
+            offline=args.offline,
+        )
+    threads = threads or 1
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1 (got {threads})")
+    # The environment is set before torch is imported (on the worker thread, after the
+    # bind), so OpenMP starts with this many threads; make_loader also calls
+    # torch.set_num_threads there.
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = str(threads)
+    log = JsonLog(args.log, level=args.log_level)
+    config = ServerConfig(
+        endpoint=bind,
+        limits=Limits(max_inflight=args.max_inflight, max_exact_vocab=args.exact_max_vocab),
+        heartbeat_ms=args.heartbeat_ms,
+        batch_tokens=args.batch_tokens,
+        curve_secret_key=args.curve_secret_key,
+        curve_authorized_dir=args.curve_authorized_dir,
+    )
+    loader = make_loader(spec, exact_max_vocab=args.exact_max_vocab, threads=threads)
+    try:
+        return run_server(TeacherServer(config, loader, log=log))
+    finally:
+        log.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from miniverl.common.errors import MiniverlError
+
+    args = build_parser().parse_args(argv)
+    try:
+        code = serve(args)
+    except MiniverlError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The worker thread may still be inside a load or a forward pass after an abort;
+    # the process is done, so do not wait for it.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""Load a frozen teacher: where the weights come from, on which device, in which dtype.
+
+A :class:`TeacherSpec` names the model the way a user does (a local Hugging Face
+directory, a hub id at a pinned revision, or the teacher section of a recipe, whose
+toy spec resolves to a cached toy directory) plus an optional PEFT adapter.
+:func:`load_teacher` resolves it, loads it through ``common/modeling.py`` (the same
+path the student uses), merges the adapter, freezes the weights and puts the model in
+eval mode, and returns a :class:`LoadedTeacher` with everything ``HELLO_OK`` needs:
+tokenizer fingerprint, vocabulary size and identity ``{name, model, revision,
+adapter_sha256}``.
+
+``offline=True`` never touches the network; a hub model missing from the local cache
+is reported with the files that are missing. This module does not score or serve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miniverl.common.errors import ConfigError
+
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Files a hub snapshot needs before from_pretrained can work offline.
+REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """What to load: ``model`` is a local directory or a hub id (then ``revision`` is required)."""
+
+    model: str
+    revision: str | None = None
+    adapter: str | None = None
+    adapter_revision: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    quantization: str = "none"
+    offline: bool = False
+    name: str | None = None
+
+    def with_model(self, model: str, revision: str | None, adapter: str | None) -> TeacherSpec:
+        """The same placement (device, dtype, offline) for another model (used by RELOAD)."""
+        return TeacherSpec(
+            model=model,
+            revision=revision,
+            adapter=adapter,
+            device=self.device,
+            dtype=self.dtype,
+            quantization=self.quantization,
+            offline=self.offline,
+        )
+
+
+@dataclass
+class LoadedTeacher:
+    """A frozen teacher in eval mode and its identity."""
+
+    model: Any
+    model_dir: Path
+    tokenizer_fp: str
+    vocab_size: int
+    info: dict[str, Any]  # HELLO_OK ``teacher``: name, model, revision, adapter_sha256
+    device: str
+    dtype: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
+    """The teacher section of a recipe as a :class:`TeacherSpec` (a toy spec is built now)."""
+    from miniverl.common.recipe import load_recipe
+
+    recipe = load_recipe(path)
+    teacher = recipe.teacher
+    if teacher is None:
+        raise ConfigError(
+            f"recipe {str(path)!r} has no teacher section; add one or pass --model DIR|ID"
+        )
+    source = teacher.model
+    if source.toy is not None:
+        from miniverl.common.toy import toy_model_dir
+
+        model, revision, name = str(toy_model_dir(source.toy)), None, "toy-teacher"
+    elif source.path is not None:
+        model, revision, name = source.path, None, None
+    else:
+        model, revision, name = source.hub_id, source.revision, None
+    return TeacherSpec(
+        model=model,
+        revision=revision,
+        adapter=teacher.adapter,
+        adapter_revision=teacher.adapter_revision,
+        device=teacher.device,
+        dtype=teacher.dtype,
+        quantization=teacher.quantization,
+        offline=offline,
+        name=name,
+    )
+
+
+def _missing_hub_files(repo_id: str, revision: str, files: tuple[str, ...]) -> list[str]:
+    """Which of ``files`` are not in the local Hugging Face cache for this revision."""
+    from huggingface_hub import try_to_load_from_cache
+
+    missing = []
+    for name in files:
+        hit = try_to_load_from_cache(repo_id, name, revision=revision)
+        if not isinstance(hit, str):
+            missing.append(name)
+    return missing
+
+
+def resolve_dir(ref: str, revision: str | None, offline: bool, *, what: str = "model") -> Path:
+    """A local directory for a model or adapter reference (local path or pinned hub id)."""
+    local = Path(ref).expanduser()
+    if local.is_dir():
+        return local
+    if not HUB_ID.match(ref):
+        raise ConfigError(
+            f"{what} {ref!r} is neither a local directory nor a hub id (ORG/NAME); "
+            "pass an existing directory or a hub id with --revision"
+        )
+    if not revision or not HEX40.match(revision):
+        raise ConfigError(
+            f"hub {what} {ref!r} needs a pinned 40-hex --revision (got {revision!r}); "
+            "branches and tags drift, commits do not"
+        )
+    if offline:
+        wanted = ADAPTER_FILES if what == "adapter" else REQUIRED_FILES
+        missing = _missing_hub_files(ref, revision, wanted)
+        if what != "adapter" and len(_missing_hub_files(ref, revision, WEIGHT_FILES)) == 2:
+            missing.append(" or ".join(WEIGHT_FILES))
+        if missing:
+            raise ConfigError(
+                f"offline mode: hub {what} {ref}@{revision[:12]} is missing from the local "
+                f"cache: {', '.join(missing)}; download it once online "
+                f"(huggingface-cli download {ref} --revision {revision}) or drop --offline"
+            )
+    from miniverl.common.modeling import resolve_model_dir
+
+    if what == "adapter":
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(ref, revision=revision, local_files_only=offline))
+        except Exception as exc:
+            raise ConfigError(
+                f"could not fetch adapter {ref}@{revision[:12]}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return resolve_model_dir({"hub_id": ref, "revision": revision}, offline=offline)
+
+
+def adapter_sha256(adapter_dir: Path) -> str:
+    """``sha256:`` digest over the adapter weights and config (name, then bytes, per file)."""
+    digest = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        file = adapter_dir / name
+        if not file.is_file():
+            raise ConfigError(
+                f"adapter directory {str(adapter_dir)!r} has no {name}; save the adapter "
+                "with PeftModel.save_pretrained (safetensors)"
+            )
+        digest.update(name.encode() + b"\0")
+        with file.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
+    """Resolve, load, merge the adapter, freeze. Raises :class:`ConfigError` on bad input."""
+    import torch
+    from miniverl.common.modeling import load_causal_lm
+    from miniverl.common.tokenizer_id import tokenizer_fingerprint
+
+    model_dir = resolve_dir(spec.model, spec.revision, spec.offline)
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(
+            f"model directory {str(model_dir)!r} has no config.json; point --model at a "
+            "directory saved with save_pretrained"
+        )
+    model = load_causal_lm(
+        model_dir, dtype=spec.dtype, device=spec.device, quantization=spec.quantization
+    )
+    adapter_digest = None
+    if spec.adapter:
+        from peft import PeftModel
+
+        adapter_dir = resolve_dir(spec.adapter, spec.adapter_revision, spec.offline, what="adapter")
+        adapter_digest = adapter_sha256(adapter_dir)
+        # Merged once at load: the teacher is frozen, so the adapter never changes and a
+        # merged model scores at base-model speed.
+        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+        model = model.merge_and_unload()
+    model.requires_grad_(False)
+    model.eval()
+    weight = model.get_output_embeddings().weight
+    is_hub = not Path(spec.model).expanduser().is_dir()
+    name = spec.name or (spec.model if is_hub else Path(spec.model).expanduser().name)
+    return LoadedTeacher(
+        model=model,
+        model_dir=model_dir,
+        tokenizer_fp=tokenizer_fingerprint(model_dir),
+        vocab_size=int(weight.shape[0]),
+        info={
+            "name": name,
+            "model": spec.model,
+            "revision": spec.revision,
+            "adapter_sha256": adapter_digest,
+        },
+        device=str(weight.device),
+        dtype=str(weight.dtype).removeprefix("torch."),
+        extra={"threads": torch.get_num_threads()},
+    )
