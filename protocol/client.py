@@ -221,10 +221,15 @@ class TeacherClient:
         self._tg.start_soon(self._keeper)
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool | None:
         await self.aclose()
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(*exc_info)
+        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # The background tasks never fail on their own; let the caller's error
+            # propagate as itself rather than wrapped in an ExceptionGroup.
+            await self._tg.__aexit__(None, None, None)
+            return False
+        return await self._tg.__aexit__(exc_type, exc, tb)
 
     async def aclose(self) -> None:
         """Close the connection; pending requests fail with :class:`TeacherUnavailable`."""
@@ -361,6 +366,7 @@ class TeacherClient:
         :class:`TeacherUnavailable`, or :class:`ScoreTimeout` after ``timeout_s``.
         """
         wanted = list(ids)
+        reqs = []
         for rid in wanted:
             req = self._pending.get(rid)
             if req is None or req.t != "SCORE":
@@ -368,10 +374,10 @@ class TeacherClient:
                     f"request id {rid} is not pending (already collected, or dropped by "
                     "set_version/bind); re-submit it"
                 )
+            reqs.append(req)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             progress = self._progress
-            reqs = [self._pending[rid] for rid in wanted]
             for req in reqs:
                 if req.error is not None:
                     self._pending.pop(req.id, None)

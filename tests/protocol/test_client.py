@@ -1,0 +1,388 @@
+"""TeacherClient against a scripted fake teacher over an in-memory transport (no ZeroMQ).
+
+Each test pins one promise DESIGN §3 makes to the trainer: a reply is trained on
+only if it is pending, for the same student version, within the lag and from the
+bound teacher; a lost or refused request is resent under the same id; a restarted
+teacher is re-handshaken; a tokenizer mismatch stops everything.
+"""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+from miniverl.common.errors import (
+    ProtocolError,
+    StaleTargetError,
+    TeacherError,
+    TeacherUnavailable,
+    TokenizerMismatch,
+)
+from miniverl.protocol import messages as m
+from miniverl.protocol.client import SyncTeacherClient, TeacherChanged, TeacherClient
+from protocol_fakes import FP, VOCAB, FakeTeacher
+
+TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
+CU = np.array([0, 5, 9], np.int32)
+POS = np.array([0, 1, 2, 5, 6], np.int32)
+
+
+def make_client(teacher: FakeTeacher, **kw) -> TeacherClient:
+    opts = dict(
+        tokenizer_fp=FP,
+        vocab_size=VOCAB,
+        heartbeat_ms=20,
+        request_timeout_s=0.15,
+        unavailable_timeout_s=1.5,
+        transport_factory=teacher.factory,
+    )
+    opts.update(kw)
+    return TeacherClient("tcp://127.0.0.1:5555", **opts)
+
+
+def run(test, teacher: FakeTeacher | None = None, **kw):
+    teacher = teacher or FakeTeacher()
+
+    async def main():
+        with anyio.fail_after(10):
+            async with make_client(teacher, **kw) as client:
+                await test(client, teacher)
+
+    anyio.run(main, backend="asyncio")
+    return teacher
+
+
+def test_hello_then_topk_and_exact_scores():
+    async def body(client, teacher):
+        hello = await client.connect()
+        assert hello.tokenizer_fp == FP and hello.instance == "inst-A"
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert result.arrays["ids"].shape == (5, 4)
+        assert result.arrays["ids"].dtype == np.int32
+        np.testing.assert_array_equal(result.arrays["target_logprobs"], POS.astype(np.float32))
+        exact = await client.score(TOKENS, CU, POS, kind="exact")
+        assert exact.arrays["logprobs"].shape == (5, VOCAB)
+        counters = client.counters
+        assert counters["stale_dropped"] == 0 and counters["retries"] == 0
+        assert counters["bytes_received"] > 5 * 4 * 8
+
+    run(body)
+
+
+def test_several_requests_in_flight_matched_by_id():
+    async def body(client, teacher):
+        await client.connect()
+        held: list = []
+        teacher.on_score = lambda conn, msg, arrays: held.append((conn, msg, arrays)) or []
+        ids = [await client.submit(TOKENS, CU, POS[: i + 1], k=2) for i in range(3)]
+        await anyio.sleep(0.02)
+        for conn, msg, arrays in reversed(held):  # answer out of order
+            conn.deliver(teacher.score_ok(msg, arrays))
+        results = await client.wait(ids)
+        assert [len(results[rid].arrays["target_logprobs"]) for rid in ids] == [1, 2, 3]
+
+    run(body)
+
+
+def test_wrong_student_version_reply_is_dropped_and_counted():
+    # A reply echoing another student version must never be trained on.
+    def reply(conn, msg, arrays):
+        wrong = teacher.score_ok(msg, arrays, student_version=msg.student_version + 1)
+        return [wrong, teacher.score_ok(msg, arrays)]
+
+    teacher = FakeTeacher()
+    teacher.on_score = reply
+
+    async def body(client, teacher):
+        await client.connect()
+        client.set_version(3)
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert result.student_version == 3
+        assert client.counters["stale_dropped"] == 1
+
+    run(body, teacher)
+
+
+def test_reply_for_unknown_id_is_dropped():
+    def reply(conn, msg, arrays):
+        stray = teacher.score_ok(msg, arrays, id=msg.id + 1000)
+        return [stray, teacher.score_ok(msg, arrays)]
+
+    teacher = FakeTeacher()
+    teacher.on_score = reply
+
+    async def body(client, teacher):
+        await client.connect()
+        await client.score(TOKENS, CU, POS, k=4)
+        assert client.counters["stale_dropped"] == 1
+
+    run(body, teacher)
+
+
+def test_reply_outside_allowed_lag_is_refused():
+    async def body(client, teacher):
+        await client.connect()
+        teacher.on_score = lambda *args: []  # hold the reply
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        client.set_version(1)  # strict OPD: lag 0
+        with pytest.raises(StaleTargetError):
+            await client.wait([rid])
+        # replay with max_lag=1 accepts a reply one version old
+        teacher.on_score = None
+        client.set_version(1)
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        client.set_version(2, allowed_lag=1)
+        assert (await client.wait([rid]))[rid].student_version == 1
+
+    run(body)
+
+
+def test_old_gen_after_reload_is_dropped_when_bound():
+    # One update never mixes teacher generations: a reply from gen 1 for an update
+    # bound to gen 0 is dropped and wait() asks the trainer to rebind.
+    async def body(client, teacher):
+        await client.connect()
+        assert await client.bind() == ("inst-A", 0)
+
+        def reload_then_reply(conn, msg, arrays):
+            teacher.gen = 1
+            return [teacher.score_ok(msg, arrays)]
+
+        teacher.on_score = reload_then_reply
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        with pytest.raises(TeacherChanged) as info:
+            await client.wait([rid])
+        assert info.value.how == "reload" and info.value.new == ("inst-A", 1)
+        assert client.counters["stale_dropped"] == 1
+        teacher.on_score = None
+        assert await client.bind() == ("inst-A", 1)
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert result.gen == 1 and client.hello.gen == 1
+
+    run(body)
+
+
+def test_timeout_resends_the_same_id_then_succeeds():
+    seen: list[int] = []
+
+    def drop_first(conn, msg, arrays):
+        seen.append(msg.id)
+        return [] if len(seen) == 1 else None
+
+    teacher = FakeTeacher()
+    teacher.on_score = drop_first
+
+    async def body(client, teacher):
+        await client.connect()
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert seen == [result.id, result.id]
+        assert client.counters["retries"] == 1
+
+    run(body, teacher)
+
+
+def test_need_hello_triggers_a_new_handshake_and_resend():
+    async def body(client, teacher):
+        await client.connect()
+        teacher.known.clear()  # the teacher forgot this client
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert result.arrays["ids"].shape == (5, 4)
+        assert teacher.count("HELLO") == 2
+
+    run(body)
+
+
+def test_new_instance_means_handshake_and_resend_of_pending():
+    # kill -9 and restart at the same endpoint: the request in flight is lost; the
+    # client resends it, meets NEED_HELLO from the new instance, handshakes, resends.
+    def restart_and_lose(conn, msg, arrays):
+        teacher.restart("inst-B")
+        teacher.on_score = None
+        return []
+
+    teacher = FakeTeacher()
+    teacher.on_score = restart_and_lose
+
+    async def body(client, teacher):
+        await client.connect()
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert result.instance == "inst-B" and client.hello.instance == "inst-B"
+        assert teacher.count("HELLO") == 2
+
+    run(body, teacher)
+
+
+def test_new_instance_seen_in_pong_while_bound_raises_teacher_changed():
+    async def body(client, teacher):
+        await client.connect()
+        await client.bind()
+        teacher.on_score = lambda *args: []
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        teacher.restart("inst-B")  # the heartbeat PONG reveals it
+        with pytest.raises(TeacherChanged) as info:
+            await client.wait([rid])
+        assert info.value.how == "restart" and info.value.old == ("inst-A", 0)
+        teacher.on_score = None
+        assert await client.bind() == ("inst-B", 0)
+        assert (await client.score(TOKENS, CU, POS, k=4)).instance == "inst-B"
+
+    run(body)
+
+
+def test_tokenizer_mismatch_is_fatal_and_names_both_fingerprints():
+    teacher = FakeTeacher(tokenizer_fp="sha256:" + "cd" * 32)
+
+    async def body(client, teacher):
+        with pytest.raises(TokenizerMismatch) as info:
+            await client.connect()
+        assert FP in str(info.value) and teacher.tokenizer_fp in str(info.value)
+        with pytest.raises(TokenizerMismatch):
+            await client.submit(TOKENS, CU, POS, k=4)
+
+    run(body, teacher)
+
+
+def test_vocab_size_mismatch_is_fatal():
+    async def body(client, teacher):
+        with pytest.raises(TokenizerMismatch):
+            await client.connect()
+
+    run(body, FakeTeacher(vocab_size=VOCAB + 1))
+
+
+def test_server_side_tokenizer_mismatch_error_is_fatal():
+    teacher = FakeTeacher()
+    teacher.hello_error = m.ErrorCode.TOKENIZER_MISMATCH
+
+    async def body(client, teacher):
+        with pytest.raises(TokenizerMismatch):
+            await client.connect()
+
+    run(body, teacher)
+
+
+def test_three_missed_heartbeats_reconnect_and_resend():
+    async def body(client, teacher):
+        await client.connect()
+        teacher.silent = True
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        await anyio.sleep(0.2)  # > 3 heartbeats of 20 ms
+        teacher.silent = False
+        result = (await client.wait([rid]))[rid]
+        assert result.id == rid
+        assert client.counters["reconnects"] >= 1
+        assert len(teacher.transports) >= 2 and teacher.transports[0].closed
+
+    run(body)
+
+
+def test_silent_teacher_becomes_unavailable():
+    async def body(client, teacher):
+        await client.connect()
+        teacher.silent = True
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        with pytest.raises(TeacherUnavailable):
+            await client.wait([rid])
+
+    run(body, unavailable_timeout_s=0.3)
+
+
+def test_retryable_error_is_retried_and_fatal_error_raised():
+    calls: list[int] = []
+
+    def overloaded_once(conn, msg, arrays):
+        calls.append(msg.id)
+        if msg.k == 3:
+            return [teacher.error(msg.id, m.ErrorCode.UNSUPPORTED)]
+        if len(calls) == 1:
+            return [teacher.error(msg.id, m.ErrorCode.OVERLOADED, retryable=True)]
+        return None
+
+    teacher = FakeTeacher()
+    teacher.on_score = overloaded_once
+
+    async def body(client, teacher):
+        await client.connect()
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert calls == [result.id, result.id]
+        with pytest.raises(TeacherError, match="UNSUPPORTED"):
+            await client.score(TOKENS, CU, POS, k=3)
+
+    run(body, teacher)
+
+
+def test_bad_request_is_refused_locally():
+    async def body(client, teacher):
+        await client.connect()
+        with pytest.raises(ProtocolError):
+            await client.submit(TOKENS, CU, np.array([4], np.int32), k=4)  # last of seq 0
+        with pytest.raises(ProtocolError):
+            await client.submit(TOKENS + VOCAB, CU, POS, k=4)
+        assert teacher.count("SCORE") == 0
+
+    run(body)
+
+
+def test_sync_facade_scores_and_runs_admin_calls():
+    teacher = FakeTeacher()
+    with SyncTeacherClient(
+        "ipc:///tmp/miniverl-test.sock",
+        tokenizer_fp=FP,
+        vocab_size=VOCAB,
+        heartbeat_ms=50,
+        request_timeout_s=0.5,
+        unavailable_timeout_s=2,
+        transport_factory=teacher.factory,
+    ) as client:
+        assert client.hello.instance == "inst-A"
+        client.set_version(2)
+        assert client.bind() == ("inst-A", 0)
+        ids = [client.submit(TOKENS, CU, POS, k=4) for _ in range(2)]
+        results = client.wait(ids)
+        assert sorted(results) == sorted(ids)
+        assert all(r.student_version == 2 for r in results.values())
+        assert client.status()["state"] == "READY"
+        assert client.park().state == "PARKED"
+        assert client.wake().state == "READY"
+        assert client.reload("fake/other").gen == 1
+        assert client.shutdown().t == "SHUTDOWN_OK"
+        assert client.counters["sent"] >= 8
+    client.close()  # idempotent
+
+
+def test_admin_only_client_needs_no_handshake():
+    async def body(client, teacher):
+        await client.connect()
+        assert (await client.status())["instance"] == "inst-A"
+        with pytest.raises(ProtocolError):
+            await client.submit(TOKENS, CU, POS)
+        assert teacher.count("HELLO") == 0
+
+    run(body, tokenizer_fp=None)
+
+
+def test_retarget_validates_before_switching():
+    other = FakeTeacher(instance="inst-C")
+    wrong = FakeTeacher(tokenizer_fp="sha256:" + "ee" * 32)
+    teachers = {"tcp://127.0.0.1:5555": None, "tcp://127.0.0.1:6000": other}
+    teachers["tcp://127.0.0.1:7000"] = wrong
+
+    async def body(client, teacher):
+        teachers["tcp://127.0.0.1:5555"] = teacher
+        await client.connect()
+        await client.bind()
+        with pytest.raises(TokenizerMismatch):
+            await client.retarget("tcp://127.0.0.1:7000")
+        assert client.endpoint == "tcp://127.0.0.1:5555"
+        assert (await client.score(TOKENS, CU, POS, k=2)).instance == "inst-A"
+        hello = await client.retarget("tcp://127.0.0.1:6000")
+        assert hello.instance == "inst-C"
+        rid = await client.submit(TOKENS, CU, POS, k=2)
+        with pytest.raises(TeacherChanged) as info:
+            await client.wait([rid])
+        assert info.value.how == "retarget"
+
+    def factory(endpoint):
+        return teachers[endpoint].factory(endpoint)
+
+    run(body, transport_factory=factory)
