@@ -1,9 +1,79 @@
-"""CLI commands (registered into the app by `register`)."""
+"""``miniverl train``, ``miniverl eval`` (and the run-level commands of ``up``).
+
+Each command is one library call; torch is imported inside the bodies only.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    """Add this module's commands to ``app``."""
+
+    @app.command()
+    def train(
+        recipe: Path = typer.Argument(..., help="Recipe YAML."),
+        teacher: str = typer.Option(None, "--teacher", help="Teacher endpoint to attach to."),
+        run_id: str = typer.Option(None, "--run-id", help="Run id (default: name + time)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue run --run-id."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan."),
+        offline: bool = typer.Option(False, "--offline", help="Never touch the network."),
+        output_dir: str = typer.Option(None, "--output-dir", help="Override run.output_dir."),
+    ) -> None:
+        """Run the student process alone (opd, replay and offline_kd need --teacher)."""
+        from miniverl.common.errors import ConfigError
+        from miniverl.common.recipe import load_recipe
+
+        loaded = load_recipe(recipe)
+        if dry_run:
+            from miniverl.cli.foundation import plan_lines
+
+            for line in plan_lines(loaded):
+                typer.echo(line)
+            endpoint = teacher or (loaded.teacher.endpoint if loaded.teacher else None)
+            if loaded.needs_teacher and endpoint is None:
+                typer.echo("teacher      none given: pass --teacher ENDPOINT or use `miniverl up`")
+            typer.echo("dry run: nothing was loaded")
+            return
+        if loaded.needs_teacher and not (teacher or loaded.teacher.endpoint):
+            raise ConfigError(
+                f"mode {loaded.run.mode!r} needs a teacher: pass --teacher ENDPOINT (see "
+                "`miniverl teacher serve`) or start both processes with `miniverl up`"
+            )
+        from miniverl.student.api import summary_lines, train_from_file
+
+        result = train_from_file(
+            recipe, teacher=teacher, run_id=run_id, resume=resume, offline=offline,
+            output_dir=output_dir,
+        )
+        for line in summary_lines(result):
+            typer.echo(line)
+        if result.status == "interrupted":
+            raise typer.Exit(130)
+
+    @app.command("eval")
+    def eval_cmd(
+        run: Path = typer.Option(..., "--run", help="Run directory."),
+        split: str = typer.Option(None, "--split", help="eval or test (default: recipe's)."),
+        checkpoint: str = typer.Option(None, "--checkpoint", help="Checkpoint dir."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Greedy success of a run's checkpoint on a held-out split."""
+        from miniverl.common.errors import ConfigError
+        from miniverl.student.api import eval_run, print_json
+
+        if split not in (None, "eval", "test", "train"):
+            raise ConfigError(f"--split {split!r} is not one of eval, test, train")
+        summary = eval_run(run, split=split, checkpoint=checkpoint)
+        if as_json:
+            print_json(summary)
+            return
+        typer.echo(
+            f"{summary['split']}: success {summary['success']:.1%} over {summary['n']} tasks "
+            f"(version {summary['policy_version']})"
+        )
+        for diff, row in summary["by_difficulty"].items():
+            typer.echo(f"  {diff:<8} {row['success']:.1%} of {int(row['n'])}")

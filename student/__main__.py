@@ -1,0 +1,48 @@
+"""The student process: ``python -m miniverl.student RECIPE [--teacher ENDPOINT]
+[--run-id ID] [--resume] [--offline] [--control] [--no-progress]``.
+
+The same entry as ``miniverl train``; ``miniverl up`` starts it with ``--control`` so the
+run answers ``STATUS``, ``RETARGET`` and ``STOP`` on ``ipc://<run>/control.sock``.
+Expected failures print one line and exit 1; an interrupt exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m miniverl.student")
+    parser.add_argument("recipe")
+    parser.add_argument("--teacher", default=None, help="teacher endpoint")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--offline", action="store_true")
+    parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--control", action="store_true", help="bind the control socket")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    from miniverl.common.errors import MiniverlError
+    from miniverl.student.api import summary_lines, train_from_file
+
+    try:
+        result = train_from_file(
+            args.recipe, teacher=args.teacher, run_id=args.run_id, resume=args.resume,
+            offline=args.offline, output_dir=args.output_dir,
+            show_progress=not args.no_progress, control=args.control,
+        )
+    except MiniverlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: checkpoint written; continue with --resume", file=sys.stderr)
+        return 130
+    for line in summary_lines(result):
+        print(line)
+    return 130 if result.status == "interrupted" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

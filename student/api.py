@@ -1,0 +1,101 @@
+"""The student process's entry points, shared by ``miniverl train`` and
+``python -m miniverl.student``: load a recipe, build a :class:`Trainer`, run it, print a
+summary. Also ``eval_run`` for ``miniverl eval``.
+
+This module parses nothing from the command line; the CLI does that.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from miniverl.common.recipe import load_recipe
+from miniverl.common.rundir import RunDir
+
+
+def train_from_file(
+    recipe_path: str | Path,
+    *,
+    teacher: str | None = None,
+    run_id: str | None = None,
+    resume: bool = False,
+    offline: bool = False,
+    output_dir: str | None = None,
+    show_progress: bool = True,
+    stop_event: Any = None,
+    control: bool = False,
+):
+    """Run the recipe at ``recipe_path``; returns the :class:`TrainResult`."""
+    from miniverl.student.trainer import Trainer
+
+    recipe = load_recipe(recipe_path)
+    if output_dir is not None:
+        recipe = recipe.model_copy(
+            update={"run": recipe.run.model_copy(update={"output_dir": output_dir})}
+        )
+    text = Path(recipe_path).read_text(encoding="utf-8")
+    with Trainer(
+        recipe, teacher_endpoint=teacher, run_id=run_id, resume=resume, offline=offline,
+        recipe_text=text, show_progress=show_progress, stop_event=stop_event,
+    ) as trainer:
+        if control:
+            from miniverl.student.control import ControlServer
+
+            with ControlServer(trainer):
+                return trainer.train()
+        return trainer.train()
+
+
+def summary_lines(result) -> list[str]:
+    """Human lines describing a finished run."""
+    before = (result.eval_before or {}).get("success")
+    after = (result.eval or {}).get("success")
+    lines = [
+        f"run          {result.run_dir}  ({result.status})",
+        f"updates      {result.steps} optimizer steps, parameter version {result.final_version}",
+        f"wall clock   {result.wall_s:.1f} s",
+    ]
+    if after is not None:
+        start = f"{before:.0%} -> " if before is not None else ""
+        lines.append(f"success      {start}{after:.0%} on the {result.eval['split']} split")
+    if result.counters:
+        c = result.counters
+        lines.append(
+            f"teacher      {c.get('received', 0)} replies, {c.get('bytes_received', 0):,} bytes "
+            f"received, {c.get('stale_dropped', 0)} stale replies dropped"
+        )
+    lines.append(f"report       {Path(result.run_dir) / 'report.html'}")
+    return lines
+
+
+def eval_run(run_path: str | Path, *, split: str | None = None,
+             checkpoint: str | None = None) -> dict[str, Any]:
+    """Evaluate a run's latest (or a named) checkpoint on a split; returns the summary."""
+    import torch
+    from miniverl.common.errors import ConfigError
+    from miniverl.student.checkpoint import latest_checkpoint, load_checkpoint
+    from miniverl.student.eval import evaluate
+    from miniverl.student.policy import load_policy
+
+    run = RunDir.open(run_path)
+    recipe = run.recipe()
+    ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run.checkpoints_dir)
+    if ckpt is None or not Path(ckpt).is_dir():
+        raise ConfigError(
+            f"run {run.id} has no checkpoint {checkpoint or ''}; train it first or pass "
+            "--checkpoint DIR"
+        )
+    policy = load_policy(recipe)
+    state = load_checkpoint(Path(ckpt), policy.model, None, None)
+    policy.model.eval()
+    with torch.no_grad():
+        summary = evaluate(policy.model, policy.tokenizer, recipe, split=split,
+                           policy_version=state.version, out_dir=run.eval_dir,
+                           tokenizer_fp=policy.tokenizer_fp)
+    return summary.to_dict()
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))

@@ -1,0 +1,54 @@
+"""Optimizer and learning-rate schedule for the student, built from ``recipe.train``.
+
+AdamW from torch, or 8-bit AdamW from bitsandbytes when the recipe asks for
+``adamw8bit``; a linear warmup followed by a constant, linear or cosine decay over the
+run's total number of optimizer steps. This module does not compute losses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from miniverl.common.errors import MissingExtraError
+from miniverl.common.recipe import Recipe
+
+
+def total_optimizer_steps(recipe: Recipe) -> int:
+    """SFT warm-up steps plus ``updates_per_batch`` steps per cycle."""
+    return recipe.train.sft_warmup_steps + recipe.train.cycles * recipe.train.updates_per_batch
+
+
+def build_optimizer(recipe: Recipe, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    train = recipe.train
+    if train.optimizer == "adamw8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError as exc:
+            raise MissingExtraError("bitsandbytes", "cuda") from exc
+        return bnb.optim.AdamW8bit(params, lr=train.lr, weight_decay=train.weight_decay)
+    return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer):
+    train = recipe.train
+    total = total_optimizer_steps(recipe)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_factor(
+            step, warmup=train.warmup_steps, total=total, schedule=train.schedule
+        ),
+    )

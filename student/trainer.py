@@ -1,0 +1,612 @@
+"""The student's training loop: rollout -> score -> update -> log -> checkpoint.
+
+One explicit loop serves every mode; each cycle is one of these, read top to bottom in
+:meth:`Trainer._cycle`:
+
+- ``sft``: oracle trajectories, cross-entropy on the model's own spans, no teacher.
+- ``offline_kd``: a fixed trajectory set (oracle traces, or a previous run's
+  ``trajectories.jsonl``) scored once; the targets are cached and reused by every
+  version. Off-policy by construction, and reported as such.
+- ``opd`` (strict on-policy): sample fresh rollouts with version ``v``, request targets
+  tagged ``v`` (pipelined: each episode's SCORE leaves as soon as it ends), take
+  exactly one optimizer step, ``v -> v + 1``. The client drops any reply not for ``v``
+  or not from the teacher the update is bound to; nothing stale reaches the loss.
+- ``replay``: fresh rollouts join a buffer; each update trains on buffered rollouts at
+  most ``max_lag`` versions old. Off-policy, labelled as such.
+
+``sft_warmup_steps`` SFT steps run before the first distillation cycle (cold start).
+
+The trainer does not know how the teacher is reached: it is handed a client (the real
+``SyncTeacherClient`` or an in-process fake with the same methods).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from miniverl.common.errors import ConfigError
+from miniverl.common.manifest import record_teacher, update_manifest
+from miniverl.common.recipe import Recipe, diff_recipes, recipe_digest
+from miniverl.common.rundir import RunDir
+from miniverl.common.runtime import apply_cpu_threads
+from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
+from miniverl.student.environments import make_tasks
+from miniverl.student.eval import EvalSummary, evaluate
+from miniverl.student.optim import build_optimizer, build_scheduler, total_optimizer_steps
+from miniverl.student.oracle import oracle_trajectories
+from miniverl.student.policy import Policy, load_policy
+from miniverl.student.rollout import RolloutRunner
+from miniverl.student.selection import select_positions_for
+from miniverl.student.teacher_link import Scored, TeacherLink, teacher_identity
+from miniverl.student.updates import StepStats, distill_step, sft_step
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.train` returns."""
+
+    run_dir: Path
+    status: str
+    final_version: int
+    steps: int
+    eval_before: dict[str, Any] | None
+    eval: dict[str, Any] | None
+    wall_s: float
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+def _episode_seed(run_seed: int, cycle: int, index: int) -> int:
+    # Seeds depend only on (run seed, cycle, episode), so a resumed run samples exactly
+    # what the uninterrupted run would have sampled.
+    return (run_seed * 1_000_003 + cycle * 10_007 + index) % (2**31 - 1)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Build from a recipe (and a teacher client for teacher modes); call :meth:`train`.
+
+    Use it as a context manager: leaving the block releases the run lock and closes the
+    teacher client. ``stop_event`` (a ``threading.Event``) asks the loop to checkpoint
+    and stop at the next update boundary.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        *,
+        teacher_endpoint: str | None = None,
+        client: Any = None,
+        run_id: str | None = None,
+        resume: bool = False,
+        offline: bool = False,
+        recipe_text: str | None = None,
+        stop_event: threading.Event | None = None,
+        show_progress: bool = True,
+        write_report: bool = True,
+    ):
+        self.recipe = recipe
+        self.endpoint = teacher_endpoint or (recipe.teacher.endpoint if recipe.teacher else None)
+        self.client = client
+        self.offline = offline
+        self.stop_event = stop_event or threading.Event()
+        self.show_progress = show_progress
+        self.write_report = write_report
+        self.pending_retarget: str | None = None
+        self.version = 0
+        self.step = 0
+        self.cycle = 0
+        self.started = time.perf_counter()
+        self.last_metrics: dict[str, Any] = {}
+        if recipe.needs_teacher and client is None and self.endpoint is None:
+            raise ConfigError(
+                f"mode {recipe.run.mode!r} needs a teacher: pass --teacher ENDPOINT, set "
+                "teacher.endpoint, or start both processes with `miniverl up`"
+            )
+        self.run = self._open_run(run_id, resume, recipe_text)
+        self.resume = resume
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _open_run(self, run_id: str | None, resume: bool, recipe_text: str | None) -> RunDir:
+        out = Path(self.recipe.run.output_dir)
+        if resume:
+            if run_id is None:
+                raise ConfigError("--resume needs --run-id ID (the run to continue)")
+            run = RunDir.open(out / run_id)
+            differing = diff_recipes(run.recipe(), self.recipe)
+            if differing:
+                raise ConfigError(
+                    f"run {run_id} was started with another recipe; differing fields: "
+                    f"{', '.join(differing)}; resume with the original recipe or start a new run"
+                )
+        else:
+            run = RunDir.create(out, self.recipe, recipe_text=recipe_text, run_id=run_id)
+        run.lock().__enter__()
+        return run
+
+    def _setup(self) -> None:
+        recipe = self.recipe
+        apply_cpu_threads(recipe.runtime.cpu_threads)
+        if recipe.run.deterministic:
+            torch.use_deterministic_algorithms(True)
+        _seed_everything(recipe.run.seed)
+        self.policy: Policy = load_policy(recipe, offline=self.offline)
+        self.optimizer = build_optimizer(recipe, self.policy.trainable_parameters())
+        self.scheduler = build_scheduler(recipe, self.optimizer)
+        dev = self.policy.device
+        self.autocast = (
+            torch.autocast("cuda", dtype=next(self.policy.model.parameters()).dtype)
+            if dev.type == "cuda" and next(self.policy.model.parameters()).dtype != torch.float32
+            else None
+        )
+        env = recipe.environment
+        self.train_tasks = make_tasks(
+            env.name, "train", env.train_tasks, env.difficulty, env.split_seed, params=env.params
+        )
+        self.runner = RolloutRunner(
+            self.policy.model, self.policy.tokenizer, env_name=env.name, env_params=env.params,
+            rollout=recipe.rollout, tokenizer_fp=self.policy.tokenizer_fp,
+        )
+        update_manifest(
+            self.run,
+            tokenizer_fp=self.policy.tokenizer_fp,
+            tokenizer_dir=str(self.policy.model_dir),
+            vocab_size=self.policy.vocab_size,
+        )
+        self.kind = "exact" if recipe.loss.objective == "exact_full_vocab" else "topk"
+        self.link: TeacherLink | None = None
+        if recipe.needs_teacher:
+            self._connect_teacher()
+        self.cache = self._open_cache()
+        self.replay_buffer: list[Scored] = []
+        self.fixed_set: list[Trajectory] = []
+
+    def _connect_teacher(self) -> None:
+        recipe = self.recipe
+        if self.client is None:
+            from miniverl.protocol.client import SyncTeacherClient
+
+            rt = recipe.runtime
+            self.client = SyncTeacherClient(
+                self.endpoint,
+                tokenizer_fp=self.policy.tokenizer_fp,
+                vocab_size=self.policy.vocab_size,
+                client_name=f"student:{self.run.id}",
+                heartbeat_ms=rt.heartbeat_ms,
+                request_timeout_s=rt.request_timeout_s,
+                unavailable_timeout_s=rt.unavailable_timeout_s,
+            )
+        self.client.connect()
+        identity = teacher_identity(self.client)
+        self.link = TeacherLink(
+            self.client, kind=self.kind, k=recipe.loss.top_k,
+            temperature=recipe.loss.temperature, on_teacher_changed=self._teacher_changed,
+        )
+        self.teacher = identity
+        self.run.event("teacher_connected", teacher=identity, version=self.version,
+                       endpoint=self.endpoint)
+        record_teacher(self.run, self.version, identity, how="connect")
+
+    def _teacher_changed(self, new: dict, version: int, how: str) -> None:
+        prev = self.teacher
+        self.teacher = new
+        self.run.event("teacher_changed", how=how, old=prev, new=new, version=version)
+        record_teacher(self.run, version, new, how=how)
+
+    def _open_cache(self):
+        cfg = self.recipe.cache
+        if not cfg.enabled or not self.recipe.needs_teacher:
+            return None
+        from miniverl.student.targets_cache import CacheIdentity, TargetsCache
+
+        loss = self.recipe.loss
+        root = Path(cfg.dir) if cfg.dir else self.run.targets_dir
+        return TargetsCache(
+            root,
+            CacheIdentity(
+                tokenizer_fp=self.policy.tokenizer_fp,
+                vocab_size=self.policy.vocab_size,
+                kind=self.kind,
+                k=loss.top_k if self.kind == "topk" else self.policy.vocab_size,
+                objective=loss.objective,
+                temperature=loss.temperature,
+            ),
+        )
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        """Run the recipe to the end (or to a stop request); returns what happened."""
+        recipe = self.recipe
+        self.run.set_status("running")
+        try:
+            self._setup()
+            if self.resume:
+                self._restore()
+            self.run.event("run_started", mode=recipe.run.mode, on_policy=recipe.on_policy,
+                           version=self.version, resumed=self.resume)
+            eval_before = None
+            if not self.resume:
+                eval_before = self._evaluate().to_dict()
+            status = self._loop()
+            final_eval = self._evaluate().to_dict()
+            self._checkpoint()
+            self.run.event("run_completed" if status == "completed" else "run_interrupted",
+                           version=self.version, steps=self.step)
+            self.run.set_status(status)
+        except KeyboardInterrupt:
+            self._safe_checkpoint()
+            self.run.event("run_interrupted", version=self.version, steps=self.step)
+            self.run.set_status("interrupted", reason="KeyboardInterrupt")
+            raise
+        except BaseException as exc:
+            self.run.event("run_failed", reason=f"{type(exc).__name__}: {exc}")
+            self.run.set_status("failed", reason=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self._finish_report()
+        return TrainResult(
+            run_dir=self.run.path, status=status, final_version=self.version, steps=self.step,
+            eval_before=eval_before, eval=final_eval,
+            wall_s=time.perf_counter() - self.started, counters=self._counters(),
+        )
+
+    def _loop(self) -> str:
+        recipe = self.recipe
+        train = recipe.train
+        from miniverl.student.progress import TrainProgress
+
+        total = total_optimizer_steps(recipe)
+        with TrainProgress(total, enabled=self.show_progress, initial=self.step) as progress:
+            while self.step < train.sft_warmup_steps:
+                self._sft_warmup_step()
+                progress.update(self.step, self.last_metrics)
+            if recipe.run.mode == "offline_kd" and not self.fixed_set:
+                self._prepare_fixed_set()
+            while self.cycle < train.cycles:
+                if self.stop_event.is_set():
+                    self._checkpoint()
+                    return "interrupted"
+                if train.max_wall_s is not None and self._wall() > train.max_wall_s:
+                    self.run.event("wall_budget_reached", wall_s=self._wall(), version=self.version)
+                    break
+                self._apply_retarget()
+                self._cycle()
+                self.cycle += 1
+                progress.update(self.step, self.last_metrics)
+                if train.eval_every and self.cycle % train.eval_every == 0:
+                    self._evaluate()
+                if train.save_every and self.cycle % train.save_every == 0:
+                    self._checkpoint()
+        return "completed"
+
+    def _cycle(self) -> None:
+        mode = self.recipe.run.mode
+        t0 = time.perf_counter()
+        if mode == "sft":
+            trajs = self._oracle_batch(self.cycle)
+            t_rollout = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            stats = self._sft(trajs)
+            self._log(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
+            return
+        if mode == "offline_kd":
+            scored = self._fixed_batch(self.cycle)
+            t1 = time.perf_counter()
+            stats = self._distill(scored)
+            self._log(stats, [s.traj for s in scored], 0.0, 0.0, time.perf_counter() - t1)
+            return
+        if mode == "dpo":
+            raise ConfigError(
+                "run.mode 'dpo' is not available in this version of the trainer; use sft, "
+                "offline_kd, opd or replay"
+            )
+        lag = self.recipe.train.max_lag if mode == "replay" else 0
+        trajs, scored, t_rollout, t_wait = self._rollout_and_score(lag)
+        if mode == "replay":
+            self.replay_buffer.extend(scored)
+            floor = self.version - lag
+            self.replay_buffer = [s for s in self.replay_buffer if s.student_version >= floor]
+            rng = np.random.default_rng(_episode_seed(self.recipe.run.seed, self.cycle, 99_991))
+            n = min(len(self.replay_buffer), self.recipe.train.rollouts_per_cycle)
+            pick = rng.choice(len(self.replay_buffer), size=n, replace=False)
+            scored = [self.replay_buffer[i] for i in sorted(pick)]
+        t1 = time.perf_counter()
+        stats = None
+        for _ in range(self.recipe.train.updates_per_batch):
+            stats = self._distill(scored)
+        self._log(stats, trajs, t_rollout, t_wait, time.perf_counter() - t1, scored=scored)
+
+    # -- the pieces of a cycle -----------------------------------------------------------
+
+    def _tasks_for(self, cycle: int, n: int) -> list[Any]:
+        tasks = self.train_tasks
+        epoch_len = len(tasks)
+        out = []
+        for i in range(n):
+            flat = cycle * n + i
+            epoch, idx = divmod(flat, epoch_len)
+            order = np.random.default_rng(self.recipe.run.seed * 7919 + epoch).permutation(
+                epoch_len
+            )
+            out.append(tasks[int(order[idx])])
+        return out
+
+    def _oracle_batch(self, cycle: int) -> list[Trajectory]:
+        env = self.recipe.environment
+        tasks = self._tasks_for(cycle, self.recipe.train.rollouts_per_cycle)
+        return oracle_trajectories(
+            env.name, tasks, self.policy.tokenizer, self.policy.tokenizer_fp, env.params
+        )
+
+    def _sft(self, trajs: list[Trajectory]) -> StepStats:
+        stats = sft_step(
+            self.policy, self.optimizer, self.scheduler, trajs,
+            grad_accum=self.recipe.train.grad_accum,
+            max_grad_norm=self.recipe.train.max_grad_norm,
+            chunk_size=self.recipe.loss.chunk_size, autocast=self.autocast,
+        )
+        self._advance()
+        return stats
+
+    def _sft_warmup_step(self) -> None:
+        t0 = time.perf_counter()
+        trajs = self._oracle_batch(10_000_000 + self.step)
+        stats = self._sft(trajs)
+        self._log(stats, trajs, 0.0, 0.0, time.perf_counter() - t0, phase="sft_warmup")
+
+    def _distill(self, scored: list[Scored]) -> StepStats:
+        stats = distill_step(
+            self.policy, self.optimizer, self.scheduler, scored,
+            loss_config=self.recipe.loss, kind=self.kind,
+            grad_accum=self.recipe.train.grad_accum,
+            max_grad_norm=self.recipe.train.max_grad_norm, autocast=self.autocast,
+        )
+        self._advance()
+        return stats
+
+    def _advance(self) -> None:
+        self.step += 1
+        self.version += 1
+
+    def _positions(self, traj: Trajectory) -> np.ndarray:
+        return select_positions_for(traj, self.recipe.loss, seed=self.recipe.run.seed)
+
+    def _rollout_and_score(self, lag: int):
+        """Sample fresh rollouts with the current version and score them for it."""
+        n = self.recipe.train.rollouts_per_cycle
+        tasks = self._tasks_for(self.cycle, n)
+        seeds = [_episode_seed(self.recipe.run.seed, self.cycle, i) for i in range(n)]
+        link = self.link
+        link.begin_update(self.version, lag)
+        pipelined = self.recipe.train.pipelining
+
+        def submit(traj: Trajectory) -> None:
+            link.submit(traj, self._positions(traj))
+
+        self.policy.model.eval()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            trajs = self.runner.run(
+                tasks, policy_version=self.version, seeds=seeds,
+                on_finished=submit if pipelined else None,
+            )
+        self.policy.model.train()
+        t_rollout = time.perf_counter() - t0
+        if not pipelined:
+            for traj in trajs:
+                submit(traj)
+        scored = link.collect()
+        write_trajectories(self.run.trajectories_path, trajs, append=True)
+        self._cache_put(scored)
+        return trajs, scored, t_rollout, link.wait_s
+
+    def _cache_put(self, scored: list[Scored]) -> None:
+        if self.cache is None:
+            return
+        from miniverl.student.targets_cache import EntryKey
+
+        self.cache.put_many(
+            (
+                EntryKey(
+                    trajectory_id=s.traj.id, student_version=s.student_version,
+                    teacher=str(s.teacher.get("name")), instance=str(s.teacher.get("instance")),
+                    gen=int(s.teacher.get("gen", 0)),
+                ),
+                {**s.arrays, "positions": s.positions_P.astype(np.int32)},
+            )
+            for s in scored
+            if len(s.positions_P)
+        )
+
+    def _prepare_fixed_set(self) -> None:
+        """offline_kd: load or build the fixed trajectories and score each once."""
+        source = self.recipe.train.trajectories
+        if source:
+            self.fixed_set = read_trajectories(source)
+            bad = [t.id for t in self.fixed_set if t.tokenizer_fp != self.policy.tokenizer_fp]
+            if bad:
+                raise ConfigError(
+                    f"{len(bad)} trajectories in {source} were made with another tokenizer "
+                    f"(first: {bad[0]}); offline KD needs the student's tokenizer"
+                )
+        else:
+            env = self.recipe.environment
+            self.fixed_set = oracle_trajectories(
+                env.name, self.train_tasks, self.policy.tokenizer, self.policy.tokenizer_fp,
+                env.params,
+            )
+        link = self.link
+        # The fixed set was sampled by another policy; its targets are bound to the
+        # version that sampled it (0 for oracle traces), never to the student's.
+        link.begin_update(0, 0)
+        for traj in self.fixed_set:
+            link.submit(traj, self._positions(traj))
+        scored = link.collect()
+        self._cache_put(scored)
+        self.fixed_scored = scored
+        write_trajectories(self.run.trajectories_path, self.fixed_set, append=True)
+        self.run.event("offline_targets_scored", trajectories=len(scored),
+                       positions=int(sum(len(s.positions_P) for s in scored)))
+
+    def _fixed_batch(self, cycle: int) -> list[Scored]:
+        n = min(self.recipe.train.rollouts_per_cycle, len(self.fixed_scored))
+        rng = np.random.default_rng(_episode_seed(self.recipe.run.seed, cycle, 77_777))
+        pick = rng.choice(len(self.fixed_scored), size=n, replace=False)
+        return [self.fixed_scored[i] for i in sorted(pick)]
+
+    # -- logging, eval, checkpoints ------------------------------------------------------
+
+    def _wall(self) -> float:
+        return time.perf_counter() - self.started
+
+    def _counters(self) -> dict[str, Any]:
+        return dict(self.client.counters) if self.client is not None else {}
+
+    def _log(self, stats: StepStats, trajs: list[Trajectory], t_rollout: float,
+             t_wait: float, t_update: float, *, scored=None, phase: str | None = None) -> None:
+        counters = self._counters()
+        positions_scored = int(sum(len(s.positions_P) for s in scored)) if scored else 0
+        row = {
+            "step": self.step,
+            "version": self.version,
+            "cycle": self.cycle,
+            "mode": phase or self.recipe.run.mode,
+            "on_policy": self.recipe.on_policy and phase is None,
+            "loss": stats.loss,
+            "divergence": stats.divergence,
+            "positions": stats.positions,
+            "tokens": stats.tokens,
+            "teacher": ({k: self.teacher.get(k) for k in ("name", "instance", "gen")}
+                        if self.link is not None else None),
+            "stale_dropped": counters.get("stale_dropped", 0),
+            "time_rollout_s": t_rollout,
+            "time_teacher_wait_s": t_wait,
+            "time_update_s": t_update,
+            "positions_scored": positions_scored,
+            "positions_per_s": positions_scored / t_wait if t_wait > 0 else None,
+            "bytes_sent": counters.get("bytes_sent", 0),
+            "bytes_received": counters.get("bytes_received", 0),
+            "lr": stats.lr,
+            "grad_norm": stats.grad_norm,
+            "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
+                              if trajs else None),
+            "wall_s": self._wall(),
+        }
+        self.last_metrics = row
+        self.run.metric(row)
+
+    def _evaluate(self) -> EvalSummary:
+        model = self.policy.model
+        model.eval()
+        with torch.no_grad():
+            summary = evaluate(
+                model, self.policy.tokenizer, self.recipe, policy_version=self.version,
+                out_dir=self.run.eval_dir, tokenizer_fp=self.policy.tokenizer_fp,
+            )
+        model.train()
+        self.run.event("eval", version=self.version, split=summary.split,
+                       success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
+                       stop_reasons=summary.stop_reasons)
+        self.last_eval = summary
+        return summary
+
+    def _checkpoint(self) -> Path:
+        from miniverl.student.checkpoint import save_checkpoint
+
+        path = save_checkpoint(
+            self.run.checkpoints_dir,
+            model=self.policy.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            step=self.step,
+            version=self.version,
+            data_cursor={"cycle": self.cycle},
+            recipe_digest=recipe_digest(self.recipe),
+        )
+        self.run.event("checkpoint", path=str(path), version=self.version, step=self.step)
+        return path
+
+    def _safe_checkpoint(self) -> None:
+        try:
+            if hasattr(self, "optimizer"):
+                self._checkpoint()
+        except Exception as exc:  # the interrupt is what the user sees; note the rest
+            self.run.event("checkpoint_failed", reason=f"{type(exc).__name__}: {exc}")
+
+    def _restore(self) -> None:
+        from miniverl.student.checkpoint import latest_checkpoint, load_checkpoint
+
+        path = latest_checkpoint(self.run.checkpoints_dir)
+        if path is None:
+            raise ConfigError(
+                f"run {self.run.id} has no checkpoint to resume from; start it again without "
+                "--resume"
+            )
+        state = load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler)
+        if state.recipe_digest != recipe_digest(self.recipe):
+            raise ConfigError(
+                f"checkpoint {path.name} was written with recipe {state.recipe_digest}, this "
+                f"recipe is {recipe_digest(self.recipe)}; resume with the original recipe"
+            )
+        self.step, self.version = state.step, state.version
+        self.cycle = int(state.data_cursor.get("cycle", 0))
+        if self.recipe.run.mode == "offline_kd":
+            self._prepare_fixed_set()
+        self.run.event("resumed", checkpoint=str(path), version=self.version, step=self.step)
+
+    def _apply_retarget(self) -> None:
+        endpoint, self.pending_retarget = self.pending_retarget, None
+        if endpoint is None or self.client is None:
+            return
+        old = dict(self.teacher)
+        try:
+            self.client.retarget(endpoint)
+        except Exception as exc:  # a refused swap keeps training on the old teacher
+            self.run.event("teacher_swap_refused", endpoint=endpoint, reason=str(exc),
+                           version=self.version)
+            return
+        self.endpoint = endpoint
+        self.teacher = teacher_identity(self.client)
+        self.run.event("teacher_changed", how="retarget", old=old, new=self.teacher,
+                       version=self.version, endpoint=endpoint)
+        record_teacher(self.run, self.version, self.teacher, how="retarget")
+
+    def request_retarget(self, endpoint: str) -> None:
+        """Switch teachers at the next update boundary (control socket ``RETARGET``)."""
+        self.pending_retarget = endpoint
+
+    def _finish_report(self) -> None:
+        if not self.write_report:
+            return
+        try:
+            from miniverl.student.report import build_report
+
+            build_report(self.run.path)
+        except Exception as exc:  # a report problem must not hide the run's outcome
+            self.run.event("report_failed", reason=f"{type(exc).__name__}: {exc}")
+
+    # -- context manager -----------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.client is not None and hasattr(self.client, "close"):
+            self.client.close()
+        self.run.release()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
