@@ -340,7 +340,7 @@ def chunked_loss(
     for start in range(0, num_positions, chunk_size):
         end = min(start + chunk_size, num_positions)
         chunk_inputs = [inputs[name][start:end] for name in names]
-        if torch.is_grad_enabled() and hidden_P_H.requires_grad:
+        if torch.is_grad_enabled():
             loss_c, div_c = checkpoint(
                 run_chunk, hidden_P_H[start:end], *chunk_inputs, use_reentrant=False
             )
