@@ -37,7 +37,7 @@ def load_strip_targets(
     if not trajs:
         return {}, "no trajectories to show"
     cache_dir = _cache_dir(run_dir, resolved)
-    if not cache_dir.is_dir():
+    if not (cache_dir / "index.json").is_file():
         return {}, "no targets cache in this run (SFT, or caching off): span colours only"
     try:
         from miniverl.student.targets_cache import TargetsCache
@@ -68,33 +68,37 @@ def load_strip_targets(
 
 def _entries_for(cache: Any, traj: Trajectory) -> tuple[dict[int, dict[str, Any]], bool]:
     """Newest cached entry for one trajectory, keyed by the token index it predicts."""
-    entry = cache.latest_for_trajectory(traj.id)
-    if entry is None:
+    found = cache.lookup(traj.id, student_version=None)
+    if found is None:
         return {}, False
-    positions_P = np.asarray(entry["positions"], dtype=np.int64)
-    arrays = entry["arrays"]
+    _key, arrays = found
     target_P = arrays.get("target_logprobs")
+    rows = len(target_P) if target_P is not None else 0
+    if "positions" in arrays:
+        positions_P = np.asarray(arrays["positions"], dtype=np.int64).reshape(-1)
+    else:
+        # Without stored positions the rows can only be the trajectory's model positions.
+        positions_P = traj.target_positions()
+    if target_P is None or len(positions_P) != rows:
+        return {}, False
     ids_PK = arrays.get("ids")
     lps_PK = arrays.get("logprobs")
     student_P = arrays.get("student_logprobs")
     out: dict[int, dict[str, Any]] = {}
     for i, p in enumerate(positions_P.tolist()):
         j = int(p) + 1
-        if j >= len(traj.tokens):
+        if not 0 < j < len(traj.tokens):
             continue
-        info: dict[str, Any] = {}
-        if target_P is not None:
-            info["target_lp"] = float(target_P[i])
-        if ids_PK is not None and lps_PK is not None and np.ndim(ids_PK) == 2:
+        info: dict[str, Any] = {"target_lp": float(target_P[i])}
+        if lps_PK is not None and np.ndim(lps_PK) == 2:
             order = np.argsort(-lps_PK[i])[:5]
-            info["top_ids"] = [int(ids_PK[i][o]) for o in order]
+            # exact targets are [P, V]: the column index is the token id
+            info["top_ids"] = [int(ids_PK[i][o]) if ids_PK is not None else int(o) for o in order]
             info["top_lps"] = [float(lps_PK[i][o]) for o in order]
         if student_P is not None:
             info["student_lp"] = float(student_P[i])
-        if "target_lp" in info:
-            if "student_lp" in info:
-                info["divergence"] = info["student_lp"] - info["target_lp"]
-            else:
-                info["divergence"] = -info["target_lp"]
+            info["divergence"] = info["student_lp"] - info["target_lp"]
+        else:
+            info["divergence"] = -info["target_lp"]
         out[j] = info
     return out, student_P is not None

@@ -100,7 +100,43 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
 
-def make_run(path: Path, steps: int = 12, with_tokenizer: bool = True) -> Path:
+def write_targets(path: Path, trajs: list[Trajectory], k: int = 4) -> None:
+    """Teacher top-k targets for ``trajs`` in a real targets cache (positions included)."""
+    import numpy as np
+    from miniverl.student.targets_cache import CacheIdentity, EntryKey, TargetsCache
+
+    identity = CacheIdentity(
+        tokenizer_fp="sha256:" + "0" * 64,
+        vocab_size=len(VOCAB),
+        kind="topk",
+        k=k,
+        objective="bucketed_topk_tail",
+        temperature=1.0,
+    )
+    cache = TargetsCache(path, identity)
+    rng = np.random.default_rng(0)
+    items = []
+    for traj in trajs:
+        pos_P = traj.target_positions().astype(np.int32)
+        n = len(pos_P)
+        ids_PK = rng.integers(0, len(VOCAB), size=(n, k)).astype(np.int32)
+        lps_PK = np.sort(np.log(rng.dirichlet(np.ones(k + 1), size=n)[:, :k]), axis=1)[:, ::-1]
+        target_P = np.where(rng.random(n) < 0.8, lps_PK[:, 0], lps_PK[:, -1] - 2.0)
+        arrays = {
+            "ids": ids_PK,
+            "logprobs": np.ascontiguousarray(lps_PK, dtype=np.float32),
+            "tail_logmass": np.full(n, -3.0, dtype=np.float32),
+            "target_logprobs": target_P.astype(np.float32),
+            "positions": pos_P,
+        }
+        key = EntryKey(traj.id, traj.policy_version, "toy-teacher", "a1b2c3d4e5f6", 0)
+        items.append((key, arrays))
+    cache.put_many(items)
+
+
+def make_run(
+    path: Path, steps: int = 12, with_tokenizer: bool = True, with_targets: bool = False
+) -> Path:
     """Write a complete OPD run directory at ``path`` and return it."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "eval").mkdir(exist_ok=True)
@@ -226,6 +262,8 @@ def make_run(path: Path, steps: int = 12, with_tokenizer: bool = True) -> Path:
         for i in range(4)
     ]
     write_trajectories(path / "trajectories.jsonl", trajs)
+    if with_targets:
+        write_targets(path / "targets", trajs)
     (path / "eval" / f"v{steps:06d}.json").write_text(
         json.dumps(
             {
