@@ -179,6 +179,7 @@ class TeacherServer:
         self._started = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._sock: zmq.asyncio.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._auth = None
         self.counters: dict[str, Any] = {
             "requests": 0,
@@ -233,6 +234,7 @@ class TeacherServer:
 
     async def serve(self) -> int:
         """Bind, load in the background, answer until shut down; returns the exit code."""
+        self._loop = asyncio.get_running_loop()
         self._sock = self._open_socket()
         self._log("info", "bound", endpoint=self.endpoint, instance=self.instance)
         self._started.set()
@@ -261,9 +263,15 @@ class TeacherServer:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def shutdown_threadsafe(self, mode: str = "drain") -> None:
+        """Begin a shutdown from any thread (tests, embedding)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.request_shutdown, mode)
+
     def request_shutdown(self, mode: str = "drain") -> None:
         """Begin a shutdown from the event loop's thread (SIGTERM handler)."""
         if self.state != TeacherState.DRAINING:
+            self.state = TeacherState.DRAINING
             self._spawn(self._shutdown(None, m.Shutdown(id=0, mode=mode)))
 
     async def _initial_load(self) -> None:
@@ -382,6 +390,15 @@ class TeacherServer:
 
     async def _on_score(self, ident: bytes, msg: m.Score, arrays: dict) -> None:
         key = (ident, msg.id)
+        if self.state == TeacherState.LOADING:  # nobody can have said HELLO yet
+            await self._error(
+                ident,
+                msg.id,
+                ErrorCode.RELOADING,
+                "teacher is still loading its model; retry later",
+                retryable=True,
+            )
+            return
         if ident not in self._hello:
             await self._error(
                 ident,
@@ -400,7 +417,6 @@ class TeacherServer:
             await self._send(ident, cached[1])
             return
         refusal = {
-            TeacherState.LOADING: (ErrorCode.RELOADING, "teacher is still loading its model"),
             TeacherState.RELOADING: (ErrorCode.RELOADING, "teacher is reloading"),
             TeacherState.DRAINING: (ErrorCode.SHUTTING_DOWN, "teacher is shutting down"),
         }.get(self.state)
@@ -509,13 +525,16 @@ class TeacherServer:
                 retryable=True,
             )
             return
-        runner = {
-            "RELOAD": self._reload,
-            "PARK": self._park,
-            "WAKE": self._wake,
-            "SHUTDOWN": self._shutdown,
-        }[msg.t]
-        self._spawn(runner(ident, msg))
+        # State changes happen here, before the next message is read: a SCORE that
+        # arrives right behind a SHUTDOWN or RELOAD must already see the new state.
+        if msg.t == "RELOAD":
+            previous, self.state = self.state, TeacherState.RELOADING
+            self._spawn(self._reload(ident, msg, previous))
+        elif msg.t == "SHUTDOWN":
+            self.state = TeacherState.DRAINING
+            self._spawn(self._shutdown(ident, msg))
+        else:
+            self._spawn((self._park if msg.t == "PARK" else self._wake)(ident, msg))
 
     async def _park(self, ident: bytes, msg: m.Park) -> None:
         async with self._compute:
@@ -554,9 +573,7 @@ class TeacherServer:
         self._log("info", "aborted", jobs=len(jobs), code=code.value, reason=message)
         return jobs
 
-    async def _reload(self, ident: bytes, msg: m.Reload) -> None:
-        previous = self.state
-        self.state = TeacherState.RELOADING
+    async def _reload(self, ident: bytes, msg: m.Reload, previous: TeacherState) -> None:
         self._log(
             "info",
             "reload_started",
@@ -617,14 +634,14 @@ class TeacherServer:
             )
             return
         finally:
-            self.state = previous
+            if self.state == TeacherState.RELOADING:  # a SHUTDOWN may have come meanwhile
+                self.state = previous
             self._work.set()
         self._log("info", "reloaded", gen=self.gen, teacher=self._backend.info)
         reply = m.ReloadOk(id=msg.id, gen=self.gen, teacher=m.TeacherInfo(**self._backend.info))
         await self._send(ident, encode(reply))
 
     async def _shutdown(self, ident: bytes | None, msg: m.Shutdown) -> None:
-        self.state = TeacherState.DRAINING
         self._log("info", "shutdown_started", mode=msg.mode, timeout_s=msg.timeout_s)
         drained = msg.mode == "drain" and await self._drained(msg.timeout_s)
         if not drained:
