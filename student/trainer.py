@@ -104,6 +104,7 @@ class Trainer:
         self.show_progress = show_progress
         self.write_report = write_report
         self.pending_retarget: str | None = None
+        self.stop_checkpoint = True
         self.version = 0
         self.step = 0
         self.cycle = 0
@@ -167,8 +168,10 @@ class Trainer:
         )
         self.kind = "exact" if recipe.loss.objective == "exact_full_vocab" else "topk"
         self.link: TeacherLink | None = None
+        self.memory = "resident"
         if recipe.needs_teacher:
             self._connect_teacher()
+            self.memory = self._choose_memory()
         self.cache = self._open_cache()
         self.replay_buffer: list[Scored] = []
         self.fixed_set: list[Trajectory] = []
@@ -198,6 +201,22 @@ class Trainer:
         self.run.event("teacher_connected", teacher=identity, version=self.version,
                        endpoint=self.endpoint)
         record_teacher(self.run, self.version, identity, how="connect")
+
+    def _choose_memory(self) -> str:
+        """resident or swap (DESIGN §4); ``auto`` decides from measured free memory."""
+        from miniverl.student.memory import choose_memory
+
+        wanted = self.recipe.teacher.memory
+        if wanted == "swap" and self.recipe.student.quantization != "none":
+            raise ConfigError(
+                "teacher.memory: swap moves the student's weights off the GPU between phases, "
+                f"which a {self.recipe.student.quantization} quantized student cannot do; use "
+                "memory: resident or quantization: none"
+            )
+        strategy, reason = choose_memory(wanted, self.policy.device, self.client)
+        self.run.event("memory_strategy", wanted=wanted, chosen=strategy, reason=reason)
+        update_manifest(self.run, memory={"wanted": wanted, "chosen": strategy, "reason": reason})
+        return strategy
 
     def _teacher_changed(self, new: dict, version: int, how: str) -> None:
         prev = self.teacher
@@ -241,8 +260,11 @@ class Trainer:
             if not self.resume:
                 eval_before = self._evaluate().to_dict()
             status = self._loop()
-            final_eval = self._evaluate().to_dict()
-            self._checkpoint()
+            final_eval = None
+            if status == "completed":
+                final_eval = self._evaluate().to_dict()
+            if status == "completed" or self.stop_checkpoint:
+                self._checkpoint()
             self.run.event("run_completed" if status == "completed" else "run_interrupted",
                            version=self.version, steps=self.step)
             self.run.set_status(status)
@@ -277,7 +299,6 @@ class Trainer:
                 self._prepare_fixed_set()
             while self.cycle < train.cycles:
                 if self.stop_event.is_set():
-                    self._checkpoint()
                     return "interrupted"
                 if train.max_wall_s is not None and self._wall() > train.max_wall_s:
                     self.run.event("wall_budget_reached", wall_s=self._wall(), version=self.version)
@@ -390,6 +411,8 @@ class Trainer:
         tasks = self._tasks_for(self.cycle, n)
         seeds = [_episode_seed(self.recipe.run.seed, self.cycle, i) for i in range(n)]
         link = self.link
+        if self.memory == "swap":
+            self.client.wake()
         link.begin_update(self.version, lag)
         pipelined = self.recipe.train.pipelining
 
@@ -409,6 +432,9 @@ class Trainer:
             for traj in trajs:
                 submit(traj)
         scored = link.collect()
+        if self.memory == "swap":
+            # The update runs with the teacher's weights off the device (DESIGN §4).
+            self.client.park()
         write_trajectories(self.run.trajectories_path, trajs, append=True)
         self._cache_put(scored)
         return trajs, scored, t_rollout, link.wait_s

@@ -1,0 +1,151 @@
+"""The student's control socket server: a ROUTER on ``ipc://<run>/control.sock``.
+
+It runs on its own thread so it answers while the training loop computes. ``STATUS``
+reads a snapshot of the trainer; ``RETARGET`` and ``STOP`` only *request* a change:
+the training loop applies them at the next update boundary (a retarget is validated
+there, and a refused one leaves training on the old teacher with the reason in the
+run's events). The socket's address is written to ``<run>/sockets.json`` for the CLI.
+
+This module does not train; it never touches the model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from miniverl.common.atomic import atomic_write_json
+from miniverl.common.errors import MiniverlError
+from miniverl.protocol.codec import encode
+from miniverl.protocol.control import (
+    REQUESTS,
+    SOCKETS_FILE,
+    ControlError,
+    RetargetReply,
+    RetargetRequest,
+    StatusReply,
+    StopReply,
+    StopRequest,
+    parse_control,
+)
+from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
+
+log = logging.getLogger(__name__)
+
+
+def socket_endpoint(run_dir: Path, name: str) -> str:
+    """``ipc://<run>/<name>``, or a short private path when the run path is too long."""
+    path = Path(run_dir).resolve() / name
+    if len(str(path).encode()) <= IPC_PATH_MAX:
+        return f"ipc://{path}"
+    short = Path(tempfile.mkdtemp(prefix="mvl-")) / name
+    return f"ipc://{short}"
+
+
+def record_socket(run_dir: Path, role: str, endpoint: str) -> None:
+    path = Path(run_dir) / SOCKETS_FILE
+    try:
+        current = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        current = {}
+    current[role] = endpoint
+    atomic_write_json(path, current)
+
+
+def status_snapshot(trainer: Any) -> dict[str, Any]:
+    recipe = trainer.recipe
+    last = {k: trainer.last_metrics.get(k) for k in (
+        "loss", "divergence", "train_success", "positions_per_s", "stale_dropped",
+        "time_rollout_s", "time_teacher_wait_s", "time_update_s",
+    ) if k in trainer.last_metrics}
+    counters = trainer._counters() if trainer.client is not None else {}
+    return dict(
+        run_id=trainer.run.id,
+        status=trainer.run.status(),
+        mode=recipe.run.mode,
+        on_policy=recipe.on_policy,
+        step=trainer.step,
+        version=trainer.version,
+        cycle=trainer.cycle,
+        cycles=recipe.train.cycles,
+        wall_s=trainer._wall(),
+        teacher=getattr(trainer, "teacher", None),
+        endpoint=trainer.endpoint,
+        counters={k: int(v) for k, v in counters.items()},
+        last=json.loads(json.dumps(last, default=float)),
+    )
+
+
+class ControlServer:
+    """Serve the control socket for ``trainer`` while the ``with`` block runs."""
+
+    def __init__(self, trainer: Any, endpoint: str | None = None):
+        self.trainer = trainer
+        self.endpoint = endpoint or socket_endpoint(trainer.run.path, "control.sock")
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
+
+    def __enter__(self) -> ControlServer:
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise MiniverlError(f"cannot bind the control socket {self.endpoint}: {self._error}")
+        record_socket(self.trainer.run.path, "control", self.endpoint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _serve(self) -> None:
+        import zmq
+
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            check_endpoint(self.endpoint)
+            if self.endpoint.startswith("ipc://"):
+                Path(self.endpoint[6:]).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            sock.bind(self.endpoint)
+        except Exception as exc:
+            self._error = exc
+            self._ready.set()
+            sock.close()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(100):
+                    continue
+                frames = sock.recv_multipart()
+                ident, body = frames[0], frames[1:]
+                try:
+                    reply = self._handle(parse_control(body, REQUESTS))
+                except MiniverlError as exc:
+                    reply = ControlError(id=0, ref_id=None, code="BAD_REQUEST", message=str(exc))
+                try:
+                    sock.send_multipart([ident, *encode(reply)])
+                except zmq.ZMQError as exc:  # the asker went away; keep serving
+                    log.debug("control reply dropped: %s", exc)
+        finally:
+            sock.close()
+
+    def _handle(self, req: Any) -> Any:
+        trainer = self.trainer
+        if isinstance(req, RetargetRequest):
+            check_endpoint(req.endpoint)
+            trainer.request_retarget(req.endpoint)
+            trainer.run.event("retarget_requested", endpoint=req.endpoint, version=trainer.version)
+            return RetargetReply(id=req.id, endpoint=req.endpoint)
+        if isinstance(req, StopRequest):
+            trainer.run.event("stop_requested", checkpoint=req.checkpoint, version=trainer.version)
+            trainer.stop_event.set()
+            return StopReply(id=req.id, checkpoint=req.checkpoint)
+        return StatusReply(id=req.id, **status_snapshot(trainer))
