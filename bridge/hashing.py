@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 SUMS_NAME = "SHA256SUMS"
@@ -34,6 +35,15 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Write indented JSON atomically (temp file + rename)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(
+        json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
+    )
+    os.replace(tmp, path)
 
 
 def write_sums(root: Path) -> Path:

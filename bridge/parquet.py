@@ -62,10 +62,14 @@ def read_tasks_jsonl(path: Path) -> list[dict]:
             try:
                 task = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{lineno}: not JSON ({exc.msg}); expected one task per line") from exc
+                raise ConfigError(
+                    f"{path}:{lineno}: not JSON ({exc.msg}); expected one task per line"
+                ) from exc
             missing = [f for f in ("id", "split", "prompt", "answer") if f not in task]
             if not isinstance(task, dict) or missing:
-                raise ConfigError(f"{path}:{lineno}: a task needs fields {missing}; write tasks with Task.to_dict()")
+                raise ConfigError(
+                    f"{path}:{lineno}: a task needs fields {missing}; write tasks with Task.to_dict()"
+                )
             tasks.append(task)
     return tasks
 
@@ -104,7 +108,9 @@ def env_facts(name: str, params: dict | None = None) -> EnvFacts:
     try:
         env = get_environment(name, **params)
     except KeyError as exc:
-        raise ConfigError(f"unknown environment {name!r}; pass --environment with a registered name") from exc
+        raise ConfigError(
+            f"unknown environment {name!r}; pass --environment with a registered name"
+        ) from exc
     return EnvFacts(name, params, env.system_prompt(), list(env.tool_specs()))
 
 
@@ -117,7 +123,11 @@ def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> 
     task_json = canonical_json(task)
     params_json = canonical_json(env.params)
     row_tools = set(env.tool_names)
-    extra: dict = {"split": str(task["split"]), "index": int(index), "need_tools_kwargs": bool(all_tools)}
+    extra: dict = {
+        "split": str(task["split"]),
+        "index": int(index),
+        "need_tools_kwargs": bool(all_tools),
+    }
     if all_tools:
         # Every row carries every tool key (see the module docstring); a tool this row's
         # environment lacks gets an empty environment name, which the tool refuses.
@@ -171,9 +181,15 @@ def verl_schema(all_tools: list[str]):
             ("tools_sha256", pa.string()),
         ]
     )
-    extra_fields = [("split", pa.string()), ("index", pa.int64()), ("need_tools_kwargs", pa.bool_())]
+    extra_fields = [
+        ("split", pa.string()),
+        ("index", pa.int64()),
+        ("need_tools_kwargs", pa.bool_()),
+    ]
     if all_tools:
-        create = pa.struct([("environment", pa.string()), ("params_json", pa.string()), ("task_json", pa.string())])
+        create = pa.struct(
+            [("environment", pa.string()), ("params_json", pa.string()), ("task_json", pa.string())]
+        )
         tool_struct = pa.struct([("create_kwargs", create)])
         extra_fields.append(("tools_kwargs", pa.struct([(t, tool_struct) for t in all_tools])))
     extra_fields.append(("miniverl", miniverl))
@@ -193,9 +209,14 @@ def tasks_to_table(tasks: Iterable[dict], envs: list[EnvFacts] | EnvFacts):
     tasks = [task_to_dict(t) for t in tasks]
     per_task = envs if isinstance(envs, list) else [envs] * len(tasks)
     if len(per_task) != len(tasks):
-        raise ConfigError(f"got {len(per_task)} environments for {len(tasks)} tasks; pass one per task")
+        raise ConfigError(
+            f"got {len(per_task)} environments for {len(tasks)} tasks; pass one per task"
+        )
     all_tools = sorted({name for env in per_task for name in env.tool_names})
-    rows = [task_to_row(t, i, env, all_tools) for i, (t, env) in enumerate(zip(tasks, per_task, strict=True))]
+    rows = [
+        task_to_row(t, i, env, all_tools)
+        for i, (t, env) in enumerate(zip(tasks, per_task, strict=True))
+    ]
     return _pa().Table.from_pylist(rows, schema=verl_schema(all_tools))
 
 
@@ -223,7 +244,9 @@ def row_to_task(row: dict, where: str) -> dict:
         raise ProvenanceError(f"{where}: task_json does not match task_sha256; the row was edited")
     task = json.loads(task_json)
     prompt = row.get("prompt") or []
-    if sha256_json([{"role": m.get("role"), "content": m.get("content")} for m in prompt]) != info.get("prompt_sha256"):
+    if sha256_json(
+        [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
+    ) != info.get("prompt_sha256"):
         raise ProvenanceError(f"{where}: prompt does not match prompt_sha256; the row was edited")
     truth = (row.get("reward_model") or {}).get("ground_truth")
     if truth != str(task.get("answer")):

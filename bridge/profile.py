@@ -92,11 +92,7 @@ PROFILE_FROM_RUN = (
 
 def required_verl_text() -> str:
     """Contents of ``recipe/REQUIRED_VERL.txt``."""
-    return (
-        f"verl=={VERL_VERSION}\n"
-        f"commit {VERL_COMMIT}\n"
-        f"profile {PROFILE}\n"
-    )
+    return f"verl=={VERL_VERSION}\ncommit {VERL_COMMIT}\nprofile {PROFILE}\n"
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:

@@ -69,11 +69,21 @@ def _task_and_env(data_source, ground_truth, extra_info):
     if not (isinstance(data_source, str) and data_source.startswith(DATA_SOURCE_PREFIX)):
         raise ValueError(f"data_source {data_source!r} is not a miniverl environment")
     # Without the task (a row that lost extra_info), verify against the ground truth alone.
-    task = {"id": "", "split": "", "difficulty": "", "prompt": "", "answer": str(ground_truth), "data": {}, "seed": 0}
+    task = {
+        "id": "",
+        "split": "",
+        "difficulty": "",
+        "prompt": "",
+        "answer": str(ground_truth),
+        "data": {},
+        "seed": 0,
+    }
     return task, data_source[len(DATA_SOURCE_PREFIX) :], {}
 
 
-def score_details(data_source, solution_str, ground_truth, extra_info=None) -> tuple[bool, float, str]:
+def score_details(
+    data_source, solution_str, ground_truth, extra_info=None
+) -> tuple[bool, float, str]:
     """``(success, score in [0, 1], reason)``; never raises."""
     try:
         from miniverl.student.environments import Task, get_environment

@@ -31,7 +31,9 @@ class MiniverlTool(BaseTool):
         instance_id = instance_id or uuid4().hex
         spec = create_kwargs or {}
         try:
-            env = get_environment(spec["environment"], **json.loads(spec.get("params_json") or "{}"))
+            env = get_environment(
+                spec["environment"], **json.loads(spec.get("params_json") or "{}")
+            )
             task_dict = json.loads(spec["task_json"])
             from_dict = getattr(Task, "from_dict", None)
             env.reset(from_dict(task_dict) if callable(from_dict) else Task(**task_dict))

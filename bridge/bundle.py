@@ -1,0 +1,366 @@
+"""Level 3: a checksummed verl 0.8.0 bundle from a run (``miniverl export-verl``).
+
+Layout (paths are relative; nothing inside names a local directory)::
+
+    model/adapter/            PEFT adapter (or model/full/ for a full fine-tune)
+    model/tokenizer/          tokenizer files, chat template included
+    model/base_model.json     base identity + the exact command that fetches it
+    data/train.parquet        verl rows (see parquet.py), train split
+    data/val.parquet          verl rows, eval split
+    recipe/verl-overrides.yaml    Hydra config on top of verl's ppo_trainer
+    recipe/tool_config.yaml       Hermes tool schemas -> reward/miniverl_tool.py
+    recipe/launch.template.sh     refuses to run until base and teacher weights exist
+    recipe/REQUIRED_VERL.txt      verl==0.8.0, commit, profile
+    reward/compute_score.py       verl reward using miniverl's verifiers
+    reward/miniverl_tool.py       verl tool class running miniverl's tools
+    provenance/manifest.json      what this bundle is and how it was made (redacted)
+    provenance/source_run.json    the source run's manifest, recipe and last eval (redacted)
+    SHA256SUMS
+
+The bundle is written into a temporary directory beside ``--out`` and renamed, so a
+crash never leaves half a bundle. Known verl 0.8.0 hazards are handled here: the reward
+``name`` is set next to its ``path``; ``lora_rank``/``lora_alpha``/``target_modules``
+are copied from the adapter's own config (verl ignores ``lora_adapter_path`` when
+``lora_rank`` is 0); ``rollout.load_format`` is ``safetensors``.
+
+This module writes bundles; ``doctor.py`` checks them. It does not run verl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from miniverl.bridge import artifacts, parquet, profile
+from miniverl.bridge.hashing import write_json, write_sums
+from miniverl.common.errors import ConfigError
+
+BASE_SENTINEL = "BASE_MODEL_DIR"
+TEACHER_SENTINEL = "TEACHER_MODEL_DIR"
+_LOSS_MODES = {"forward_kl": "forward_kl_topk", "reverse_kl": "k3"}
+
+
+def _template(name: str) -> str:
+    return (
+        resources.files("miniverl.bridge").joinpath("templates", name).read_text(encoding="utf-8")
+    )
+
+
+def _loss_mode(recipe) -> str:
+    mode = _LOSS_MODES.get(recipe.loss.divergence)
+    if mode is None:
+        raise ConfigError(
+            f"loss.divergence {recipe.loss.divergence!r} has no verl 0.8.0 distillation loss; "
+            f"export a run trained with one of {sorted(_LOSS_MODES)}"
+        )
+    return mode
+
+
+def _prompt_budget(tokenizer_dir: Path, tables: list, tool_specs: list, recipe) -> tuple[int, str]:
+    """Longest rendered prompt in tokens (with tools), or the recipe's context room."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        room = recipe.rollout.max_total_tokens - recipe.rollout.max_new_tokens_per_turn
+        return room, "recipe: max_total_tokens - max_new_tokens_per_turn (transformers absent)"
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    longest = 0
+    for table in tables:
+        for messages in table.column("prompt").to_pylist():
+            ids = tok.apply_chat_template(
+                messages, tools=tool_specs, add_generation_prompt=True, tokenize=True
+            )
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            longest = max(longest, len(ids))
+    return (
+        longest,
+        "measured: longest train/val prompt rendered with tools by the exported tokenizer",
+    )
+
+
+def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str) -> dict:
+    """The nested overrides mapping (without the Hydra header)."""
+    files = profile.BUNDLE_FILES
+    flat = dict(profile.PROFILE_FIXED)
+    max_response = max(
+        recipe.rollout.max_total_tokens - max_prompt, recipe.rollout.max_new_tokens_per_turn
+    )
+    flat.update(
+        {
+            "actor_rollout_ref.model.path": BASE_SENTINEL,
+            "actor_rollout_ref.actor.optim.lr": float(recipe.train.lr),
+            "actor_rollout_ref.actor.ppo_mini_batch_size": recipe.train.rollouts_per_cycle,
+            "actor_rollout_ref.rollout.n": 1,
+            "actor_rollout_ref.rollout.temperature": float(recipe.rollout.temperature),
+            "actor_rollout_ref.rollout.top_p": float(recipe.rollout.top_p),
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path": files["tool_config"],
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": recipe.rollout.max_turns,
+            "data.train_files": files["train"],
+            "data.val_files": files["val"],
+            "data.train_batch_size": recipe.train.rollouts_per_cycle,
+            "data.max_prompt_length": max_prompt,
+            "data.max_response_length": max_response,
+            "data.seed": recipe.run.seed,
+            "reward.custom_reward_function.path": files["reward"],
+            "distillation.distillation_loss.topk": recipe.loss.top_k,
+            "distillation.distillation_loss.loss_mode": _loss_mode(recipe),
+            "distillation.teacher_models.teacher_model.model_path": TEACHER_SENTINEL,
+            "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size": 1,
+            "trainer.project_name": "miniverl",
+            "trainer.experiment_name": run_name,
+            "trainer.total_training_steps": recipe.train.cycles,
+            "trainer.save_freq": recipe.train.save_every or -1,
+            "trainer.test_freq": recipe.train.eval_every or -1,
+        }
+    )
+    if lora is not None:
+        flat["actor_rollout_ref.model.lora_rank"] = lora["r"]
+        flat["actor_rollout_ref.model.lora_alpha"] = lora["alpha"]
+        flat["actor_rollout_ref.model.target_modules"] = lora["target_modules"]
+        flat["actor_rollout_ref.model.lora_adapter_path"] = files["adapter_dir"]
+    else:
+        # Full fine-tune: the exported model is the actor's starting point, no adapter.
+        flat["actor_rollout_ref.model.path"] = "model/full"
+        flat["actor_rollout_ref.model.lora_rank"] = 0
+        flat["actor_rollout_ref.model.lora_alpha"] = 16
+        flat["actor_rollout_ref.model.target_modules"] = "all-linear"
+        flat["actor_rollout_ref.model.lora_adapter_path"] = None
+        flat["actor_rollout_ref.rollout.load_format"] = "auto"
+    return profile.unflatten(flat)
+
+
+def overrides_text(overrides: dict) -> str:
+    header = (
+        f"# verl {profile.VERL_VERSION} (commit {profile.VERL_COMMIT}), profile {profile.PROFILE}.\n"
+        "# Composed on top of verl's own ppo_trainer config by recipe/launch.template.sh; the\n"
+        "# bundle-relative paths below are made absolute there. Written by `miniverl export-verl`.\n"
+    )
+    hydra = {
+        "hydra": {"searchpath": ["pkg://verl.trainer.config"]},
+        "defaults": ["ppo_trainer", "_self_"],
+    }
+    return (
+        header + yaml.safe_dump(hydra, sort_keys=False) + yaml.safe_dump(overrides, sort_keys=False)
+    )
+
+
+def tool_config(tool_specs: list) -> dict:
+    return {
+        "tools": [
+            {
+                "class_name": "miniverl_tool.MiniverlTool",
+                "config": {"type": "native"},
+                "tool_schema": spec,
+            }
+            for spec in tool_specs
+        ]
+    }
+
+
+def launch_script(identity: dict, teacher_identity: dict, lora: bool) -> str:
+    """Bash entry point: checks weights and verl, then runs verl's main_ppo."""
+    base_cmd = identity["download"].replace("'", "'\\''")
+    teacher_cmd = teacher_identity["download"].replace("'", "'\\''")
+    model_path = "$BASE_MODEL_DIR" if lora else "$BUNDLE/model/full"
+    adapter = 'actor_rollout_ref.model.lora_adapter_path="$BUNDLE/model/adapter"' if lora else ""
+    base_check = (
+        'if [ -z "${BASE_MODEL_DIR:-}" ] || [ ! -f "${BASE_MODEL_DIR:-}/config.json" ]; then\n'
+        '    echo "error: base model weights are not present (set BASE_MODEL_DIR to a directory with config.json)." >&2\n'
+        f"    echo '  fetch them with: {base_cmd}' >&2\n"
+        '    echo "  then: BASE_MODEL_DIR=base-model bash $0" >&2\n'
+        "    missing=1\n"
+        "fi\n"
+        if lora
+        else ""
+    )
+    return f"""#!/usr/bin/env bash
+# Launch verl {profile.VERL_VERSION} on this bundle (profile {profile.PROFILE}).
+#
+#   BASE_MODEL_DIR=/path/to/base TEACHER_MODEL_DIR=/path/to/teacher bash recipe/launch.template.sh
+#
+# A template: it refuses to run until the base and teacher weights are on disk, and it
+# checks the installed verl. Distributed execution of this bundle was not tested by miniverl.
+set -euo pipefail
+BUNDLE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")/.." && pwd)"
+
+missing=0
+{base_check}if [ -z "${{TEACHER_MODEL_DIR:-}}" ] || [ ! -f "${{TEACHER_MODEL_DIR:-}}/config.json" ]; then
+    echo "error: teacher model weights are not present (set TEACHER_MODEL_DIR to a directory with config.json)." >&2
+    echo '  fetch them with: {teacher_cmd}' >&2
+    missing=1
+fi
+[ "$missing" = 0 ] || exit 2
+
+python - <<'PY'
+import sys
+import verl
+if verl.__version__ != "{profile.VERL_VERSION}":
+    sys.exit(f"error: verl {{verl.__version__}} installed; this bundle needs verl=={profile.VERL_VERSION}")
+import miniverl.student.environments  # noqa: F401  (the reward and tools need miniverl)
+PY
+
+(cd "$BUNDLE" && sha256sum --quiet -c SHA256SUMS) || {{ echo "error: bundle files changed (SHA256SUMS)" >&2; exit 2; }}
+
+export PYTHONPATH="$BUNDLE/reward${{PYTHONPATH:+:$PYTHONPATH}}"
+exec python -m verl.trainer.main_ppo \\
+    --config-path "$BUNDLE/recipe" --config-name verl-overrides \\
+    actor_rollout_ref.model.path="{model_path}" \\
+    actor_rollout_ref.model.tokenizer_path="$BUNDLE/model/tokenizer" \\
+    {adapter} \\
+    distillation.teacher_models.teacher_model.model_path="$TEACHER_MODEL_DIR" \\
+    data.train_files="$BUNDLE/data/train.parquet" \\
+    data.val_files="$BUNDLE/data/val.parquet" \\
+    actor_rollout_ref.rollout.multi_turn.tool_config_path="$BUNDLE/recipe/tool_config.yaml" \\
+    reward.custom_reward_function.path="$BUNDLE/reward/compute_score.py" \\
+    "$@"
+"""
+
+
+def _teacher_identity(recipe) -> dict:
+    if recipe.teacher is None:
+        raise ConfigError(
+            "the run has no teacher; the distillation profile needs one (export a run with teacher:)"
+        )
+    identity = artifacts.base_identity(recipe.teacher.model, dest="teacher-model")
+    if recipe.teacher.adapter:
+        identity["adapter"] = {
+            "name": Path(recipe.teacher.adapter).name,
+            "revision": recipe.teacher.adapter_revision,
+        }
+    return identity
+
+
+def _source_run(run: Path) -> dict:
+    from miniverl.common.redact import redact
+
+    out: dict = {"run_id": run.name}
+    if (run / "manifest.json").is_file():
+        out["manifest"] = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    if (run / "recipe.resolved.yaml").is_file():
+        out["recipe"] = yaml.safe_load((run / "recipe.resolved.yaml").read_text(encoding="utf-8"))
+    if (run / "status.json").is_file():
+        out["status"] = json.loads((run / "status.json").read_text(encoding="utf-8"))
+    last_eval = None
+    if (run / "events.jsonl").is_file():
+        for line in (run / "events.jsonl").read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == "eval":
+                last_eval = event
+    out["last_eval"] = last_eval
+    return redact(out)
+
+
+def export_verl(run: Path, out: Path) -> dict:
+    """Write the bundle for ``run`` at ``out``; returns provenance/manifest.json's content."""
+    from miniverl.student.environments import make_tasks
+
+    run, out = Path(run), Path(out)
+    if out.exists():
+        raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
+    recipe = artifacts.load_run_recipe(run)
+    ckpt = artifacts.latest_checkpoint(run)
+    identity = artifacts.base_identity(recipe.student.model)
+    teacher_identity = _teacher_identity(recipe)
+    env_cfg = recipe.environment
+    env = parquet.env_facts(env_cfg.name, env_cfg.params)
+    files = profile.BUNDLE_FILES
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        # model/
+        if ckpt.kind == "lora":
+            lora = artifacts.lora_shape(
+                artifacts.write_adapter_files(ckpt, tmp / files["adapter_dir"], identity)
+            )
+        else:
+            artifacts.write_full_model_files(ckpt, tmp / "model" / "full")
+            lora = None
+        tok_dir = tmp / files["tokenizer_dir"]
+        artifacts._copy_files(
+            artifacts.tokenizer_source(run, ckpt, recipe), tok_dir, artifacts.TOKENIZER_FILES
+        )
+        from miniverl.common.tokenizer_id import tokenizer_fingerprint
+
+        tokenizer_fp = tokenizer_fingerprint(tok_dir)
+        write_json(
+            tmp / files["base_model"], {**identity, "kind": ckpt.kind, "teacher": teacher_identity}
+        )
+
+        # data/
+        (tmp / "data").mkdir()
+        tables = []
+        for split, count, key in (
+            ("train", env_cfg.train_tasks, "train"),
+            ("eval", env_cfg.eval_tasks, "val"),
+        ):
+            tasks = make_tasks(
+                env_cfg.name, split, count, env_cfg.difficulty, env_cfg.split_seed, env_cfg.params
+            )
+            table = parquet.tasks_to_table(tasks, env)
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, tmp / files[key])
+            tables.append(table)
+        max_prompt, prompt_rule = _prompt_budget(tok_dir, tables, env.tool_specs, recipe)
+
+        # recipe/
+        (tmp / "recipe").mkdir()
+        overrides = build_overrides(recipe, lora, max_prompt=max_prompt, run_name=recipe.run.name)
+        (tmp / files["overrides"]).write_text(overrides_text(overrides), encoding="utf-8")
+        (tmp / files["tool_config"]).write_text(
+            yaml.safe_dump(tool_config(env.tool_specs), sort_keys=False), encoding="utf-8"
+        )
+        launch = tmp / files["launch"]
+        launch.write_text(
+            launch_script(identity, teacher_identity, lora is not None), encoding="utf-8"
+        )
+        launch.chmod(0o755)
+        (tmp / files["required_verl"]).write_text(profile.required_verl_text(), encoding="utf-8")
+
+        # reward/
+        (tmp / "reward").mkdir()
+        (tmp / files["reward"]).write_text(_template("compute_score.py"), encoding="utf-8")
+        (tmp / files["tool_impl"]).write_text(_template("miniverl_tool.py"), encoding="utf-8")
+
+        # provenance/
+        (tmp / "provenance").mkdir()
+        from importlib.metadata import version
+
+        manifest = {
+            "bundle_format": profile.BUNDLE_FORMAT,
+            "profile": profile.PROFILE,
+            "verl": {"version": profile.VERL_VERSION, "commit": profile.VERL_COMMIT},
+            "miniverl_version": version("miniverl"),
+            "source_run": run.name,
+            "checkpoint_step": ckpt.step,
+            "kind": ckpt.kind,
+            "lora": lora,
+            "tokenizer_fp": tokenizer_fp,
+            "environment": {
+                "name": env.name,
+                "params": env.params,
+                "difficulty": env_cfg.difficulty,
+                "split_seed": env_cfg.split_seed,
+            },
+            "rows": {"train": tables[0].num_rows, "val": tables[1].num_rows},
+            "tools": env.tool_names,
+            "max_prompt_length": {"value": max_prompt, "rule": prompt_rule},
+            "distributed_execution": "not tested",
+        }
+        write_json(tmp / files["manifest"], manifest)
+        write_json(tmp / files["source_run"], _source_run(run))
+        write_sums(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest

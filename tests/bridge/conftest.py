@@ -1,0 +1,66 @@
+"""Fixtures for the bridge tests: a synthetic run directory shaped like the trainer's.
+
+The run has a toy Qwen3 student, a LoRA adapter saved by peft's ``save_pretrained`` under
+``checkpoints/step_N/adapter`` (two steps, so "latest" is tested), the toy tokenizer
+beside the base model, ``recipe.resolved.yaml`` valid for common/recipe.py and a
+manifest. Built once per session; tests copy nothing into it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+RECIPE = {
+    "schema_version": 1,
+    "run": {"name": "toy-bridge", "mode": "opd", "seed": 3},
+    "student": {
+        "model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}},
+        "dtype": "float32",
+        "device": "cpu",
+        "lora": {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]},
+    },
+    "teacher": {
+        "model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 1}},
+        "dtype": "float32",
+        "device": "cpu",
+    },
+    "environment": {"name": "calculator", "difficulty": "mixed", "train_tasks": 12, "eval_tasks": 6, "test_tasks": 2},
+    "rollout": {"max_turns": 3, "max_new_tokens_per_turn": 64, "max_total_tokens": 1024},
+    "loss": {"top_k": 8},
+    "train": {"cycles": 4, "rollouts_per_cycle": 4, "lr": 1e-3, "save_every": 2, "eval_every": 2},
+}
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory) -> Path:
+    """A finished-looking LoRA run directory (see the module docstring)."""
+    os.environ.setdefault("MINIVERL_CACHE", str(tmp_path_factory.mktemp("cache")))
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from miniverl.common.modeling import resolve_model_dir
+    from miniverl.common.recipe import Recipe
+    from miniverl.common.rundir import RunDir
+
+    torch.set_num_threads(1)
+    recipe = Recipe.model_validate(RECIPE)
+    run = RunDir.create(tmp_path_factory.mktemp("runs"), recipe, run_id="toy-bridge-run")
+    base_dir = resolve_model_dir(recipe.student.model)
+    lora = recipe.student.lora
+    for step in (2, 4):
+        torch.manual_seed(step)
+        base = AutoModelForCausalLM.from_pretrained(base_dir)
+        model = get_peft_model(
+            base,
+            LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                       init_lora_weights=False),
+        )
+        model.save_pretrained(run.checkpoints_dir / f"step_{step}" / "adapter")
+    run.event("eval", version=4, split="eval", success=0.5, n=6, by_difficulty={})
+    run.set_status("running")
+    run.set_status("completed")
+    return run.path
