@@ -357,3 +357,32 @@ def test_floored_tail_gradient_stays_finite_when_the_top_k_holds_all_the_mass():
         )
         div.sum().backward()
         assert torch.isfinite(div).all() and torch.isfinite(s.grad).all()
+
+
+def test_chunks_never_hold_all_positions_logits():
+    # Memory property: neither forward nor backward materialises [P, V] logits at once,
+    # and autograd keeps no per-chunk logits alive between forward and backward.
+    p, v, chunk = 12, 11, 4
+    head = _head(v=v)
+    seen_rows = []
+
+    def recording_head(h):
+        out = head(h)
+        seen_rows.append(out.shape[0])
+        return out
+
+    saved_shapes = []
+
+    def pack(t):
+        saved_shapes.append(tuple(t.shape))
+        return t
+
+    hidden = torch.randn(p, 6, dtype=DT, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss, _ = sft_loss(
+            hidden, recording_head, torch.zeros(p, dtype=torch.long), chunk_size=chunk
+        )
+    loss.backward()
+    assert seen_rows and max(seen_rows) <= chunk
+    assert len(seen_rows) == 2 * math.ceil(p / chunk)  # forward + recomputation in backward
+    assert not any(len(s) == 2 and s[-1] == v for s in saved_shapes)
