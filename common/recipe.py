@@ -224,6 +224,15 @@ class TeacherConfig(_Placement):
     min_success: float | None = Field(
         None, ge=0.0, le=1.0, description="Refuse a teacher whose eval success is below this."
     )
+    prepare: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "An sft recipe (path relative to this recipe) that trains the teacher before it "
+            "serves; `up` and `demo` run it once and reuse the cached result. Its student.model "
+            "must equal teacher.model."
+        ),
+    )
 
     @model_validator(mode="after")
     def _adapter_revision(self) -> TeacherConfig:
@@ -457,14 +466,26 @@ class Recipe(BaseModel):
     teacher: TeacherConfig | None = Field(
         None, description="The frozen scorer; required by offline_kd, opd, replay and dpo."
     )
-    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    cache: CacheConfig = Field(default_factory=CacheConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    dpo: DpoConfig = Field(default_factory=DpoConfig)
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig, description="Tool environment and task splits."
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="How episodes are sampled."
+    )
+    loss: LossConfig = Field(
+        default_factory=LossConfig, description="Distillation objective and positions."
+    )
+    train: TrainConfig = Field(
+        default_factory=TrainConfig, description="Cycles, optimizer and schedule."
+    )
+    cache: CacheConfig = Field(
+        default_factory=CacheConfig, description="On-disk cache of teacher targets."
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    dpo: DpoConfig = Field(default_factory=DpoConfig, description="DPO settings (mode dpo).")
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig, description="Threads, timeouts and heartbeats."
+    )
 
     # Cross-section rules are field validators on the later field, reading earlier
     # validated fields from ``info.data``: they still run when an unrelated section is
