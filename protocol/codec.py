@@ -59,7 +59,7 @@ def bf16_words(arr: np.ndarray) -> np.ndarray:
 
 def as_bf16(words: np.ndarray) -> np.ndarray:
     """Flag a ``uint16`` array of bfloat16 bit patterns as :data:`BF16` (a view when possible)."""
-    words = np.ascontiguousarray(words, dtype="<u2")
+    words = np.asarray(words).astype("<u2", order="C", copy=False)
     return words.view(BF16)
 
 
@@ -97,7 +97,9 @@ def _as_wire_array(name: str, value: Any) -> tuple[str, np.ndarray]:
         arr = arr.view(BF16) if arr.dtype != BF16 else arr
     else:
         arr = arr.astype(WIRE_DTYPES[code], copy=False)  # big-endian -> little-endian
-    return code, np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
+    return code, arr
 
 
 def encode(
