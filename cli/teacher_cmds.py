@@ -1,9 +1,198 @@
-"""CLI commands (registered into the app by `register`)."""
+"""``miniverl teacher serve|status|reload|shutdown``: run and steer a teacher process.
+
+``serve`` runs the teacher in the foreground (the same code as ``python -m
+miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits). ``status``,
+``reload`` and ``shutdown`` are admin requests over ``mvl-score/1`` to a running
+teacher; they need no tokenizer and no torch. Each command is one library call; the
+library raises ``MiniverlError`` for expected failures and ``cli/app.py`` prints them
+as one line. Other modules may add commands to :data:`teacher_app`.
+"""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import typer
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+teacher_app = typer.Typer(
+    name="teacher",
+    help="Serve a frozen teacher over mvl-score/1 and steer a running one.",
+    no_args_is_help=True,
+)
+
+ENDPOINT_ARG = typer.Argument(..., help="Teacher endpoint, e.g. tcp://127.0.0.1:5555.")
+TIMEOUT_OPT = typer.Option(30.0, "--timeout", min=0.1, help="Give up after this many seconds.")
+CURVE_SECRET_OPT = typer.Option(None, "--curve-secret-key", help="Client CURVE secret key file.")
+CURVE_SERVER_OPT = typer.Option(None, "--curve-server-key", help="Server CURVE public key file.")
+
+
+@teacher_app.command("serve")
+def serve(
+    model: str = typer.Option(None, "--model", help="Local HF model directory or hub id ORG/NAME."),
+    revision: str = typer.Option(None, "--revision", help="40-hex commit pinning a hub id."),
+    adapter: str = typer.Option(None, "--adapter", help="PEFT adapter directory to merge."),
+    recipe: str = typer.Option(None, "--recipe", help="Use this recipe's teacher section."),
+    bind: str = typer.Option(
+        None, "--bind", help=f"Endpoint to bind (default {DEFAULT_ENDPOINT})."
+    ),
+    device: str = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option(None, "--dtype", help="auto, float32, bfloat16 or float16."),
+    offline: bool = typer.Option(False, "--offline", help="Never touch the network."),
+    log: str = typer.Option(None, "--log", help="JSON-lines log file (default stderr)."),
+    threads: int = typer.Option(None, "--threads", min=1, help="CPU threads (default 1)."),
+    exact_max_vocab: int = typer.Option(
+        262144, "--exact-max-vocab", min=1, help="Largest vocabulary served with kind=exact."
+    ),
+    curve_secret_key: str = typer.Option(
+        None, "--curve-secret-key", help="Server CURVE secret key file (needed off loopback)."
+    ),
+    curve_authorized_dir: str = typer.Option(
+        None, "--curve-authorized-dir", help="Directory of authorized client public keys."
+    ),
+) -> None:
+    """Load a teacher and serve it until SHUTDOWN or Ctrl-C (binds before loading)."""
+    from miniverl.teacher_server.__main__ import build_parser
+    from miniverl.teacher_server.__main__ import serve as run
+
+    argv: list[str] = ["--exact-max-vocab", str(exact_max_vocab)]
+    for flag, value in (
+        ("--model", model),
+        ("--revision", revision),
+        ("--adapter", adapter),
+        ("--recipe", recipe),
+        ("--bind", bind),
+        ("--device", device),
+        ("--dtype", dtype),
+        ("--log", log),
+        ("--threads", threads),
+        ("--curve-secret-key", curve_secret_key),
+        ("--curve-authorized-dir", curve_authorized_dir),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    if offline:
+        argv.append("--offline")
+    code = run(build_parser().parse_args(argv))
+    if code:
+        raise typer.Exit(code)
+
+
+def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | None):
+    """An admin-only client (no HELLO: status, reload, shutdown need no tokenizer)."""
+    from miniverl.protocol.client import SyncTeacherClient
+
+    curve = None
+    if secret or server_key:
+        from miniverl.common.errors import ConfigError
+        from miniverl.protocol.endpoints import load_curve_client_keys
+
+        if not (secret and server_key):
+            raise ConfigError("CURVE needs both --curve-secret-key and --curve-server-key")
+        curve = load_curve_client_keys(secret, server_key)
+    return SyncTeacherClient(
+        endpoint,
+        tokenizer_fp=None,
+        vocab_size=1,
+        client_name="miniverl-cli",
+        request_timeout_s=timeout,
+        unavailable_timeout_s=timeout,
+        curve=curve,
+    )
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return value
+
+
+@teacher_app.command("status")
+def status(
+    endpoint: str = ENDPOINT_ARG,
+    timeout: float = TIMEOUT_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the full STATUS_OK as JSON."),
+    curve_secret_key: str = CURVE_SECRET_OPT,
+    curve_server_key: str = CURVE_SERVER_OPT,
+) -> None:
+    """State, identity, counters and device memory of a running teacher."""
+    client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
+    try:
+        info = _plain(client.status())
+    finally:
+        client.close()
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    teacher = info.get("teacher") or {}
+    counters = info.get("counters") or {}
+    typer.echo(f"{endpoint}: {info['state']}  instance {info['instance'][:12]}  gen {info['gen']}")
+    if teacher:
+        rev = f"@{teacher['revision'][:12]}" if teacher.get("revision") else ""
+        adapter = (
+            " + adapter " + teacher["adapter_sha256"][:19] if teacher.get("adapter_sha256") else ""
+        )
+        typer.echo(f"teacher: {teacher['name']} ({teacher['model']}{rev}){adapter}")
+    typer.echo(
+        f"inflight {info['inflight']}  queue {info['queue_depth']}  requests "
+        f"{counters.get('requests', 0)}  positions {counters.get('positions', 0)}  errors "
+        f"{sum((counters.get('errors') or {}).values())}"
+    )
+    memory = info.get("memory") or {}
+    if memory.get("allocated_bytes") is not None:
+        typer.echo(
+            f"memory: {memory['device']} {memory['allocated_bytes'] / 2**30:.2f} GiB allocated "
+            f"of {memory['total_bytes'] / 2**30:.1f} GiB"
+        )
+
+
+@teacher_app.command("reload")
+def reload(
+    endpoint: str = ENDPOINT_ARG,
+    model: str = typer.Option(..., "--model", help="Local HF model directory or hub id."),
+    revision: str = typer.Option(None, "--revision", help="40-hex commit pinning a hub id."),
+    adapter: str = typer.Option(None, "--adapter", help="PEFT adapter directory to merge."),
+    mode: str = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it."),
+    timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Seconds to wait."),
+    curve_secret_key: str = CURVE_SECRET_OPT,
+    curve_server_key: str = CURVE_SERVER_OPT,
+) -> None:
+    """Swap the served weights in place (same tokenizer only); gen += 1."""
+    if mode not in ("drain", "abort"):
+        from miniverl.common.errors import ConfigError
+
+        raise ConfigError(f"--mode {mode!r} is not drain or abort")
+    client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
+    try:
+        ok = client.reload(model, revision=revision, adapter=adapter, mode=mode, timeout_s=timeout)
+    finally:
+        client.close()
+    typer.echo(f"reloaded: gen {ok.gen}, teacher {ok.teacher.name} ({ok.teacher.model})")
+
+
+@teacher_app.command("shutdown")
+def shutdown(
+    endpoint: str = ENDPOINT_ARG,
+    mode: str = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it."),
+    timeout: float = TIMEOUT_OPT,
+    curve_secret_key: str = CURVE_SECRET_OPT,
+    curve_server_key: str = CURVE_SERVER_OPT,
+) -> None:
+    """Stop a running teacher (drain finishes open requests first)."""
+    if mode not in ("drain", "abort"):
+        from miniverl.common.errors import ConfigError
+
+        raise ConfigError(f"--mode {mode!r} is not drain or abort")
+    client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
+    try:
+        client.shutdown(mode=mode, timeout_s=timeout)
+    finally:
+        client.close()
+    typer.echo(f"{endpoint}: shut down ({mode})")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    """Add the ``teacher`` command group to ``app``."""
+    app.add_typer(teacher_app, name="teacher")
