@@ -224,3 +224,11 @@ def test_json_schema_describes_every_field():
             continue
         for field, spec in model["properties"].items():
             assert spec.get("description"), f"{name}.{field} has no description"
+
+
+def test_docs_cover_every_field():
+    # docs/recipes.md is the reference; a field missing there is a field nobody finds.
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    for name, model in recipe_json_schema()["$defs"].items():
+        for field in model.get("properties", {}):
+            assert f"| `{field}` |" in text, f"{name}.{field} is not in docs/recipes.md"
