@@ -1,0 +1,128 @@
+"""Evaluation: success rate of the current policy on a held-out split.
+
+``evaluate`` makes the split's tasks (``make_tasks`` with the recipe's environment,
+difficulty and split seed), plays them with :class:`~miniverl.student.rollout.RolloutRunner`
+(greedy unless ``recipe.eval.greedy`` is false), and returns an :class:`EvalSummary`
+with the success rate, a per-difficulty breakdown and the stop reasons. With
+``out_dir`` it also writes ``<split>-v<version>.trajectories.jsonl`` and
+``<split>-v<version>.summary.json`` there.
+
+This module does not train, score with a teacher or log run events; the trainer does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miniverl.common.atomic import atomic_write_json
+from miniverl.common.trajectory import Trajectory, write_trajectories
+from miniverl.student.environments import make_tasks
+from miniverl.student.rollout import RolloutRunner
+
+# Eval seeds are fixed and disjoint from training seeds (which derive from run.seed),
+# so sampled (non-greedy) evals are comparable across versions.
+EVAL_SEED_BASE = 1_000_003
+
+
+@dataclass
+class EvalSummary:
+    """What an eval found; ``to_dict`` is the JSON summary (without trajectories)."""
+
+    split: str
+    policy_version: int
+    success: float
+    n: int
+    by_difficulty: dict[str, dict[str, float]]
+    stop_reasons: dict[str, int]
+    mean_score: float = 0.0
+    mean_tool_calls: float = 0.0
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "policy_version": self.policy_version,
+            "success": self.success,
+            "n": self.n,
+            "by_difficulty": self.by_difficulty,
+            "stop_reasons": self.stop_reasons,
+            "mean_score": self.mean_score,
+            "mean_tool_calls": self.mean_tool_calls,
+        }
+
+
+def summarize(trajs: list[Trajectory], split: str, policy_version: int) -> EvalSummary:
+    """Success, per-difficulty success and stop reasons of finished trajectories."""
+    n = len(trajs)
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.difficulty, []).append(t)
+    by_difficulty = {
+        d: {"success": sum(t.verifier.success for t in g) / len(g), "n": len(g)}
+        for d, g in sorted(groups.items())
+    }
+    return EvalSummary(
+        split=split,
+        policy_version=policy_version,
+        success=sum(t.verifier.success for t in trajs) / n if n else 0.0,
+        n=n,
+        by_difficulty=by_difficulty,
+        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+        mean_score=sum(t.verifier.score for t in trajs) / n if n else 0.0,
+        mean_tool_calls=sum(t.tool_calls.total for t in trajs) / n if n else 0.0,
+        trajectories=trajs,
+    )
+
+
+def evaluate(
+    model,
+    tokenizer,
+    recipe,
+    *,
+    split: str | None = None,
+    policy_version: int,
+    out_dir: str | Path | None = None,
+    tokenizer_fp: str | None = None,
+    max_tasks: int | None = None,
+) -> EvalSummary:
+    """Play the ``split`` tasks (default ``recipe.eval.split``) and summarise them."""
+    split = split or recipe.eval.split
+    env_cfg = recipe.environment
+    n = env_cfg.eval_tasks if split == "eval" else env_cfg.test_tasks
+    if split == "train":
+        n = env_cfg.train_tasks
+    for cap in (recipe.eval.max_tasks, max_tasks):
+        if cap is not None:
+            n = min(n, cap)
+    tasks = make_tasks(
+        env_cfg.name, split, n, env_cfg.difficulty, env_cfg.split_seed, params=env_cfg.params
+    )
+    if tokenizer_fp is None:
+        from miniverl.common.tokenizer_id import fingerprint_tokenizer
+
+        tokenizer_fp = fingerprint_tokenizer(tokenizer)
+    runner = RolloutRunner(
+        model,
+        tokenizer,
+        env_name=env_cfg.name,
+        env_params=env_cfg.params,
+        rollout=recipe.rollout,
+        tokenizer_fp=tokenizer_fp,
+    )
+    trajs = runner.run(
+        tasks,
+        policy_version=policy_version,
+        seeds=[EVAL_SEED_BASE + i for i in range(len(tasks))],
+        greedy=recipe.eval.greedy,
+    )
+    summary = summarize(trajs, split, policy_version)
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"{split}-v{policy_version}"
+        write_trajectories(out / f"{stem}.trajectories.jsonl", trajs)
+        atomic_write_json(out / f"{stem}.summary.json", summary.to_dict())
+    return summary
