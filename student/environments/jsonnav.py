@@ -33,6 +33,8 @@ _FIRST = [
 _LAST = [
     "Lopez", "Smith", "Chen", "Novak", "Rossi", "Berg", "Kim", "Silva", "Costa", "Meyer",
     "Dubois", "Sato", "Khan", "Ortiz", "Nagy", "Weber", "Moreau", "Olsen", "Park", "Ivanova",
+    "Garcia", "Jensen", "Horvat", "Mendes", "Fischer", "Lund", "Tanaka", "Reyes", "Varga", "Keller",
+    "Bianchi", "Dahl", "Marin", "Pavel", "Haas", "Ruiz", "Costin", "Wolf", "Lindqvist", "Popov",
 ]
 _ADJ = [
     "blue", "red", "green", "black", "white", "small", "large", "old", "new", "bright", "soft",

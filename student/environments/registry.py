@@ -172,21 +172,25 @@ def make_tasks(
     env = get_environment(env_name, **(params or {}))
     tasks: list[Task] = []
     seen: set[str] = set()
-    budget = 200 * n + 2000
+    # Give up when new prompts stop coming, not after a fixed huge count: a small
+    # prompt space would otherwise spin for minutes before saying so.
+    budget, patience, misses = 100 * n + 2000, 3000, 0
     for counter in range(budget):
-        if len(tasks) == n:
+        if len(tasks) == n or misses > patience:
             break
         level = DIFFICULTIES[len(tasks) % 3] if difficulty == "mixed" else difficulty
         seed = _derived_seed(split_seed, split, level, counter)
         task = env.generate_task(seed, split, level)
         if task.prompt in seen or split_of(task.prompt) != split:
+            misses += 1
             continue
+        misses = 0
         seen.add(task.prompt)
         tasks.append(task)
     if len(tasks) < n:
         raise ConfigError(
             f"environment {env_name!r} produced only {len(tasks)} distinct {difficulty} prompts "
-            f"for split {split!r} after {budget} tries, {n} asked; lower the task count or use "
+            f"for split {split!r} after {counter + 1} tries, {n} asked; lower the task count or use "
             "difficulty mixed"
         )
     return tasks

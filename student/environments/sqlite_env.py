@@ -181,18 +181,23 @@ class SqliteEnv(Environment):
                 )
         elif difficulty == "hard":
             city, threshold = who[2], 5 * rng.randint(2, 38)
-            if rng.random() < 0.5:
+            kind = rng.random()
+            join = "FROM orders JOIN customers ON orders.customer_id = customers.id"
+            if kind < 0.25:
                 prompt = f"How many orders over {threshold} were placed by customers in {city}?"
-                sql = (
-                    "SELECT COUNT(*) FROM orders JOIN customers ON orders.customer_id = "
-                    f"customers.id WHERE customers.city = '{city}' AND amount > {threshold}"
-                )
-            else:
+                sql = f"SELECT COUNT(*) {join} WHERE customers.city = '{city}' AND amount > {threshold}"
+            elif kind < 0.5:
                 prompt = f"What is the total amount of orders over {threshold} from customers in {city}?"
                 sql = (
-                    "SELECT COALESCE(SUM(amount), 0) FROM orders JOIN customers ON "
-                    f"orders.customer_id = customers.id WHERE customers.city = '{city}' "
+                    f"SELECT COALESCE(SUM(amount), 0) {join} WHERE customers.city = '{city}' "
                     f"AND amount > {threshold}"
+                )
+            else:
+                other = rng.choice([c for c in customers if c is not who])[1]
+                prompt = f"What is the difference between the total order amounts of {name} and {other}?"
+                sql = (
+                    f"SELECT ABS((SELECT SUM(amount) {join} WHERE customers.name = '{name}') - "
+                    f"(SELECT SUM(amount) {join} WHERE customers.name = '{other}'))"
                 )
         else:
             raise ValueError(f"difficulty {difficulty!r} is not easy, medium or hard")
