@@ -147,7 +147,6 @@ def load_causal_lm(
     cache directory). Quantization needs bitsandbytes and CUDA.
     """
     try:
-        import torch
         from transformers import AutoModelForCausalLM
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError("transformers", "train") from exc

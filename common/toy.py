@@ -228,9 +228,17 @@ def toy_model_dir(spec: Any) -> Path:
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
         try:
+            from transformers.utils import logging as hf_logging
+
             tok = build_toy_tokenizer()
             model = build_toy_model(spec, tok)
-            model.save_pretrained(tmp)
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # a tiny toy save needs no progress bar
+            try:
+                model.save_pretrained(tmp)
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
             tok.save_pretrained(tmp)
             (tmp / "miniverl_toy.json").write_text(
                 json.dumps({"format": TOY_FORMAT_VERSION, "spec": _spec_dict(spec)}, indent=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -135,7 +137,8 @@ def _scripted(runner, tok, turns_by_task):
 
 
 def _call(expr):
-    return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call><|im_end|>' % expr
+    args = json.dumps({"expression": expr})
+    return f'<tool_call>\n{{"name": "calculator", "arguments": {args}}}\n</tool_call><|im_end|>'
 
 
 def test_stop_reasons(model, tok, tasks):
