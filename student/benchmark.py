@@ -4,8 +4,8 @@ A benchmark config (YAML, :class:`BenchmarkConfig`) names a base recipe, the arm
 (``sft``, ``offline_kd``, ``opd``, ``replay``; pipelined or serial), the seeds and
 one budget that every cell gets: the same number of optimizer updates, or the same
 wall time. :func:`run_benchmark` runs every arm × seed cell through an injectable
-``run_cell(recipe_dict, seed) -> CellResult`` (the default trains with
-``miniverl.student.trainer``, imported lazily), and after each cell atomically
+``run_cell(recipe_dict, seed) -> CellResult`` (the default, :class:`TrainerCells`,
+trains with ``miniverl.student.trainer``, imported lazily), and after each cell atomically
 rewrites ``results.json`` (schema-validated :class:`BenchmarkResults`),
 ``summary.md`` and ``report.html`` in the output folder. ``resume=True`` keeps the
 finished cells of an interrupted benchmark and runs the rest; failed cells run again.
@@ -437,8 +437,29 @@ def run_benchmark(
             environment=collect_environment(),
         )
     out_dir.mkdir(parents=True, exist_ok=True)
+    owned = None
     if run_cell is None:
-        run_cell = make_trainer_run_cell(config.teacher_endpoint)
+        run_cell = owned = TrainerCells(config.teacher_endpoint, out_dir)
+    try:
+        _run_cells(config, base, out_dir, results, run_cell, on_cell)
+    finally:
+        if owned is not None:
+            owned.close()
+    results.summary = summarize(results, config)
+    results.complete = all(c.result.status == "ok" for c in results.cells)
+    results.updated_at = _now()
+    _write_outputs(out_dir, results)
+    return results, out_dir
+
+
+def _run_cells(
+    config: BenchmarkConfig,
+    base: dict[str, Any],
+    out_dir: Path,
+    results: BenchmarkResults,
+    run_cell: RunCell,
+    on_cell: Callable[[CellRecord], None] | None,
+) -> None:
     done = {(c.arm, c.seed) for c in results.cells}
     # Seed-major order: an interrupted benchmark still holds complete pairs to compare.
     for seed in config.seeds:
@@ -471,11 +492,6 @@ def run_benchmark(
             _write_outputs(out_dir, results)
             if on_cell:
                 on_cell(record)
-    results.summary = summarize(results, config)
-    results.complete = all(c.result.status == "ok" for c in results.cells)
-    results.updated_at = _now()
-    _write_outputs(out_dir, results)
-    return results, out_dir
 
 
 # -- the real cell: one trainer run ------------------------------------------------------
@@ -512,20 +528,63 @@ def cell_result_from_run(run_dir: str | Path, **known: Any) -> CellResult:
     return CellResult(**fields)
 
 
-def make_trainer_run_cell(teacher_endpoint: str | None = None) -> RunCell:
-    """The default ``run_cell``: train one recipe with ``miniverl.student.trainer``."""
+class TrainerCells:
+    """The default ``run_cell``: train one recipe with ``miniverl.student.trainer``.
 
-    def run_cell(recipe_dict: dict[str, Any], seed: int) -> CellResult:
+    Arms that need a teacher use ``teacher_endpoint``; when it is None, one teacher
+    process is started for the whole benchmark from the first such recipe's teacher
+    section (``python -m miniverl.teacher_server --recipe``) and stopped by :meth:`close`.
+    The teacher is frozen, so every arm and seed is scored by the same one.
+    """
+
+    def __init__(self, teacher_endpoint: str | None, work_dir: Path):
+        self.endpoint = teacher_endpoint
+        self.work_dir = work_dir
+        self.process: Any = None
+
+    def _launch_teacher(self, recipe_dict: dict[str, Any]) -> str:
+        import socket
+        import subprocess
+        import sys
+
+        import yaml
+
+        with socket.socket() as probe:  # a free loopback port for this benchmark's teacher
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        endpoint = f"tcp://127.0.0.1:{port}"
+        recipe_path = self.work_dir / "teacher_recipe.yaml"
+        recipe_path.write_text(yaml.safe_dump(recipe_dict, sort_keys=False), encoding="utf-8")
+        log = (self.work_dir / "teacher.stderr").open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "miniverl.teacher_server",
+                "--recipe",
+                str(recipe_path),
+                "--bind",
+                endpoint,
+                "--log",
+                str(self.work_dir / "teacher.log"),
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        self.endpoint = endpoint
+        return endpoint
+
+    def __call__(self, recipe_dict: dict[str, Any], seed: int) -> CellResult:
         from miniverl.common.recipe import Recipe
         from miniverl.student.trainer import Trainer
 
         recipe = Recipe.model_validate(recipe_dict)
+        endpoint = self.endpoint
+        if recipe.needs_teacher and endpoint is None and recipe.teacher.endpoint is None:
+            endpoint = self._launch_teacher(recipe_dict)
         start = time.perf_counter()
-        trainer = Trainer(recipe, teacher_endpoint=teacher_endpoint)
-        if hasattr(trainer, "__enter__"):
-            with trainer:
-                result = trainer.train()
-        else:
+        with Trainer(recipe, teacher_endpoint=endpoint, show_progress=False) as trainer:
             result = trainer.train()
         wall = time.perf_counter() - start
         final_version = getattr(result, "final_version", None)
@@ -533,6 +592,15 @@ def make_trainer_run_cell(teacher_endpoint: str | None = None) -> RunCell:
             result.run_dir,
             wall_s=wall,
             final_version=final_version if isinstance(final_version, int) else None,
+            status="ok" if getattr(result, "status", "completed") == "completed" else "failed",
         )
 
-    return run_cell
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # SIGTERM means SHUTDOWN drain
+            try:
+                self.process.wait(timeout=30)
+            except Exception:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.process = None

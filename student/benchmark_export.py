@@ -145,41 +145,33 @@ def collect_environment() -> dict[str, Any]:
 
 
 def _device_from(hardware: dict[str, Any]) -> DeviceInfo | None:
+    """Device facts from a manifest's ``hardware`` (common/manifest.py's hardware_info)."""
     if not hardware:
         return None
-    gpus = hardware.get("gpus") or hardware.get("cuda_devices")
-    first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
-    kind = str(
-        hardware.get("device") or hardware.get("device_kind") or ("cuda" if first else "cpu")
-    )
-    name = (
-        first.get("name")
-        or hardware.get("device_name")
-        or hardware.get("gpu_name")
-        or hardware.get("cpu")
-    )
-    memory = (
-        first.get("memory_bytes")
-        or first.get("total_memory")
-        or hardware.get("device_memory_bytes")
-    )
-    count = len(gpus) if isinstance(gpus, list) else hardware.get("device_count")
-    return DeviceInfo(
-        kind=kind.split(":")[0],
-        name=str(name) if name else None,
-        count=count if isinstance(count, int) else None,
-        memory_bytes=int(memory) if isinstance(memory, (int, float)) else None,
-    )
+    gpus = [g for g in hardware.get("gpus") or [] if isinstance(g, dict)]
+    if gpus:
+        memory = gpus[0].get("total_memory_bytes") or gpus[0].get("memory_bytes")
+        return DeviceInfo(
+            kind="cuda",
+            name=str(gpus[0].get("name")) if gpus[0].get("name") else None,
+            count=len(gpus),
+            memory_bytes=int(memory) if isinstance(memory, (int, float)) else None,
+        )
+    processor = hardware.get("processor") or hardware.get("machine")
+    return DeviceInfo(kind="cpu", name=str(processor) if processor else None, count=1)
 
 
-def _model_label(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        for key in ("hub_id", "model", "path", "name", "toy"):
-            if value.get(key):
-                label = value[key]
-                return json.dumps(label, sort_keys=True) if isinstance(label, dict) else str(label)
+def _model_label(entry: Any) -> str | None:
+    """``id`` of a hub/path model, or the toy spec, from a manifest ``models`` entry."""
+    if isinstance(entry, str):
+        return entry
+    if not isinstance(entry, dict):
+        return None
+    if entry.get("id"):
+        revision = f"@{entry['revision']}" if entry.get("revision") else ""
+        return f"{entry['id']}{revision}"
+    if isinstance(entry.get("toy"), dict):
+        return "toy " + json.dumps(entry["toy"], sort_keys=True)
     return None
 
 
@@ -192,10 +184,8 @@ def _from_run(run_dir: Path) -> dict[str, Any]:
     cell = cell_result_from_run(run_dir)
     manifest = data.manifest
     here = collect_environment()
-    device = _device_from(
-        manifest.get("hardware") if isinstance(manifest.get("hardware"), dict) else {}
-    )
-    host_raw = manifest.get("hardware") if isinstance(manifest.get("hardware"), dict) else {}
+    hardware = manifest.get("hardware") if isinstance(manifest.get("hardware"), dict) else {}
+    device = _device_from(hardware)
     digest = manifest.get("recipe_digest")
     if not (isinstance(digest, str) and digest.startswith("sha256:")) and data.resolved_text:
         digest = "sha256:" + sha256_text(data.resolved_text)
@@ -206,11 +196,12 @@ def _from_run(run_dir: Path) -> dict[str, Any]:
         for r in data.metrics
     ]
     tp = data.throughput()
-    versions = manifest.get("versions") if isinstance(manifest.get("versions"), dict) else {}
+    packages = manifest.get("packages") if isinstance(manifest.get("packages"), dict) else {}
+    models_raw = manifest.get("models") if isinstance(manifest.get("models"), dict) else {}
     models = {
         role: label
         for role in ("student", "teacher")
-        if (label := _model_label(manifest.get(role) or data.resolved.get(role, {}).get("model")))
+        if (label := _model_label(models_raw.get(role)))
     }
     return {
         "source": "run",
@@ -220,15 +211,15 @@ def _from_run(run_dir: Path) -> dict[str, Any]:
             device or DeviceInfo(kind="cpu", name=platform.processor() or None)
         ).model_dump(),
         "host": {
-            "os": host_raw.get("os") or (None if device else here["host"]["os"]),
-            "machine": host_raw.get("machine") or (None if device else here["host"]["machine"]),
-            "cpu_count": host_raw.get("cpu_count") if device else here["host"]["cpu_count"],
-            "memory_bytes": (host_raw.get("memory_bytes") or host_raw.get("ram_bytes"))
+            "os": manifest.get("os") if device else here["host"]["os"],
+            "machine": hardware.get("machine") if device else here["host"]["machine"],
+            "cpu_count": hardware.get("cpu_count") if device else here["host"]["cpu_count"],
+            "memory_bytes": hardware.get("memory_bytes")
             if device
             else here["host"]["memory_bytes"],
         },
-        "python": str(versions.get("python")) if versions.get("python") else None,
-        "versions": {str(k): str(v) for k, v in versions.items()},
+        "python": str(manifest["python"]) if manifest.get("python") else None,
+        "versions": {str(k): str(v) for k, v in packages.items() if v is not None},
         "models": models,
         "mode": data.mode,
         "steps": data.steps,

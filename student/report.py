@@ -126,6 +126,10 @@ class ReportData:
             ident = teacher_label(row.get("teacher"))
             if ident and ident not in names:
                 names.append(ident)
+        for entry in self.manifest.get("teachers") or []:
+            ident = teacher_label(entry) if isinstance(entry, dict) else ""
+            if ident and ident not in names:
+                names.append(ident)
         for event in self.events:
             for key in ("teacher", "new"):
                 ident = (
@@ -147,7 +151,7 @@ class ReportData:
         ]
 
     def stale_dropped(self) -> int:
-        return int(sum(_num(row.get("stale_dropped")) or 0 for row in self.metrics))
+        return int(cumulative_total(self.metrics, "stale_dropped"))
 
     def time_split(self) -> dict[str, float]:
         keys = {
@@ -163,12 +167,33 @@ class ReportData:
     def throughput(self) -> dict[str, float | None]:
         rates = [_num(row.get("positions_per_s")) for row in self.metrics]
         rates = [r for r in rates if r is not None]
+        key = (
+            "positions_scored"
+            if any("positions_scored" in r for r in self.metrics)
+            else "positions"
+        )
         return {
-            "positions_scored": float(sum(_num(r.get("positions")) or 0 for r in self.metrics)),
+            "positions_scored": float(sum(_num(r.get(key)) or 0 for r in self.metrics)),
             "positions_per_s": sum(rates) / len(rates) if rates else None,
-            "bytes_sent": float(sum(_num(r.get("bytes_sent")) or 0 for r in self.metrics)),
-            "bytes_received": float(sum(_num(r.get("bytes_received")) or 0 for r in self.metrics)),
+            "bytes_sent": cumulative_total(self.metrics, "bytes_sent"),
+            "bytes_received": cumulative_total(self.metrics, "bytes_received"),
         }
+
+
+def cumulative_total(rows: list[dict[str, Any]], key: str) -> float:
+    """Total of a client counter logged cumulatively per step; a drop means it restarted.
+
+    ``stale_dropped`` and the byte counters in ``metrics.jsonl`` are the teacher client's
+    running totals, so summing the rows would count every step again.
+    """
+    total = previous = 0.0
+    for row in rows:
+        value = _num(row.get(key))
+        if value is None:
+            continue
+        total += value - previous if value >= previous else value
+        previous = value
+    return total
 
 
 def teacher_label(ident: Any) -> str:

@@ -150,11 +150,27 @@ def make_run(
     manifest = {
         "run_id": path.name,
         "mode": "opd",
-        "versions": {"miniverl": "0.1.0", "python": "3.11.9", "torch": "2.13.0"},
-        "hardware": {"device": "cpu", "cpu_count": 2, "memory_bytes": 8 * 2**30},
-        "student": {"model": "toy:h64-l2"},
-        "teacher": {"model": "toy:h64-l2-teacher"},
-        "seed": 0,
+        "on_policy": True,
+        "recipe_digest": "sha256:" + "ab" * 32,
+        "python": "3.11.9",
+        "os": "Linux 6.1.0",
+        "packages": {"miniverl": "0.1.0", "torch": "2.13.0", "bitsandbytes": None},
+        "hardware": {"machine": "x86_64", "processor": None, "cpu_count": 2, "gpus": []},
+        "models": {
+            "student": {"source": "toy", "id": None, "revision": None, "toy": {"hidden": 64}},
+            "teacher": {"source": "toy", "id": None, "revision": None, "toy": {"hidden": 128}},
+        },
+        "teachers": [
+            {
+                "from_version": 0,
+                "to_version": None,
+                "how": "connect",
+                "name": "toy-teacher",
+                "instance": "a1b2c3d4e5f6",
+                "gen": 0,
+            }
+        ],
+        "seeds": {"run": 0, "split": 0},
     }
     if with_tokenizer:
         manifest["tokenizer_dir"] = str(write_tokenizer(path / "tokenizer"))
@@ -198,13 +214,13 @@ def make_run(
                 "positions": 180 + step,
                 "tokens": 900,
                 "teacher": teacher,
-                "stale_dropped": 2 if step == 8 else 0,
+                "stale_dropped": 2 if step >= 8 else 0,
                 "time_rollout_s": 3.0,
                 "time_teacher_wait_s": 0.8 + 0.05 * step,
                 "time_update_s": 1.2,
                 "positions_per_s": 220.0 + step,
-                "bytes_sent": 4000,
-                "bytes_received": 12000,
+                "bytes_sent": 4000 * (step + 1),  # client counters are cumulative
+                "bytes_received": 12000 * (step + 1),
                 "lr": 1e-4,
                 "grad_norm": 0.5,
                 "train_success": min(1.0, 0.1 + step * 0.06),
