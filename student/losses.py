@@ -109,6 +109,9 @@ def _divergence_P(
 def _student_logp(student_logits_P_V: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature <= 0:
         raise ConfigError(f"loss.temperature={temperature} must be > 0; fix the recipe")
+    if student_logits_P_V.dtype in (torch.float16, torch.bfloat16):
+        # log_softmax in bf16 rounds small log-probs to a few bits; one chunk in fp32 is cheap.
+        student_logits_P_V = student_logits_P_V.float()
     if temperature != 1.0:
         student_logits_P_V = student_logits_P_V / temperature
     return F.log_softmax(student_logits_P_V, dim=-1)
