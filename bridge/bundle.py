@@ -90,11 +90,16 @@ def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str
     max_response = max(
         recipe.rollout.max_total_tokens - max_prompt, recipe.rollout.max_new_tokens_per_turn
     )
+    micro = max(1, recipe.train.rollouts_per_cycle // recipe.train.grad_accum)
     flat.update(
         {
             "actor_rollout_ref.model.path": BASE_SENTINEL,
             "actor_rollout_ref.actor.optim.lr": float(recipe.train.lr),
+            # One optimizer step per fresh batch (strict on-policy), split into grad_accum
+            # micro-batches; verl's FSDPActorConfig refuses a config without a micro size.
             "actor_rollout_ref.actor.ppo_mini_batch_size": recipe.train.rollouts_per_cycle,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
             "actor_rollout_ref.rollout.n": 1,
             "actor_rollout_ref.rollout.temperature": float(recipe.rollout.temperature),
             "actor_rollout_ref.rollout.top_p": float(recipe.rollout.top_p),

@@ -17,17 +17,41 @@ RECIPE = {
     "schema_version": 1,
     "run": {"name": "toy-bridge", "mode": "opd", "seed": 3},
     "student": {
-        "model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}},
+        "model": {
+            "toy": {
+                "hidden": 32,
+                "layers": 1,
+                "heads": 2,
+                "kv_heads": 1,
+                "intermediate": 64,
+                "seed": 0,
+            }
+        },
         "dtype": "float32",
         "device": "cpu",
         "lora": {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]},
     },
     "teacher": {
-        "model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 1}},
+        "model": {
+            "toy": {
+                "hidden": 32,
+                "layers": 1,
+                "heads": 2,
+                "kv_heads": 1,
+                "intermediate": 64,
+                "seed": 1,
+            }
+        },
         "dtype": "float32",
         "device": "cpu",
     },
-    "environment": {"name": "calculator", "difficulty": "mixed", "train_tasks": 12, "eval_tasks": 6, "test_tasks": 2},
+    "environment": {
+        "name": "calculator",
+        "difficulty": "mixed",
+        "train_tasks": 12,
+        "eval_tasks": 6,
+        "test_tasks": 2,
+    },
     "rollout": {"max_turns": 3, "max_new_tokens_per_turn": 64, "max_total_tokens": 1024},
     "loss": {"top_k": 8},
     "train": {"cycles": 4, "rollouts_per_cycle": 4, "lr": 1e-3, "save_every": 2, "eval_every": 2},
@@ -39,12 +63,11 @@ def toy_run(tmp_path_factory) -> Path:
     """A finished-looking LoRA run directory (see the module docstring)."""
     os.environ.setdefault("MINIVERL_CACHE", str(tmp_path_factory.mktemp("cache")))
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
     from miniverl.common.modeling import resolve_model_dir
     from miniverl.common.recipe import Recipe
     from miniverl.common.rundir import RunDir
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     recipe = Recipe.model_validate(RECIPE)
@@ -56,8 +79,12 @@ def toy_run(tmp_path_factory) -> Path:
         base = AutoModelForCausalLM.from_pretrained(base_dir)
         model = get_peft_model(
             base,
-            LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
-                       init_lora_weights=False),
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                target_modules=list(lora.target_modules),
+                init_lora_weights=False,
+            ),
         )
         model.save_pretrained(run.checkpoints_dir / f"step_{step}" / "adapter")
     run.event("eval", version=4, split="eval", success=0.5, n=6, by_difficulty={})
