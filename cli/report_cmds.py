@@ -64,7 +64,15 @@ def export_benchmark(
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    """Add this module's commands to `app` and its schemas to ``miniverl schema``."""
+    from miniverl.cli.foundation import SCHEMAS
+
+    SCHEMAS.setdefault(
+        "benchmark", "miniverl.student.benchmark_export:benchmark_result_json_schema"
+    )
+    SCHEMAS.setdefault(
+        "benchmark-results", "miniverl.student.benchmark:benchmark_results_json_schema"
+    )
     app.command("report")(report)
     app.command("benchmark")(benchmark)
     app.command("export-benchmark")(export_benchmark)

@@ -181,6 +181,11 @@ class BenchmarkResults(_Strict):
 RunCell = Callable[[dict[str, Any], int], CellResult]
 
 
+def benchmark_results_json_schema() -> dict[str, Any]:
+    """JSON Schema of ``results.json`` (``miniverl schema benchmark-results``)."""
+    return BenchmarkResults.model_json_schema()
+
+
 # -- config and per-cell recipes ----------------------------------------------------------
 
 
