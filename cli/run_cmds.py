@@ -12,6 +12,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to ``app``."""
+    register_up(app)
 
     @app.command()
     def train(
@@ -77,3 +78,85 @@ def register(app: typer.Typer) -> None:
         )
         for diff, row in summary["by_difficulty"].items():
             typer.echo(f"  {diff:<8} {row['success']:.1%} of {int(row['n'])}")
+
+
+def register_up(app: typer.Typer) -> None:
+    """``up``, ``status``, ``stop``: the two-process run and its control socket."""
+
+    @app.command()
+    def up(
+        recipe: Path = typer.Argument(..., help="Recipe YAML."),
+        teacher: str = typer.Option(None, "--teacher", help="Attach to this teacher endpoint."),
+        run_id: str = typer.Option(None, "--run-id", help="Run id (default: name + time)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue run --run-id."),
+        output_dir: str = typer.Option(None, "--output-dir", help="Override run.output_dir."),
+        quiet: bool = typer.Option(False, "--quiet", help="No child log lines, no progress."),
+    ) -> None:
+        """Start the teacher and the student, keep them alive, stop them together."""
+        from miniverl.cli.supervisor import up as run_up
+
+        code, run_dir = run_up(
+            recipe, teacher=teacher, run_id=run_id, resume=resume, output_dir=output_dir,
+            show_progress=not quiet, echo=not quiet,
+        )
+        typer.echo(f"run directory: {run_dir}")
+        if code:
+            raise typer.Exit(code)
+
+    @app.command()
+    def status(
+        run: Path = typer.Argument(..., help="Run directory."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Progress of a run: live from its control socket, else from status.json."""
+        import json
+
+        from miniverl.common.errors import MiniverlError
+        from miniverl.common.rundir import RunDir
+        from miniverl.protocol.control import (
+            StatusRequest,
+            control_endpoint,
+            control_request,
+            new_id,
+        )
+
+        handle = RunDir.open(run)
+        try:
+            reply = control_request(control_endpoint(run), StatusRequest(id=new_id())).model_dump()
+            live = True
+        except MiniverlError:
+            reply = {"run_id": handle.id, **handle.read_status()}
+            live = False
+        reply["live"] = live
+        if as_json:
+            typer.echo(json.dumps(reply, indent=2, default=str))
+            return
+        if not live:
+            typer.echo(f"{handle.id}: {reply.get('status')} (not running; "
+                       f"updated {reply.get('updated_at')})")
+            return
+        teacher = reply.get("teacher") or {}
+        typer.echo(
+            f"{reply['run_id']}: {reply['status']}, {reply['mode']} "
+            f"({'on-policy' if reply['on_policy'] else 'off-policy'}), step {reply['step']}, "
+            f"version {reply['version']}, cycle {reply['cycle']}/{reply['cycles']}, "
+            f"{reply['wall_s']:.0f} s"
+        )
+        if teacher:
+            typer.echo(f"teacher: {teacher.get('name')} instance {teacher.get('instance')} "
+                       f"gen {teacher.get('gen')} at {reply.get('endpoint')}")
+        counters = reply.get("counters") or {}
+        typer.echo(f"stale replies dropped: {counters.get('stale_dropped', 0)}, bytes received: "
+                   f"{counters.get('bytes_received', 0):,}")
+
+    @app.command()
+    def stop(
+        run: Path = typer.Argument(..., help="Run directory."),
+        no_checkpoint: bool = typer.Option(False, "--no-checkpoint", help="Skip the checkpoint."),
+    ) -> None:
+        """Ask a running student to checkpoint and stop at the next update boundary."""
+        from miniverl.protocol.control import StopRequest, control_endpoint, control_request, new_id
+
+        control_request(control_endpoint(run),
+                        StopRequest(id=new_id(), checkpoint=not no_checkpoint))
+        typer.echo(f"stop requested; `miniverl up --resume --run-id {Path(run).name}` continues")

@@ -65,7 +65,7 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
     counters = trainer._counters() if trainer.client is not None else {}
     return dict(
         run_id=trainer.run.id,
-        status=trainer.run.status(),
+        status=trainer.run.status,
         mode=recipe.run.mode,
         on_policy=recipe.on_policy,
         step=trainer.step,

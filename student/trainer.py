@@ -22,6 +22,7 @@ The trainer does not know how the teacher is reached: it is handed a client (the
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -95,6 +96,7 @@ class Trainer:
         stop_event: threading.Event | None = None,
         show_progress: bool = True,
         write_report: bool = True,
+        checkpoints: bool = True,
     ):
         self.recipe = recipe
         self.endpoint = teacher_endpoint or (recipe.teacher.endpoint if recipe.teacher else None)
@@ -103,6 +105,7 @@ class Trainer:
         self.stop_event = stop_event or threading.Event()
         self.show_progress = show_progress
         self.write_report = write_report
+        self.checkpoints = checkpoints
         self.pending_retarget: str | None = None
         self.stop_checkpoint = True
         self.version = 0
@@ -132,6 +135,15 @@ class Trainer:
                     f"run {run_id} was started with another recipe; differing fields: "
                     f"{', '.join(differing)}; resume with the original recipe or start a new run"
                 )
+        elif run_id is not None and (out / run_id / "status.json").is_file():
+            # `miniverl up` creates the run directory (for logs and sockets) before the
+            # student starts; the student adopts it while it is still `ready`.
+            run = RunDir.open(out / run_id)
+            if run.status != "ready" or diff_recipes(run.recipe(), self.recipe):
+                raise ConfigError(
+                    f"run {run_id} already exists ({run.status}); pick another --run-id, "
+                    "or pass --resume to continue it"
+                )
         else:
             run = RunDir.create(out, self.recipe, recipe_text=recipe_text, run_id=run_id)
         run.lock().__enter__()
@@ -139,7 +151,9 @@ class Trainer:
 
     def _setup(self) -> None:
         recipe = self.recipe
-        apply_cpu_threads(recipe.runtime.cpu_threads)
+        # `miniverl up` divides the machine's cores between its two processes.
+        cap = int(os.environ.get("MINIVERL_CPU_THREADS", "0") or 0)
+        apply_cpu_threads(min(recipe.runtime.cpu_threads, cap) if cap else recipe.runtime.cpu_threads)
         if recipe.run.deterministic:
             torch.use_deterministic_algorithms(True)
         _seed_everything(recipe.run.seed)
@@ -169,9 +183,6 @@ class Trainer:
         self.kind = "exact" if recipe.loss.objective == "exact_full_vocab" else "topk"
         self.link: TeacherLink | None = None
         self.memory = "resident"
-        if recipe.needs_teacher:
-            self._connect_teacher()
-            self.memory = self._choose_memory()
         self.cache = self._open_cache()
         self.replay_buffer: list[Scored] = []
         self.fixed_set: list[Trajectory] = []
@@ -191,7 +202,7 @@ class Trainer:
                 request_timeout_s=rt.request_timeout_s,
                 unavailable_timeout_s=rt.unavailable_timeout_s,
             )
-        self.client.connect()
+        self.client.connect(recipe.runtime.teacher_startup_timeout_s)
         identity = teacher_identity(self.client)
         self.link = TeacherLink(
             self.client, kind=self.kind, k=recipe.loss.top_k,
@@ -259,6 +270,11 @@ class Trainer:
             eval_before = None
             if not self.resume:
                 eval_before = self._evaluate().to_dict()
+            if recipe.needs_teacher:
+                # Connect only now: under `up` the teacher loads while the student
+                # imports, builds its model and runs the first eval.
+                self._connect_teacher()
+                self.memory = self._choose_memory()
             status = self._loop()
             final_eval = None
             if status == "completed":
@@ -549,8 +565,10 @@ class Trainer:
         self.last_eval = summary
         return summary
 
-    def _checkpoint(self) -> Path:
-        from miniverl.student.checkpoint import save_checkpoint
+    def _checkpoint(self) -> Path | None:
+        if not self.checkpoints:
+            return None
+        from miniverl.student.checkpoint import save as save_checkpoint
 
         path = save_checkpoint(
             self.run.checkpoints_dir,
@@ -573,7 +591,8 @@ class Trainer:
             self.run.event("checkpoint_failed", reason=f"{type(exc).__name__}: {exc}")
 
     def _restore(self) -> None:
-        from miniverl.student.checkpoint import latest_checkpoint, load_checkpoint
+        from miniverl.student.checkpoint import latest as latest_checkpoint
+        from miniverl.student.checkpoint import load as load_checkpoint
 
         path = latest_checkpoint(self.run.checkpoints_dir)
         if path is None:
@@ -589,8 +608,6 @@ class Trainer:
             )
         self.step, self.version = state.step, state.version
         self.cycle = int(state.data_cursor.get("cycle", 0))
-        if self.recipe.run.mode == "offline_kd":
-            self._prepare_fixed_set()
         self.run.event("resumed", checkpoint=str(path), version=self.version, step=self.step)
 
     def _apply_retarget(self) -> None:

@@ -1,0 +1,367 @@
+"""``miniverl up``: start the teacher and the student, watch both, stop both.
+
+The supervisor creates the run directory, starts the student at once (its imports,
+model build and first eval overlap the teacher's start), prepares the teacher when the
+recipe says so (``teacher.prepare``, cached), starts ``python -m miniverl.teacher_server``
+on ``ipc://<run>/teacher.sock`` and waits for it to answer ``PING`` with ``READY``
+while watching the child: a crash during load fails fast with the teacher's last log
+lines. While training runs it shows prefixed log lines and one progress bar read from
+``metrics.jsonl``. A teacher that dies is restarted at the same endpoint with bounded
+retries and backoff; the student's client re-handshakes and re-sends. Ctrl-C or
+SIGTERM asks the student to checkpoint and stop at the next update boundary, then shuts
+the teacher down; the exit code is then 130, otherwise the student's.
+
+With ``--teacher ENDPOINT`` no teacher is started: the student attaches to it.
+
+The supervisor trains nothing and scores nothing; it only runs processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
+from miniverl.common.recipe import Recipe, load_recipe
+from miniverl.common.rundir import RunDir, new_run_id
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+TEACHER_RESTARTS = 3
+
+
+class StudentExited(MiniverlError):
+    """The student process ended while the supervisor was still starting the teacher."""
+
+    def __init__(self, code: int):
+        super().__init__(f"the student process exited with code {code} during start-up")
+        self.code = code
+STOP_GRACE_S = 120.0
+
+
+def threads_per_process(recipe: Recipe) -> int:
+    """Divide the cores between the two processes: one each on a machine of <= 2 cores."""
+    cores = os.cpu_count() or 1
+    return max(1, min(recipe.runtime.cpu_threads, cores // 2))
+
+
+def ping_until_ready(endpoint: str, proc: subprocess.Popen | None, timeout_s: float,
+                     also_watch: subprocess.Popen | None = None) -> dict:
+    """PING ``endpoint`` until ``PONG`` says READY; fail fast if ``proc`` exits.
+
+    ``also_watch`` (the student) ends the wait too: there is no point in a teacher
+    for a student that already failed.
+    """
+    import zmq
+    from miniverl.protocol.codec import decode, encode
+    from miniverl.protocol.messages import Ping, Pong
+
+    ctx = zmq.Context.instance()
+    deadline = time.monotonic() + timeout_s
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    rid = 1
+    try:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise TeacherUnavailable(
+                    f"the teacher process exited with code {proc.returncode} while loading"
+                )
+            if also_watch is not None and also_watch.poll() is not None:
+                raise StudentExited(also_watch.returncode)
+            sock.send_multipart(encode(Ping(id=rid)))
+            if sock.poll(500):
+                msg, _ = decode(sock.recv_multipart())
+                if isinstance(msg, Pong) and msg.state.value == "READY":
+                    return msg.model_dump(mode="json")
+            rid += 1
+        raise TeacherUnavailable(
+            f"the teacher at {endpoint} was not READY within {timeout_s:g} s "
+            "(runtime.teacher_startup_timeout_s)"
+        )
+    finally:
+        sock.close()
+
+
+class _Pump(threading.Thread):
+    """Copy a child's output lines to a log file and to the console with a prefix."""
+
+    def __init__(self, stream: IO[bytes], prefix: str, log_path: Path, console: Console,
+                 echo: bool):
+        super().__init__(daemon=True)
+        self.stream, self.prefix, self.log_path = stream, prefix, log_path
+        self.console, self.echo = console, echo
+        self.tail: deque[str] = deque(maxlen=30)
+
+    def run(self) -> None:
+        with self.log_path.open("a", encoding="utf-8") as log:
+            for raw in iter(self.stream.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                self.tail.append(line)
+                if self.echo and line.strip():
+                    self.console.print(f"[dim]{self.prefix}[/dim] {line}", markup=True,
+                                       highlight=False, soft_wrap=True)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        recipe_path: str | Path,
+        *,
+        teacher: str | None = None,
+        run_id: str | None = None,
+        resume: bool = False,
+        output_dir: str | None = None,
+        console: Console | None = None,
+        show_progress: bool = True,
+        echo: bool = True,
+        teacher_restarts: int = TEACHER_RESTARTS,
+    ):
+        self.recipe_path = Path(recipe_path).resolve()
+        self.recipe = load_recipe(self.recipe_path)
+        if output_dir is not None:
+            self.recipe = self.recipe.model_copy(
+                update={"run": self.recipe.run.model_copy(update={"output_dir": output_dir})}
+            )
+        self.output_dir = Path(self.recipe.run.output_dir).resolve()
+        self.external = teacher or (self.recipe.teacher.endpoint if self.recipe.teacher else None)
+        self.resume = resume
+        if resume and run_id is None:
+            raise ConfigError("--resume needs --run-id ID (the run to continue)")
+        self.run_id = run_id or new_run_id(self.recipe.run.name)
+        self.console = console or Console(stderr=True)
+        self.show_progress = show_progress
+        self.echo = echo
+        self.teacher_restarts = teacher_restarts
+        self.student: subprocess.Popen | None = None
+        self.teacher: subprocess.Popen | None = None
+        self.teacher_model_dir: Path | None = None
+        self._stopping = False
+        self._pumps: list[_Pump] = []
+
+    # -- processes -------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        n = str(threads_per_process(self.recipe))
+        env.update(OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, MINIVERL_CPU_THREADS=n,
+                   PYTHONUNBUFFERED="1", TRANSFORMERS_VERBOSITY="error",
+                   HF_HUB_DISABLE_PROGRESS_BARS="1",
+                   PYTHONWARNINGS=env.get("PYTHONWARNINGS", "ignore::FutureWarning"))
+        return env
+
+    def _spawn(self, cmd: list[str], prefix: str, log_name: str) -> subprocess.Popen:
+        # A new session: the terminal's Ctrl-C reaches only the supervisor, which then
+        # stops the children in the right order (student first, teacher last).
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=self._env(), start_new_session=True)
+        pump = _Pump(proc.stdout, prefix, self.run.logs_dir / log_name, self.console, self.echo)
+        pump.start()
+        self._pumps.append(pump)
+        proc.pump = pump  # type: ignore[attr-defined]
+        return proc
+
+    def _start_student(self) -> None:
+        cmd = [sys.executable, "-m", "miniverl.student", str(self.recipe_path),
+               "--teacher", self.endpoint, "--run-id", self.run_id,
+               "--output-dir", str(self.output_dir), "--control", "--no-progress"]
+        if self.resume:
+            cmd.append("--resume")
+        self.student = self._spawn(cmd, "[student]", "student.log")
+
+    def _teacher_cmd(self) -> list[str]:
+        cmd = [sys.executable, "-m", "miniverl.teacher_server", "--bind", self.endpoint,
+               "--log", str(self.run.logs_dir / "teacher.log"),
+               "--threads", str(threads_per_process(self.recipe)),
+               "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms)]
+        if self.teacher_model_dir is not None:
+            cmd += ["--model", str(self.teacher_model_dir)]
+        else:
+            cmd += ["--recipe", str(self.recipe_path)]
+        return cmd
+
+    def _start_teacher(self) -> None:
+        self.teacher = self._spawn(self._teacher_cmd(), "[teacher]", "teacher.stderr.log")
+        try:
+            ping_until_ready(self.endpoint, self.teacher,
+                             self.recipe.runtime.teacher_startup_timeout_s, self.student)
+        except TeacherUnavailable as exc:
+            self.teacher.pump.join(2)
+            tail = self._teacher_tail()
+            raise MiniverlError(f"{exc}; last teacher log lines:\n{tail}") from None
+
+    def _teacher_tail(self, n: int = 15) -> str:
+        lines: list[str] = []
+        log = self.run.logs_dir / "teacher.log"
+        if log.is_file():
+            lines += log.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+        if self.teacher is not None:
+            lines += list(self.teacher.pump.tail)[-n:]
+        return "\n".join(f"  {line}" for line in lines[-n:]) or "  (no output)"
+
+    def _prepare_teacher(self) -> None:
+        from miniverl.student.teacher_prep import prep_recipe_path, prepare_teacher
+
+        prep = prep_recipe_path(self.recipe, self.recipe_path)
+        if prep is None:
+            return
+        self.console.print(f"[bold]teacher[/bold] preparing from {prep.name} (cached after "
+                           "the first run)")
+        prepared = prepare_teacher(self.recipe, prep, show_progress=self.show_progress)
+        self.teacher_model_dir = prepared.model_dir
+        success = (prepared.record.get("eval") or {}).get("success")
+        self.run.event("teacher_prepared", cached=prepared.cached, model_dir=str(prepared.model_dir),
+                       steps=prepared.record.get("steps"), eval_success=success)
+        where = "cached" if prepared.cached else f"trained in {prepared.record['wall_s']:.1f} s"
+        shown = f", held-out success {success:.0%}" if success is not None else ""
+        self.console.print(f"[bold]teacher[/bold] ready ({where}{shown})")
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run_all(self) -> int:
+        """Start, watch and stop both processes; returns the exit code."""
+        from miniverl.student.control import record_socket, socket_endpoint
+
+        if self.resume:
+            self.run = RunDir.open(self.output_dir / self.run_id)
+        else:
+            text = self.recipe_path.read_text(encoding="utf-8")
+            self.run = RunDir.create(self.output_dir, self.recipe, recipe_text=text,
+                                     run_id=self.run_id)
+        self.run.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.endpoint = self.external or socket_endpoint(self.run.path, "teacher.sock")
+        record_socket(self.run.path, "teacher", self.endpoint)
+        self.console.print(f"[bold]run[/bold] {self.run.path}")
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self._on_signal)
+        try:
+            self._start_student()
+            if self.external is None:
+                self._prepare_teacher()
+                if self._stopping or self.student.poll() is not None:
+                    return self._watch()
+                self._start_teacher()
+                self.console.print(f"[bold]teacher[/bold] serving on {self.endpoint}")
+            return self._watch()
+        except StudentExited:
+            return self._watch()
+        except MiniverlError:
+            self._shutdown(1)
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self.console.print("[bold]stopping[/bold]: the student checkpoints at the next update "
+                           "boundary, then the teacher shuts down")
+        if self.student is not None and self.student.poll() is None:
+            self.student.send_signal(signal.SIGTERM)
+
+    def _watch(self) -> int:
+        from miniverl.student.optim import total_optimizer_steps
+
+        total = total_optimizer_steps(self.recipe)
+        restarts = 0
+        metrics_pos = 0
+        progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+                            console=self.console, disable=not self.show_progress)
+        with progress:
+            task = progress.add_task("train", total=total, info="")
+            stop_deadline = None
+            while self.student.poll() is None:
+                time.sleep(0.2)
+                metrics_pos = self._update_progress(progress, task, metrics_pos)
+                if self._stopping and stop_deadline is None:
+                    stop_deadline = time.monotonic() + STOP_GRACE_S
+                if stop_deadline is not None and time.monotonic() > stop_deadline:
+                    self.student.kill()
+                teacher_dead = (self.teacher is not None and self.teacher.poll() is not None)
+                if teacher_dead and not self._stopping and self.student.poll() is None:
+                    if restarts >= self.teacher_restarts:
+                        self.run.event("teacher_gave_up", restarts=restarts,
+                                       exit_code=self.teacher.returncode)
+                        self.console.print("[bold red]teacher[/bold red] died again; no more "
+                                           "restarts (the student will stop when it times out)")
+                        self.teacher = None
+                        continue
+                    restarts += 1
+                    code = self.teacher.returncode
+                    time.sleep(min(8.0, 0.5 * 2**restarts))
+                    self.console.print(f"[bold yellow]teacher[/bold yellow] exited ({code}); "
+                                       f"restart {restarts}/{self.teacher_restarts}")
+                    self.run.event("teacher_restarted", attempt=restarts, exit_code=code)
+                    try:
+                        self._start_teacher()
+                    except MiniverlError as exc:
+                        self.console.print(f"[bold red]teacher[/bold red] restart failed: {exc}")
+            self._update_progress(progress, task, metrics_pos)
+        code = self.student.returncode
+        self.student.pump.join(5)
+        return self._shutdown(130 if self._stopping else code)
+
+    def _update_progress(self, progress: Progress, task: Any, pos: int) -> int:
+        import json
+
+        path = self.run.metrics_path
+        if not path.is_file():
+            return pos
+        with path.open("rb") as fh:
+            fh.seek(pos)
+            chunk = fh.read()
+        last_newline = chunk.rfind(b"\n")
+        if last_newline < 0:
+            return pos
+        for line in chunk[: last_newline + 1].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            info = [f"v{row.get('version')}"]
+            if row.get("loss") is not None:
+                info.append(f"loss {row['loss']:.4f}")
+            if row.get("train_success") is not None:
+                info.append(f"rollout success {row['train_success']:.0%}")
+            progress.update(task, completed=row.get("step", 0), info="  ".join(info))
+        return pos + last_newline + 1
+
+    def _shutdown(self, code: int) -> int:
+        if self.student is not None and self.student.poll() is None:
+            self.student.send_signal(signal.SIGTERM)
+            try:
+                self.student.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.student.kill()
+                self.student.wait()
+        if self.teacher is not None and self.teacher.poll() is None:
+            self.teacher.send_signal(signal.SIGTERM)  # SIGTERM = SHUTDOWN drain
+            try:
+                self.teacher.wait(15)
+            except subprocess.TimeoutExpired:
+                self.teacher.kill()
+                self.teacher.wait()
+        for pump in self._pumps:
+            pump.join(2)
+        return code
+
+
+def up(recipe_path: str | Path, **kwargs: Any) -> tuple[int, Path]:
+    """Run ``miniverl up``; returns ``(exit code, run directory)``."""
+    sup = Supervisor(recipe_path, **kwargs)
+    code = sup.run_all()
+    return code, sup.run.path

@@ -1,0 +1,118 @@
+"""Make a teacher competent before it supervises anything, once, then reuse it.
+
+A recipe's ``teacher.prepare`` names an ``sft`` recipe whose student is the teacher's
+base model. :func:`prepare_teacher` runs that recipe with the ordinary trainer,
+evaluates the result, and saves it as an ordinary HF directory (weights + tokenizer)
+in the per-user cache, keyed by the prep recipe's digest. A second call with the same
+prep recipe returns the cached directory at once; the teacher server then loads it
+through the same ``from_pretrained`` path as any model.
+
+This module does not serve the teacher; it only produces the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import Recipe, load_recipe, recipe_digest
+from miniverl.common.toy import cache_root
+
+PREPARED_FILE = "miniverl_prepared.json"
+
+
+@dataclass
+class PreparedTeacher:
+    model_dir: Path
+    cached: bool
+    record: dict[str, Any]
+
+
+def prep_recipe_path(recipe: Recipe, recipe_path: str | Path) -> Path | None:
+    """The prep recipe named by ``teacher.prepare``, resolved against the recipe's folder."""
+    if recipe.teacher is None or not recipe.teacher.prepare:
+        return None
+    path = Path(recipe.teacher.prepare)
+    if not path.is_absolute():
+        path = Path(recipe_path).resolve().parent / path
+    if not path.is_file():
+        raise ConfigError(
+            f"teacher.prepare: {recipe.teacher.prepare!r} does not exist (looked at {path}); "
+            "point it at an sft recipe relative to this recipe"
+        )
+    return path
+
+
+def _cache_key(prep: Recipe) -> str:
+    # The output location and the run name do not change what is learned.
+    neutral = prep.model_copy(
+        update={"run": prep.run.model_copy(update={"output_dir": "-", "name": "teacher-prep"})}
+    )
+    return recipe_digest(neutral).split(":", 1)[1][:20]
+
+
+def prepare_teacher(
+    recipe: Recipe, prep_path: str | Path, *, show_progress: bool = True
+) -> PreparedTeacher:
+    """Train (or fetch from cache) the teacher named by ``recipe.teacher.prepare``."""
+    from filelock import FileLock
+
+    prep = load_recipe(prep_path)
+    if prep.run.mode != "sft":
+        raise ConfigError(
+            f"teacher.prepare: {prep_path} has run.mode {prep.run.mode!r}; a teacher is "
+            "prepared by an sft recipe (run.mode: sft)"
+        )
+    if prep.student.model != recipe.teacher.model:
+        raise ConfigError(
+            f"teacher.prepare: {prep_path} trains {prep.student.model.describe()}, but "
+            f"teacher.model is {recipe.teacher.model.describe()}; make them the same model"
+        )
+    root = cache_root() / "teachers"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"prepared-{_cache_key(prep)}"
+    if (final / PREPARED_FILE).is_file():
+        return PreparedTeacher(final, True, json.loads((final / PREPARED_FILE).read_text()))
+    with FileLock(str(root / f"{final.name}.lock")):
+        if (final / PREPARED_FILE).is_file():
+            return PreparedTeacher(final, True, json.loads((final / PREPARED_FILE).read_text()))
+        return PreparedTeacher(final, False, _train(prep, Path(prep_path), final, show_progress))
+
+
+def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> dict[str, Any]:
+    from miniverl.student.trainer import Trainer
+
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        prep = prep.model_copy(
+            update={"run": prep.run.model_copy(update={"output_dir": str(work / "runs")})}
+        )
+        t0 = time.perf_counter()
+        with Trainer(prep, recipe_text=prep_path.read_text(encoding="utf-8"),
+                     show_progress=show_progress, write_report=False,
+                     checkpoints=False) as trainer:
+            result = trainer.train()
+            out = work / "model"
+            trainer.policy.model.save_pretrained(out)
+            trainer.policy.tokenizer.save_pretrained(out)
+        record = {
+            "prep_recipe": str(prep_path),
+            "prep_digest": recipe_digest(prep),
+            "steps": result.steps,
+            "eval": result.eval,
+            "wall_s": time.perf_counter() - t0,
+        }
+        (out / PREPARED_FILE).write_text(json.dumps(record, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(out, final)
+        return record
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
