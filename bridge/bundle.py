@@ -186,7 +186,7 @@ def launch_script(identity: dict, teacher_identity: dict, lora: bool) -> str:
     return f"""#!/usr/bin/env bash
 # Launch verl {profile.VERL_VERSION} on this bundle (profile {profile.PROFILE}).
 #
-#   BASE_MODEL_DIR=/path/to/base TEACHER_MODEL_DIR=/path/to/teacher bash recipe/launch.template.sh
+#   BASE_MODEL_DIR=base-model TEACHER_MODEL_DIR=teacher-model bash recipe/launch.template.sh
 #
 # A template: it refuses to run until the base and teacher weights are on disk, and it
 # checks the installed verl. Distributed execution of this bundle was not tested by miniverl.
