@@ -147,16 +147,17 @@ def read_manifest(run: Any) -> dict[str, Any]:
     return json.loads(Path(run.manifest_path).read_text(encoding="utf-8"))
 
 
-def write_manifest(run: Any, manifest: dict[str, Any]) -> None:
+def write_manifest(run: Any, manifest: dict[str, Any] | None = None, **fields: Any) -> dict:
+    """Write ``manifest`` (default: the current one) with ``fields`` set, atomically."""
+    manifest = dict(read_manifest(run) if manifest is None else manifest)
+    manifest.update(fields)
     atomic_write_json(run.manifest_path, manifest)
+    return manifest
 
 
 def update_manifest(run: Any, **fields: Any) -> dict[str, Any]:
     """Set top-level ``fields`` (shallow merge) and rewrite atomically; returns the result."""
-    manifest = read_manifest(run)
-    manifest.update(fields)
-    write_manifest(run, manifest)
-    return manifest
+    return write_manifest(run, None, **fields)
 
 
 def record_teacher(run: Any, from_version: int, identity: dict[str, Any], how: str) -> None:
