@@ -1,0 +1,72 @@
+"""``miniverl convert-dataset``: task sets to verl Parquet and back.
+
+Inputs by suffix: ``.jsonl``/``.json`` is a miniverl task set (one ``Task.to_dict()`` per
+line, needs ``--environment``), ``.yaml``/``.yml`` is a recipe whose environment section
+generates the train, eval and test tasks, ``.parquet`` is a verl file written by miniverl.
+``--to verl`` writes Parquet rows (see ``parquet.py``); ``--to miniverl`` writes the task
+set back as JSONL, checking every row's hashes first. The output is written beside its
+final name and renamed. This module dispatches; the row format lives in ``parquet.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from miniverl.bridge import parquet
+from miniverl.common.errors import ConfigError
+
+TARGETS = ("verl", "miniverl")
+
+
+def _tasks_from_recipe(path: Path) -> tuple[list[dict], parquet.EnvFacts]:
+    from miniverl.common.recipe import load_recipe
+    from miniverl.student.environments import make_tasks
+
+    env_cfg = load_recipe(path).environment
+    tasks = []
+    for split, n in (
+        ("train", env_cfg.train_tasks),
+        ("eval", env_cfg.eval_tasks),
+        ("test", env_cfg.test_tasks),
+    ):
+        tasks += make_tasks(
+            env_cfg.name, split, n, env_cfg.difficulty, env_cfg.split_seed, env_cfg.params
+        )
+    return [t.to_dict() for t in tasks], parquet.env_facts(env_cfg.name, env_cfg.params)
+
+
+def convert_dataset(src: Path, dst: Path, to: str, environment: str | None = None) -> int:
+    """Convert ``src`` into ``dst`` in the ``to`` format; returns the number of rows/tasks."""
+    src, dst = Path(src), Path(dst)
+    if to not in TARGETS:
+        raise ConfigError(f"--to {to!r} is not one of {', '.join(TARGETS)}")
+    if not src.is_file():
+        raise ConfigError(
+            f"input {src} does not exist; pass a .jsonl task set, a recipe or a .parquet file"
+        )
+    suffix = src.suffix.lower()
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if to == "verl":
+        if suffix in (".jsonl", ".json"):
+            if not environment:
+                raise ConfigError(
+                    f"{src.name} is a task set; pass --environment NAME (the environment that made it)"
+                )
+            tasks, env = parquet.read_tasks_jsonl(src), parquet.env_facts(environment)
+        elif suffix in (".yaml", ".yml"):
+            tasks, env = _tasks_from_recipe(src)
+        else:
+            raise ConfigError(
+                f"{src.name}: --to verl reads a .jsonl task set or a .yaml recipe, not {suffix or 'no suffix'}"
+            )
+        n = parquet.write_verl_parquet(tmp, tasks, env)
+    else:
+        if suffix != ".parquet":
+            raise ConfigError(
+                f"{src.name}: --to miniverl reads a verl .parquet file written by miniverl"
+            )
+        n = parquet.write_tasks_jsonl(tmp, (task for task, _env in parquet.read_verl_parquet(src)))
+    os.replace(tmp, dst)
+    return n
