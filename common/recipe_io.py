@@ -19,10 +19,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from . import recipe as recipe_module
 from .errors import ConfigError
 from .recipe import Recipe
 
 Loc = tuple[str | int, ...]
+_MODEL_NAMES = frozenset(
+    name
+    for name, obj in vars(recipe_module).items()
+    if isinstance(obj, type) and issubclass(obj, BaseModel)
+)
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -136,8 +142,9 @@ def _dotted(loc: Loc) -> str:
 
 
 def _strip_union_tags(loc: Loc) -> Loc:
-    # Optional sections add the union member name (e.g. "TeacherConfig") to the loc.
-    return tuple(p for p in loc if not (isinstance(p, str) and p[:1].isupper()))
+    # A union of models adds the member's class name (e.g. "TeacherConfig") to the loc;
+    # user keys are never dropped, so `Run:` is still reported as an unknown field.
+    return tuple(p for p in loc if not (isinstance(p, str) and p in _MODEL_NAMES))
 
 
 def _rule_involves_removed(err: dict[str, Any], sub: list, involves: list, removed: set) -> bool:
