@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import StopReason, ToolCallStats, Trajectory, VerifierResult
 from miniverl.student.chat import EpisodeBuilder, parse_error_result
@@ -71,20 +70,23 @@ def sample_next(
     if greedy or temperature <= 0.0:
         return logits_B_V.argmax(dim=-1)
     probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
-    sorted_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
-    cum_B_V = sorted_B_V.cumsum(dim=-1)
+    order_B_V = None
     if top_p < 1.0:
-        # Keep the smallest prefix whose mass reaches top_p (the first token always).
-        drop_B_V = (cum_B_V - sorted_B_V) >= top_p
-        sorted_B_V = sorted_B_V.masked_fill(drop_B_V, 0.0)
-        cum_B_V = sorted_B_V.cumsum(dim=-1)
+        # Keep the smallest prefix (by probability) whose mass reaches top_p; the most
+        # likely token always stays. Without top-p no sort is needed (hot path).
+        probs_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
+        drop_B_V = (probs_B_V.cumsum(dim=-1) - probs_B_V) >= top_p
+        probs_B_V = probs_B_V.masked_fill(drop_B_V, 0.0)
+    cum_B_V = probs_B_V.cumsum(dim=-1)
     u_B = torch.cat([torch.rand(1, generator=g) for g in generators]).to(cum_B_V.device)
     target_B1 = (u_B * cum_B_V[:, -1]).unsqueeze(-1)
-    idx_B = torch.searchsorted(cum_B_V, target_B1, right=True).squeeze(-1)
-    # Rounding can put the draw past the last kept token; clamp into the kept prefix.
-    kept_B = (sorted_B_V > 0).sum(dim=-1) - 1
-    idx_B = torch.minimum(idx_B, kept_B)
-    return order_B_V.gather(-1, idx_B.unsqueeze(-1)).squeeze(-1)
+    idx_B = torch.searchsorted(cum_B_V, target_B1, right=True)
+    # Rounding can put the draw past the last token with mass; step back onto it.
+    last_B1 = (cum_B_V < cum_B_V[:, -1:]).sum(dim=-1, keepdim=True)
+    idx_B = torch.minimum(idx_B, last_B1)
+    if order_B_V is not None:
+        idx_B = order_B_V.gather(-1, idx_B)
+    return idx_B.squeeze(-1)
 
 
 def _output_cache(out: Any) -> Any:
