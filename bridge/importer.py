@@ -202,7 +202,9 @@ def _map(flat: dict, revision: str | None, teacher_revision: str | None) -> Impo
             )
         )
     for section in ("student", "teacher"):
-        if "model" not in recipe[section]:
+        if "model" not in recipe[section] and not any(
+            f.target == f"{section}.model" for f in result.findings
+        ):
             src = (
                 "actor_rollout_ref.model.path"
                 if section == "student"

@@ -91,3 +91,13 @@ def toy_run(tmp_path_factory) -> Path:
     run.set_status("running")
     run.set_status("completed")
     return run.path
+
+
+@pytest.fixture(scope="session")
+def toy_bundle(toy_run, tmp_path_factory) -> Path:
+    """A verl bundle exported from ``toy_run`` (read-only for tests: copy before editing)."""
+    from miniverl.bridge.bundle import export_verl
+
+    out = tmp_path_factory.mktemp("bundles") / "bundle"
+    export_verl(toy_run, out)
+    return out
