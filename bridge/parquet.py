@@ -120,7 +120,8 @@ def env_facts(name: str, params: dict | None = None) -> EnvFacts:
 def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> dict:
     """One verl row for one task dict; ``all_tools`` is the tool-key union of the file."""
     task = task_to_dict(task)
-    task_json = canonical_json(task)
+    # Key order kept (not canonical_json): converting back writes the same bytes.
+    task_json = json.dumps(task, ensure_ascii=False, separators=(",", ":"))
     params_json = canonical_json(env.params)
     row_tools = set(env.tool_names)
     extra: dict = {
