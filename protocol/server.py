@@ -191,7 +191,7 @@ class TeacherServer:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    def _log(self, level: str, event: str, **fields: Any) -> None:
+    def _log(self, level: str, event: str, /, **fields: Any) -> None:
         if self._log_fn is not None:
             with contextlib.suppress(Exception):
                 self._log_fn(level, event, **fields)

@@ -34,7 +34,7 @@ class JsonLog:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._stream: TextIO = open(path, "a", encoding="utf-8") if path else sys.stderr  # noqa: SIM115
 
-    def __call__(self, level: str, event: str, **fields: Any) -> None:
+    def __call__(self, level: str, event: str, /, **fields: Any) -> None:
         if LEVELS.get(level, 20) < self.threshold:
             return
         record: dict[str, Any] = {
