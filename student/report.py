@@ -93,7 +93,11 @@ class ReportData:
 
     @property
     def versions(self) -> tuple[Any, Any]:
-        seen = [row["version"] for row in self.metrics if isinstance(row.get("version"), int)]
+        seen = [
+            row["version"]
+            for row in self.metrics + self.evals
+            if isinstance(row.get("version"), int) and not isinstance(row.get("version"), bool)
+        ]
         first = min(seen) if seen else self.manifest.get("start_version")
         last = max(seen) if seen else self.manifest.get("final_version")
         if isinstance(self.manifest.get("final_version"), int):
@@ -332,13 +336,29 @@ def _normalise_reason(reason: str) -> str:
     return reason[:120] or "(no reason given)"
 
 
+def _latest_eval_trajectories(run_dir: Path) -> Path | None:
+    def version(path: Path) -> int:
+        found = re.search(r"(\d+)", path.name)
+        return int(found.group(1)) if found else -1
+
+    files = sorted((run_dir / "eval").glob("*.jsonl"), key=version)
+    return files[-1] if files else None
+
+
 def _read_trajectories(data: ReportData) -> None:
     path = data.run_dir / "trajectories.jsonl"
     if not path.exists():
+        fallback = _latest_eval_trajectories(data.run_dir)
+        if fallback is None:
+            data.problems.append(
+                "trajectories.jsonl is missing: no provenance table, strip or taxonomy"
+            )
+            return
         data.problems.append(
-            "trajectories.jsonl is missing: no provenance table, strip or taxonomy"
+            "trajectories.jsonl is missing (an sft run logs no rollouts): provenance, strip "
+            f"and taxonomy show eval/{fallback.name} instead"
         )
-        return
+        path = fallback
     first: Trajectory | None = None
     last: deque[Trajectory] = deque(maxlen=STRIP_TRAJECTORIES - 1)
     bad: list[int] = []
@@ -346,14 +366,14 @@ def _read_trajectories(data: ReportData) -> None:
     try:
         fh = path.open(encoding="utf-8", errors="replace")
     except OSError as exc:
-        data.problems.append(f"trajectories.jsonl is unreadable ({exc.strerror})")
+        data.problems.append(f"{path.name} is unreadable ({exc.strerror})")
         return
     with fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                traj = trajectory_from_json(line, where=f"trajectories.jsonl:{lineno}")
+                traj = trajectory_from_json(line, where=f"{path.name}:{lineno}")
             except ProvenanceError as exc:
                 bad.append(lineno)
                 first_error = first_error or str(exc)
@@ -378,7 +398,7 @@ def _read_trajectories(data: ReportData) -> None:
                 last.append(traj)
     if bad:
         data.problems.append(
-            f"trajectories.jsonl: {len(bad)} bad line(s) skipped (line {_lines(bad)}); "
+            f"{path.name}: {len(bad)} bad line(s) skipped (line {_lines(bad)}); "
             f"first: {first_error[:200]}"
         )
     data.strip = [t for t in ([first] if first else []) + list(last)]
@@ -412,7 +432,9 @@ def _load_token_text(data: ReportData) -> None:
             text = tokenizer.decode([tok], skip_special_tokens=False)
         except Exception:  # an id outside the vocabulary
             text = ""
-        data.token_text[tok] = text if text else (tokenizer.id_to_token(tok) or f"#{tok}")
+        if not text or "\ufffd" in text:  # a byte-level piece of a multi-byte character
+            text = tokenizer.id_to_token(tok) or f"#{tok}"
+        data.token_text[tok] = text
     data.token_text_note = "token text decoded with the run's tokenizer"
 
 

@@ -188,3 +188,49 @@ def test_out_and_markdown_paths(run: Path, tmp_path: Path) -> None:
     # Without eval/ the success curve still comes from the eval events.
     shutil.rmtree(run / "eval")
     assert [e["version"] for e in load_run(run).evals] == [0, 6, 12]
+
+
+@pytest.mark.slow
+def test_report_from_a_real_toy_sft_run(tmp_path: Path) -> None:
+    # The trainer writes report.html at the end of a real run; nothing in it is missing.
+    pytest.importorskip("torch")
+    from miniverl.common.recipe import Recipe
+    from miniverl.student.trainer import Trainer
+
+    recipe = Recipe.model_validate(
+        {
+            "run": {"name": "report-sft", "mode": "sft", "output_dir": str(tmp_path / "runs")},
+            "student": {
+                "model": {
+                    "toy": {
+                        "hidden": 32,
+                        "layers": 1,
+                        "heads": 2,
+                        "kv_heads": 1,
+                        "intermediate": 64,
+                    }
+                },
+                "device": "cpu",
+                "dtype": "float32",
+            },
+            "environment": {"train_tasks": 8, "eval_tasks": 2, "test_tasks": 2},
+            "rollout": {
+                "max_turns": 2,
+                "max_new_tokens_per_turn": 16,
+                "max_total_tokens": 512,
+                "batch_size": 2,
+            },
+            "train": {"cycles": 2, "rollouts_per_cycle": 2, "lr": 1e-3},
+        }
+    )
+    with Trainer(recipe, show_progress=False) as trainer:
+        result = trainer.train()
+    run = Path(result.run_dir)
+    html = (run / "report.html").read_text(encoding="utf-8")
+    data = load_run(run)
+    assert data.mode == "sft" and data.steps >= 2
+    # SFT logs no rollouts: the only note is that eval trajectories stand in for them.
+    assert len(data.problems) == 1 and "show eval/" in data.problems[0], data.problems
+    assert data.n_trajectories > 0
+    assert html.count("<svg") >= 5 and external_refs(html) == []
+    assert data.token_text_note.startswith("token text decoded")
