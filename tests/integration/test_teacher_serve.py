@@ -377,3 +377,12 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
         stop(first)
         if second is not None:
             stop(second)
+
+
+def test_sigterm_drains_and_exits_zero(ipc_teacher):
+    # Runs last: `up` stops its teacher with SIGTERM and expects a clean exit.
+    endpoint, proc, log = ipc_teacher
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert events[-2:] == ["shutdown_started", "stopped"]
