@@ -77,7 +77,7 @@ def render_benchmark_html(results: BenchmarkResults) -> str:
                 title="Mean training loss per arm",
                 x_label="optimizer step",
                 y_label="loss",
-                width=560,
+                width=520,
                 empty_reason="no loss curves recorded",
             ),
         ]

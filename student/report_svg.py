@@ -251,7 +251,7 @@ def interval_chart(
     *,
     title: str,
     value_label: str,
-    width: int = 560,
+    width: int = 520,
 ) -> str:
     """Per-arm mean (dot), interval (whisker) and per-seed values (small dots)."""
     if not rows:
