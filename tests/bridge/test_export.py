@@ -9,7 +9,6 @@ import subprocess
 
 import pytest
 import yaml
-
 from miniverl.bridge import profile
 from miniverl.bridge.doctor import STATUSES, doctor
 from miniverl.bridge.hashing import verify_sums
@@ -19,17 +18,18 @@ from miniverl.common.errors import ConfigError
 def test_export_adapter_loads_with_peft(toy_run, tmp_path):
     # Level 1: the adapter is standard PEFT — the stock loader accepts it onto the base.
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from miniverl.bridge.artifacts import export_adapter
     from miniverl.common.modeling import resolve_model_dir
     from miniverl.common.recipe import load_recipe
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
 
     out = tmp_path / "adapter"
     summary = export_adapter(toy_run, out)
     assert summary["kind"] == "lora" and summary["step"] == 4
-    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()
+    }
     base_dir = resolve_model_dir(load_recipe(toy_run / "recipe.resolved.yaml").student.model)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), out)
     saved = toy_run / "checkpoints" / "step_4" / "adapter" / "adapter_model.safetensors"
@@ -53,10 +53,15 @@ def test_bundle_layout_and_hazards(toy_bundle):
     assert flat["reward.custom_reward_function.path"] == "reward/compute_score.py"
     assert flat["actor_rollout_ref.model.lora_rank"] == adapter["r"] == 4
     assert flat["actor_rollout_ref.model.lora_alpha"] == adapter["lora_alpha"]
-    assert sorted(flat["actor_rollout_ref.model.target_modules"]) == sorted(adapter["target_modules"])
+    assert sorted(flat["actor_rollout_ref.model.target_modules"]) == sorted(
+        adapter["target_modules"]
+    )
     assert flat["actor_rollout_ref.rollout.load_format"] == "safetensors"
     assert (toy_bundle / "recipe/REQUIRED_VERL.txt").read_text().splitlines() == [
-        "verl==0.8.0", "commit 7aed6b230776f963fa09509c10d9c3a767d1102c", "profile single-gpu-online-distillation-v1"]
+        "verl==0.8.0",
+        "commit 7aed6b230776f963fa09509c10d9c3a767d1102c",
+        "profile single-gpu-online-distillation-v1",
+    ]
     assert adapter["base_model_name_or_path"] == ""  # a toy base: no path leaks
 
 
@@ -70,17 +75,41 @@ def test_export_refuses_existing_bundle(toy_run, toy_bundle):
 
 def test_launch_template_refuses_without_weights(toy_bundle):
     env = {k: v for k, v in os.environ.items() if k not in ("BASE_MODEL_DIR", "TEACHER_MODEL_DIR")}
-    proc = subprocess.run(["bash", str(toy_bundle / "recipe/launch.template.sh")], capture_output=True, text=True,
-                          env=env, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(toy_bundle / "recipe/launch.template.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "base model weights are not present" in proc.stderr
     assert "toy_model_dir(" in proc.stderr and "teacher-model" in proc.stderr
 
 
-DOCTOR_KEYS = {"schema_version": int, "bundle": str, "profile": str, "verl": dict, "ok": bool, "launchable": bool,
-               "launch_blockers": list, "distributed_execution": str, "checks": list}
-CHECK_NAMES = ["hashes", "layout", "required_verl", "overrides", "parquet", "tool_config", "reward", "adapter",
-               "tokenizer", "privacy"]
+DOCTOR_KEYS = {
+    "schema_version": int,
+    "bundle": str,
+    "profile": str,
+    "verl": dict,
+    "ok": bool,
+    "launchable": bool,
+    "launch_blockers": list,
+    "distributed_execution": str,
+    "checks": list,
+}
+CHECK_NAMES = [
+    "hashes",
+    "layout",
+    "required_verl",
+    "overrides",
+    "parquet",
+    "tool_config",
+    "reward",
+    "adapter",
+    "tokenizer",
+    "privacy",
+]
 
 
 def _assert_schema(result):
@@ -131,13 +160,15 @@ def test_doctor_flags_a_leaked_path_and_bad_override(toy_bundle, tmp_path):
     status = {c["name"]: c for c in result["checks"]}
     assert status["hashes"]["status"] == "pass"
     assert status["overrides"]["status"] == "fail" and "lora_rank" in status["overrides"]["detail"]
-    assert status["privacy"]["status"] == "fail" and "provenance/notes.txt" in status["privacy"]["detail"]
+    assert (
+        status["privacy"]["status"] == "fail"
+        and "provenance/notes.txt" in status["privacy"]["detail"]
+    )
 
 
 def test_doctor_cli_json_and_exit_code(toy_bundle, tmp_path):
-    from typer.testing import CliRunner
-
     from miniverl.cli.app import app
+    from typer.testing import CliRunner
 
     runner = CliRunner()
     ok = runner.invoke(app, ["bridge", "doctor", str(toy_bundle), "--json"])

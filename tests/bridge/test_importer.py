@@ -6,7 +6,6 @@ import json
 
 import pytest
 import yaml
-
 from miniverl.bridge.importer import WHITELIST, import_config, import_verl
 from miniverl.common.errors import ConfigError
 
@@ -25,11 +24,21 @@ CASES = {
     "data.max_prompt_length": (300, "derived", None, None),
     "data.max_response_length": (200, "derived", "rollout.max_new_tokens_per_turn", 200),
     "data.seed": (5, "exact", "run.seed", 5),
-    "actor_rollout_ref.model.path": ("Qwen/Qwen3-0.6B", "derived", "student.model.hub_id", "Qwen/Qwen3-0.6B"),
+    "actor_rollout_ref.model.path": (
+        "Qwen/Qwen3-0.6B",
+        "derived",
+        "student.model.hub_id",
+        "Qwen/Qwen3-0.6B",
+    ),
     "actor_rollout_ref.model.enable_gradient_checkpointing": (True, "informational", None, None),
     "actor_rollout_ref.model.lora_rank": (8, "exact", "student.lora.r", 8),
     "actor_rollout_ref.model.lora_alpha": (16, "exact", "student.lora.alpha", 16),
-    "actor_rollout_ref.model.target_modules": (["q_proj"], "exact", "student.lora.target_modules", ["q_proj"]),
+    "actor_rollout_ref.model.target_modules": (
+        ["q_proj"],
+        "exact",
+        "student.lora.target_modules",
+        ["q_proj"],
+    ),
     "actor_rollout_ref.actor.optim.lr": (1e-5, "exact", "train.lr", 1e-5),
     "trainer.save_freq": (5, "exact", "train.save_every", 5),
     "trainer.test_freq": (3, "exact", "train.eval_every", 3),
@@ -45,7 +54,11 @@ CASES = {
     "distillation.distillation_loss.loss_max_clamp": (None, "exact", None, None),
     "distillation.distillation_loss.log_prob_min_clamp": (None, "exact", None, None),
     "distillation.teacher_models.teacher_model.model_path": (
-        "Qwen/Qwen3-1.7B", "derived", "teacher.model.hub_id", "Qwen/Qwen3-1.7B"),
+        "Qwen/Qwen3-1.7B",
+        "derived",
+        "teacher.model.hub_id",
+        "Qwen/Qwen3-1.7B",
+    ),
 }
 
 
@@ -104,14 +117,20 @@ def test_refused_family_names_the_field(key, value, family):
 
 
 def test_unknown_field_refused():
-    result = import_config({**BASE, "data.mystery": 1, "brand_new": {"x": 2}}, revision=REV, teacher_revision=TREV)
+    result = import_config(
+        {**BASE, "data.mystery": 1, "brand_new": {"x": 2}}, revision=REV, teacher_revision=TREV
+    )
     assert {f.field for f in result.refused} == {"data.mystery", "brand_new.x"}
     assert all("unknown field" in f.note for f in result.refused)
 
 
-@pytest.mark.parametrize("value", ["${oc.env:HOME}", "ckpt/${trainer.project_name}", "${oc.select:a.b, 1}"])
+@pytest.mark.parametrize(
+    "value", ["${oc.env:HOME}", "ckpt/${trainer.project_name}", "${oc.select:a.b, 1}"]
+)
 def test_interpolation_refused_even_in_whitelisted_field(value):
-    result = import_config({**BASE, "trainer.experiment_name": value}, revision=REV, teacher_revision=TREV)
+    result = import_config(
+        {**BASE, "trainer.experiment_name": value}, revision=REV, teacher_revision=TREV
+    )
     assert [f.field for f in result.refused] == ["trainer.experiment_name"]
     assert "interpolation" in result.refused[0].note
 
@@ -141,7 +160,9 @@ def test_hub_model_without_pinned_revision_fails():
 
 
 def test_lora_rank_zero_is_full_finetune():
-    result = import_config({**BASE, "actor_rollout_ref.model.lora_rank": 0}, revision=REV, teacher_revision=TREV)
+    result = import_config(
+        {**BASE, "actor_rollout_ref.model.lora_rank": 0}, revision=REV, teacher_revision=TREV
+    )
     assert result.recipe["student"]["lora"] is None
 
 
@@ -149,16 +170,28 @@ def test_import_writes_valid_recipe_and_report(tmp_path):
     from miniverl.common.recipe import load_recipe
 
     config = {
-        "actor_rollout_ref": {"model": {"path": "Qwen/Qwen3-0.6B", "lora_rank": 16, "lora_alpha": 32,
-                                        "target_modules": "all-linear"}, "actor": {"optim": {"lr": 2e-5}}},
+        "actor_rollout_ref": {
+            "model": {
+                "path": "Qwen/Qwen3-0.6B",
+                "lora_rank": 16,
+                "lora_alpha": 32,
+                "target_modules": "all-linear",
+            },
+            "actor": {"optim": {"lr": 2e-5}},
+        },
         "data": {"max_prompt_length": 512, "max_response_length": 256, "seed": 1},
         "trainer": {"experiment_name": "qwen opd", "save_freq": 10},
-        "distillation": {"enabled": True, "distillation_loss": {"topk": 32, "loss_mode": "forward_kl_topk"},
-                         "teacher_models": {"teacher_model": {"model_path": "Qwen/Qwen3-1.7B"}}},
+        "distillation": {
+            "enabled": True,
+            "distillation_loss": {"topk": 32, "loss_mode": "forward_kl_topk"},
+            "teacher_models": {"teacher_model": {"model_path": "Qwen/Qwen3-1.7B"}},
+        },
     }
     src = tmp_path / "verl.yaml"
     src.write_text(yaml.safe_dump(config))
-    report, report_path = import_verl(src, tmp_path / "out" / "recipe.yaml", revision=REV, teacher_revision=TREV)
+    report, report_path = import_verl(
+        src, tmp_path / "out" / "recipe.yaml", revision=REV, teacher_revision=TREV
+    )
     recipe = load_recipe(tmp_path / "out" / "recipe.yaml")
     assert recipe.student.lora.r == 16 and recipe.rollout.max_total_tokens == 768
     assert recipe.run.name == "qwen-opd" and recipe.loss.top_k == 32
@@ -174,8 +207,10 @@ def test_refused_import_writes_report_but_no_recipe(tmp_path):
     with pytest.raises(ConfigError) as info:
         import_verl(src, out, revision=REV, teacher_revision=TREV)
     lines = str(info.value).splitlines()[1:]
-    assert lines == ["critic.enable: critic: miniverl trains no value model",
-                     "data.odd: unknown field: not in the import whitelist"]
+    assert lines == [
+        "critic.enable: critic: miniverl trains no value model",
+        "data.odd: unknown field: not in the import whitelist",
+    ]
     assert not out.exists()
     report = json.loads((tmp_path / "import-report.json").read_text())
     assert report["ok"] is False and report["counts"]["refused"] == 2
@@ -187,7 +222,21 @@ def test_cli_refusal_exits_1_one_line_per_field(tmp_path):
 
     src = tmp_path / "verl.yaml"
     src.write_text(yaml.safe_dump({"critic": {"enable": True}, "ray_init": {"num_cpus": 2}}))
-    proc = subprocess.run([sys.executable, "-m", "miniverl.cli.app", "import-verl", str(src), "--out",
-                           str(tmp_path / "r.yaml")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "miniverl.cli.app",
+            "import-verl",
+            str(src),
+            "--out",
+            str(tmp_path / "r.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
-    assert "critic.enable: critic" in proc.stderr and "ray_init.num_cpus: Ray resources" in proc.stderr
+    assert (
+        "critic.enable: critic" in proc.stderr and "ray_init.num_cpus: Ray resources" in proc.stderr
+    )

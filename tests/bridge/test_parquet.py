@@ -8,7 +8,6 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from miniverl.bridge import parquet
 from miniverl.bridge.convert import convert_dataset
 from miniverl.common.errors import ConfigError, ProvenanceError
@@ -17,8 +16,11 @@ from miniverl.student.environments import make_tasks
 # Real tasks never hold lone surrogates (they cannot be encoded as UTF-8 at all).
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
 JSON_LEAF = st.none() | st.booleans() | st.integers(-(2**62), 2**62) | TEXT
-JSON = st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                    max_leaves=12)
+JSON = st.recursive(
+    JSON_LEAF,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
 TASKS = st.builds(
     dict,
     id=TEXT.filter(bool),
@@ -64,13 +66,19 @@ def test_mixed_environments_share_one_schema_and_every_tool_key(tmp_path):
     path = tmp_path / "mixed.parquet"
     parquet.write_verl_parquet(path, calc + nav, envs)
     table = pq.read_table(path)
-    assert table.schema.remove_metadata().equals(parquet.verl_schema(sorted(set(envs[0].tool_names + envs[2].tool_names))))
+    assert table.schema.remove_metadata().equals(
+        parquet.verl_schema(sorted(set(envs[0].tool_names + envs[2].tool_names)))
+    )
     for row in table.to_pylist():
         kwargs = row["extra_info"]["tools_kwargs"]
         assert set(kwargs) == set(envs[0].tool_names) | set(envs[2].tool_names)
         assert all(v is not None and v["create_kwargs"]["task_json"] for v in kwargs.values())
     assert [t["environment"] if False else e for t, e in parquet.read_verl_parquet(path)] == [
-        "calculator", "calculator", "jsonnav", "jsonnav"]
+        "calculator",
+        "calculator",
+        "jsonnav",
+        "jsonnav",
+    ]
 
 
 def test_verl_row_fields():
@@ -94,7 +102,9 @@ def test_edited_row_is_refused(tmp_path, field):
     elif field == "ground_truth":
         row["reward_model"]["ground_truth"] = "0"
     else:
-        row["extra_info"]["miniverl"]["task_json"] = row["extra_info"]["miniverl"]["task_json"].replace("{", "{ ", 1)
+        row["extra_info"]["miniverl"]["task_json"] = row["extra_info"]["miniverl"][
+            "task_json"
+        ].replace("{", "{ ", 1)
     with pytest.raises(ProvenanceError):
         parquet.row_to_task(row, "row 0")
 
@@ -130,6 +140,9 @@ def test_convert_dataset_refusals(tmp_path):
     with pytest.raises(ConfigError, match="--to"):
         convert_dataset(jsonl, tmp_path / "o.parquet", "hf")
     foreign = tmp_path / "foreign.parquet"
-    pq.write_table(__import__("pyarrow").table({"data_source": ["gsm8k"], "extra_info": [{"index": 0}]}), foreign)
+    pq.write_table(
+        __import__("pyarrow").table({"data_source": ["gsm8k"], "extra_info": [{"index": 0}]}),
+        foreign,
+    )
     with pytest.raises(ProvenanceError, match="extra_info.miniverl"):
         convert_dataset(foreign, tmp_path / "o.jsonl", "miniverl")

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from miniverl.bridge import parquet
 from miniverl.student.environments import make_tasks
 
@@ -32,8 +31,10 @@ def _rows(env_name, n=4):
 def _hermes(answer: str, special: bool) -> str:
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
     if special:
-        return (f"<think>\nlet me compute\n</think>\n{call}<|im_end|>\n<|im_start|>user\n<tool_response>\n2\n"
-                f"</tool_response><|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>")
+        return (
+            f"<think>\nlet me compute\n</think>\n{call}<|im_end|>\n<|im_start|>user\n<tool_response>\n2\n"
+            f"</tool_response><|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>"
+        )
     return f"{call}\nuser\n<tool_response>\n2\n</tool_response>\nassistant\n{answer}"
 
 
@@ -43,7 +44,9 @@ def test_ground_truth_scores_one(reward, env_name):
     for row in _rows(env_name):
         truth = row["reward_model"]["ground_truth"]
         for response in (truth, _hermes(truth, True), _hermes(truth, False)):
-            assert reward.compute_score(row["data_source"], response, truth, row["extra_info"]) == 1.0, response
+            assert (
+                reward.compute_score(row["data_source"], response, truth, row["extra_info"]) == 1.0
+            ), response
 
 
 def test_wrong_or_unfinished_answer_scores_zero(reward):
@@ -69,12 +72,21 @@ def test_tampered_task_json_scores_zero(reward):
 
 @settings(max_examples=200, deadline=None)
 @given(
-    data_source=st.one_of(st.none(), st.integers(), st.text(max_size=30), st.just("miniverl/calculator"),
-                          st.just("miniverl/nope")),
+    data_source=st.one_of(
+        st.none(),
+        st.integers(),
+        st.text(max_size=30),
+        st.just("miniverl/calculator"),
+        st.just("miniverl/nope"),
+    ),
     solution=st.one_of(st.none(), st.integers(), st.binary(max_size=50), st.text(max_size=300)),
     truth=st.one_of(st.none(), st.text(max_size=20), st.floats()),
-    extra=st.one_of(st.none(), st.text(max_size=20), st.dictionaries(st.text(max_size=10), st.text(max_size=10)),
-                    st.just({"miniverl": {"task_json": "{", "task_sha256": "x"}})),
+    extra=st.one_of(
+        st.none(),
+        st.text(max_size=20),
+        st.dictionaries(st.text(max_size=10), st.text(max_size=10)),
+        st.just({"miniverl": {"task_json": "{", "task_sha256": "x"}}),
+    ),
 )
 def test_garbage_never_raises(reward, data_source, solution, truth, extra):
     score = reward.compute_score(data_source, solution, truth, extra)
