@@ -2,7 +2,9 @@
 
 :class:`RolloutRunner` plays up to ``rollout.batch_size`` episodes at once. Each
 round, every active episode needs one assistant turn: their sequences are left-padded
-into one batch, prefilled once, then decoded token by token over a KV cache; an
+into one batch (the system block every episode shares is prefilled once per ``run``
+and its KV reused by every row and turn), prefilled, then decoded token by token over
+a KV cache; an
 episode leaves the batch (its cache rows are dropped) as soon as it samples
 ``<|im_end|>`` or reaches its token budget. Then each episode's tool calls run in its
 own environment instance, the results are rendered by the chat template as context
@@ -19,6 +21,7 @@ trajectory out as soon as its episode ends (the trainer's pipelined-scoring hook
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,7 +30,13 @@ from typing import Any
 
 import torch
 from miniverl.common.errors import ConfigError
-from miniverl.common.trajectory import StopReason, ToolCallStats, Trajectory, VerifierResult
+from miniverl.common.trajectory import (
+    SpanType,
+    StopReason,
+    ToolCallStats,
+    Trajectory,
+    VerifierResult,
+)
 from miniverl.student.chat import EpisodeBuilder, parse_error_result
 from miniverl.student.environments import get_environment
 
@@ -131,6 +140,7 @@ class RolloutRunner:
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._prefix: tuple[list[int], Any] | None = None
 
     # -- public --------------------------------------------------------------------
 
@@ -159,6 +169,7 @@ class RolloutRunner:
         active: dict[int, _Episode] = {}
         was_training = self.model.training
         self.model.eval()
+        self._prefix = None  # weights may have changed since the last run
         try:
             while waiting or active:
                 while waiting and len(active) < self.batch_size:
@@ -269,6 +280,25 @@ class RolloutRunner:
     # -- the hot path: one assistant turn for a batch of episodes --------------------
 
     @torch.inference_mode()
+    def _shared_prefix(self, episodes: list[_Episode]) -> tuple[int, Any]:
+        """(length, KV cache) of the system span all ``episodes`` share, or (0, None)."""
+        first = episodes[0].builder
+        if not first.spans or first.spans[0].type != SpanType.SYSTEM:
+            return 0, None
+        prefix = first.tokens[: first.spans[0].end]
+        P = len(prefix)
+        for ep in episodes:
+            toks = ep.builder.tokens
+            if len(toks) <= P or toks[:P] != prefix:
+                return 0, None
+        if self._prefix is None or self._prefix[0] != prefix:
+            ids_1_P = torch.tensor([prefix], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids_1_P, use_cache=True, logits_to_keep=1)
+            self._prefix = (prefix, _output_cache(out))
+        return P, self._prefix[1]
+
+
+    @torch.inference_mode()
     def _generate(self, episodes: list[_Episode], *, greedy: bool) -> list[list[int]]:
         B = len(episodes)
         prompts = [ep.builder.tokens for ep in episodes]
@@ -276,21 +306,34 @@ class RolloutRunner:
         stop_ids = torch.tensor(
             [] if self.ignore_stop else sorted(episodes[0].builder.stop_ids), device=self.device
         )
-        L = max(len(p) for p in prompts)
+        # Every episode of an environment opens with the same system block; its KV is
+        # computed once per run() and reused by every row and turn (prefix caching).
+        P, prefix_cache = self._shared_prefix(episodes)
+        L = max(len(p) for p in prompts) - P
         input_ids_B_L = torch.full((B, L), self.pad_id, dtype=torch.long)
-        mask_B_L = torch.zeros((B, L), dtype=torch.long)
+        mask_B_L = torch.zeros((B, P + L), dtype=torch.long)
+        mask_B_L[:, :P] = 1
         for b, p in enumerate(prompts):
-            input_ids_B_L[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask_B_L[b, L - len(p) :] = 1
+            rest = p[P:]
+            input_ids_B_L[b, L - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            mask_B_L[b, P + L - len(rest) :] = 1
         input_ids_B_L = input_ids_B_L.to(self.device)
         mask_B_L = mask_B_L.to(self.device)
-        pos_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)
+        # Padding sits between the shared prefix and each row's own tokens; the
+        # position ids skip it, so every token keeps the position it has unpadded.
+        pos_B_L = (mask_B_L.cumsum(-1) - 1).clamp(min=0)[:, P:]
+        kwargs: dict[str, Any] = {}
+        if prefix_cache is not None:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(B)
+            kwargs[self._cache_kwarg] = cache
         out = self.model(
             input_ids=input_ids_B_L,
             attention_mask=mask_B_L,
             position_ids=pos_B_L,
             use_cache=True,
             logits_to_keep=1,
+            **kwargs,
         )
         cache = _output_cache(out)
         logits_B_V = out.logits[:, -1, :]
