@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -106,16 +108,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def median_time(fn, reps: int, *args, **kwargs):
-    """Median wall time of ``fn(*args, **kwargs)`` over ``reps`` runs after a warm-up,
-    and the last result."""
-    result = fn(*args, **kwargs)
-    times = []
+def interleaved_times(calls: dict, reps: int) -> tuple[dict, dict]:
+    """Median wall time per call over ``reps`` rounds after a warm-up round; the calls
+    take turns within each round, so load drift on a shared machine hits all alike."""
+    results = {name: fn() for name, fn in calls.items()}
+    samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        result = fn(*args, **kwargs)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            results[name] = fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in samples.items()}, results
 
 
 def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
@@ -159,9 +162,16 @@ def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
                     )
                     print(f"{label:>10} V={vocab:<6} P={n_pos:<5} {kind:<5} skipped (--full)")
                     continue
-                local, _ = median_time(
-                    score_positions, args.reps, loaded.model, tokens, cu, pos, kind, K, 1.0, 2**20
-                )
+                calls = {
+                    "in_process": functools.partial(
+                        score_positions, loaded.model, tokens, cu, pos, kind, K, 1.0, 2**20
+                    )
+                }
+                for name, client in clients.items():
+                    calls[name] = functools.partial(client.score, tokens, cu, pos, kind=kind, k=K)
+                before = {name: c.counters["bytes_received"] for name, c in clients.items()}
+                times, results = interleaved_times(calls, args.reps)
+                local = times["in_process"]
                 row = {
                     "model": label,
                     "vocab": vocab,
@@ -171,14 +181,10 @@ def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
                     "in_process_s": round(local, 5),
                 }
                 for name, client in clients.items():
-                    before = client.counters["bytes_received"]
-                    wire, result = median_time(
-                        client.score, args.reps, tokens, cu, pos, kind=kind, k=K
-                    )
-                    received = (client.counters["bytes_received"] - before) / (args.reps + 1)
-                    array_bytes = sum(a.nbytes for a in result.arrays.values())
-                    row[f"{name}_s"] = round(wire, 5)
-                    row[f"{name}_ratio"] = round(wire / local, 4)
+                    received = (client.counters["bytes_received"] - before[name]) / (args.reps + 1)
+                    array_bytes = sum(a.nbytes for a in results[name].arrays.values())
+                    row[f"{name}_s"] = round(times[name], 5)
+                    row[f"{name}_ratio"] = round(times[name] / local, 4)
                     row["array_bytes_per_position"] = array_bytes / n_pos
                     row[f"{name}_wire_bytes_per_position"] = round(received / n_pos, 2)
                 rows.append(row)
@@ -206,6 +212,10 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="Include 2.5 GB exact replies.")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    # Before torch loads: the server's worker thread takes its OpenMP thread count from
+    # the environment (torch.set_num_threads only reaches the calling thread).
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
 
     import torch
     from miniverl.common.recipe import ToySpec

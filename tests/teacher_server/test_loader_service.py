@@ -136,3 +136,15 @@ def test_json_lines_log(tmp_path):
     assert lines[0]["field_event"] == "clash" and lines[0]["level"] == "info" and "ts" in lines[0]
     with pytest.raises(ConfigError):
         JsonLog(level="loud")
+
+
+def test_cli_serve_needs_exactly_one_source():
+    from miniverl.cli.app import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["teacher", "serve"])
+    assert isinstance(result.exception, ConfigError) and "exactly one" in str(result.exception)
+    result = CliRunner().invoke(
+        app, ["teacher", "reload", "tcp://127.0.0.1:1", "--model", "m", "--mode", "later"]
+    )
+    assert isinstance(result.exception, ConfigError) and "drain or abort" in str(result.exception)
