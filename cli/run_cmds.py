@@ -81,7 +81,23 @@ def register(app: typer.Typer) -> None:
 
 
 def register_up(app: typer.Typer) -> None:
-    """``up``, ``status``, ``stop``: the two-process run and its control socket."""
+    """``demo``, ``up``, ``status``, ``stop``: the two-process run and its control socket."""
+
+    @app.command()
+    def demo(
+        output: Path = typer.Option(Path("miniverl-demo"), "--output", help="Output folder."),
+    ) -> None:
+        """Build toy models, prepare a teacher, run strict OPD with `up`; print a summary."""
+        from miniverl.cli.demo import demo as run_demo
+        from miniverl.cli.demo import summary_lines
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        code, run_dir, summary, wall = run_demo(output, console=console)
+        for line in summary_lines(run_dir, summary, wall):
+            typer.echo(line)
+        if code:
+            raise typer.Exit(code)
 
     @app.command()
     def up(

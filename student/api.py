@@ -75,7 +75,8 @@ def eval_run(run_path: str | Path, *, split: str | None = None,
     """Evaluate a run's latest (or a named) checkpoint on a split; returns the summary."""
     import torch
     from miniverl.common.errors import ConfigError
-    from miniverl.student.checkpoint import latest_checkpoint, load_checkpoint
+    from miniverl.student.checkpoint import latest as latest_checkpoint
+    from miniverl.student.checkpoint import load as load_checkpoint
     from miniverl.student.eval import evaluate
     from miniverl.student.policy import load_policy
 

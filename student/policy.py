@@ -49,6 +49,9 @@ class Policy:
 
 def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
     """Load the student named by ``recipe.student``, ready to train."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress view per run: ours
     cfg = recipe.student
     model_dir = resolve_model_dir(cfg.model, offline=offline)
     tokenizer = load_tokenizer(model_dir)

@@ -100,7 +100,11 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
                      checkpoints=False) as trainer:
             result = trainer.train()
             out = work / "model"
-            trainer.policy.model.save_pretrained(out)
+            model = trainer.policy.model
+            if hasattr(model, "merge_and_unload"):
+                # A LoRA-trained teacher is served as plain weights: merge the adapter.
+                model = model.merge_and_unload()
+            model.save_pretrained(out)
             trainer.policy.tokenizer.save_pretrained(out)
         record = {
             "prep_recipe": str(prep_path),

@@ -185,6 +185,7 @@ class Trainer:
         self.memory = "resident"
         self.cache = self._open_cache()
         self.replay_buffer: list[Scored] = []
+        self._oracle_cache: dict[str, Trajectory] = {}
         self.fixed_set: list[Trajectory] = []
 
     def _connect_teacher(self) -> None:
@@ -384,9 +385,13 @@ class Trainer:
     def _oracle_batch(self, cycle: int) -> list[Trajectory]:
         env = self.recipe.environment
         tasks = self._tasks_for(cycle, self.recipe.train.rollouts_per_cycle)
-        return oracle_trajectories(
-            env.name, tasks, self.policy.tokenizer, self.policy.tokenizer_fp, env.params
-        )
+        # Oracle traces are a pure function of the task: render each one once per run.
+        missing = [t for t in tasks if t.id not in self._oracle_cache]
+        for task, traj in zip(missing, oracle_trajectories(
+            env.name, missing, self.policy.tokenizer, self.policy.tokenizer_fp, env.params
+        ), strict=True):
+            self._oracle_cache[task.id] = traj
+        return [self._oracle_cache[t.id] for t in tasks]
 
     def _sft(self, trajs: list[Trajectory]) -> StepStats:
         stats = sft_step(
@@ -448,6 +453,11 @@ class Trainer:
             for traj in trajs:
                 submit(traj)
         scored = link.collect()
+        # Episodes finish (and are submitted) in any order; train in task order so a
+        # pipelined update sums its loss exactly like a serial one and replay draws the
+        # same rollouts from its buffer.
+        rank = {id(traj): i for i, traj in enumerate(trajs)}
+        scored.sort(key=lambda s: rank[id(s.traj)])
         if self.memory == "swap":
             # The update runs with the teacher's weights off the device (DESIGN §4).
             self.client.park()
@@ -525,7 +535,8 @@ class Trainer:
             "step": self.step,
             "version": self.version,
             "cycle": self.cycle,
-            "mode": phase or self.recipe.run.mode,
+            "mode": self.recipe.run.mode,
+            "phase": phase or "train",
             "on_policy": self.recipe.on_policy and phase is None,
             "loss": stats.loss,
             "divergence": stats.divergence,
@@ -543,8 +554,9 @@ class Trainer:
             "bytes_received": counters.get("bytes_received", 0),
             "lr": stats.lr,
             "grad_norm": stats.grad_norm,
+            # Success of the student's own rollouts; oracle batches (SFT) have none.
             "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
-                              if trajs else None),
+                              if trajs and trajs[0].source == "rollout" else None),
             "wall_s": self._wall(),
         }
         self.last_metrics = row
