@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -96,6 +97,9 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        # Other jobs on a shared machine slow batch 1 and batch 32 alike; record it.
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "rows": rows,
         "target": "batch 32 episodes/s >= 8x batch 1",
     }
