@@ -113,6 +113,14 @@ class Trainer:
         self.cycle = 0
         self.started = time.perf_counter()
         self.last_metrics: dict[str, Any] = {}
+        train = recipe.train
+        if recipe.run.mode == "replay" and train.updates_per_batch - 1 > train.max_lag:
+            raise ConfigError(
+                f"train.updates_per_batch {train.updates_per_batch} with max_lag "
+                f"{train.max_lag}: the last update of a batch would train on targets "
+                f"{train.updates_per_batch - 1} versions old; raise max_lag to at least "
+                f"{train.updates_per_batch - 1} or lower updates_per_batch"
+            )
         if recipe.needs_teacher and client is None and self.endpoint is None:
             raise ConfigError(
                 f"mode {recipe.run.mode!r} needs a teacher: pass --teacher ENDPOINT, set "
@@ -364,6 +372,9 @@ class Trainer:
         t1 = time.perf_counter()
         stats = None
         for _ in range(self.recipe.train.updates_per_batch):
+            # Each update advances the version, so replay re-checks the lag per update:
+            # a target max_lag old at the first update is too old at the second.
+            scored = [s for s in scored if self.version - s.student_version <= lag]
             stats = self._distill(scored)
         self._log(stats, trajs, t_rollout, t_wait, time.perf_counter() - t1, scored=scored)
 
