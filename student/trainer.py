@@ -511,18 +511,46 @@ class Trainer:
                 env.name, self.train_tasks, self.policy.tokenizer, self.policy.tokenizer_fp,
                 env.params,
             )
+        reused = self._cached_fixed_targets()
         link = self.link
         # The fixed set was sampled by another policy; its targets are bound to the
         # version that sampled it (0 for oracle traces), never to the student's.
         link.begin_update(0, 0)
         for traj in self.fixed_set:
-            link.submit(traj, self._positions(traj))
-        scored = link.collect()
-        self._cache_put(scored)
-        self.fixed_scored = scored
+            if traj.id not in reused:
+                link.submit(traj, self._positions(traj))
+        fresh = {s.traj.id: s for s in link.collect()}
+        self._cache_put(list(fresh.values()))
+        self.fixed_scored = [reused.get(t.id) or fresh[t.id] for t in self.fixed_set]
+        scored = list(fresh.values())
         write_trajectories(self.run.trajectories_path, self.fixed_set, append=True)
         self.run.event("offline_targets_scored", trajectories=len(scored),
+                       reused_from_cache=len(reused),
                        positions=int(sum(len(s.positions_P) for s in scored)))
+
+    def _cached_fixed_targets(self) -> dict[str, Scored]:
+        """offline_kd: targets this teacher already produced for the fixed set (a resume)."""
+        if self.cache is None:
+            return {}
+        name = str(self.teacher.get("name"))
+        by_traj: dict[str, Any] = {}
+        entries = self.cache.keys()
+        for key in entries:
+            if key.teacher == name and (key.trajectory_id not in by_traj
+                                        or key > by_traj[key.trajectory_id]):
+                by_traj[key.trajectory_id] = key
+        out: dict[str, Scored] = {}
+        for traj in self.fixed_set:
+            key = by_traj.get(traj.id)
+            if key is None:
+                continue
+            arrays = dict(self.cache.get(key))
+            positions = arrays.pop("positions", None)
+            if positions is None:
+                continue
+            out[traj.id] = Scored(traj, np.asarray(positions), arrays, key.student_version,
+                                  {**self.teacher, "instance": key.instance, "gen": key.gen})
+        return out
 
     def _fixed_batch(self, cycle: int) -> list[Scored]:
         n = min(self.recipe.train.rollouts_per_cycle, len(self.fixed_scored))
