@@ -37,20 +37,19 @@ TOOLS = [
 ]
 
 
+_TOK = toy.build_toy_tokenizer()
+
+
 @pytest.fixture(scope="module")
 def tok():
-    return toy.build_toy_tokenizer()
+    return _TOK
 
 
 # Users rely on exact decoding: sampled ids are shown and verified as text.
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_decode_encode_roundtrip_any_string(s):
-    tok = _TOK
-    assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
-
-
-_TOK = toy.build_toy_tokenizer()
+    assert _TOK.decode(_TOK.encode(s, add_special_tokens=False)) == s
 
 
 def test_printable_ascii_is_one_token_per_char(tok):
