@@ -660,6 +660,53 @@ class Trainer:
         self.step, self.version = state.step, state.version
         self.cycle = int(state.data_cursor.get("cycle", 0))
         self.run.event("resumed", checkpoint=str(path), version=self.version, step=self.step)
+        if self.recipe.run.mode == "replay":
+            self._restore_replay_buffer()
+
+    def _restore_replay_buffer(self) -> None:
+        """replay: rebuild the checkpointed buffer from trajectories.jsonl and the cache.
+
+        Without it a resumed replay run would draw from an empty buffer and drift from
+        the uninterrupted run. Rollouts younger than ``max_lag`` versions and older than
+        the checkpoint are reloaded in the order they were sampled; their targets come
+        from the targets cache (a rollout whose targets are missing is left out, counted).
+        """
+        from miniverl.common.errors import StaleTargetError
+        from miniverl.student.teacher_link import _empty_arrays
+
+        path = self.run.trajectories_path
+        if not Path(path).is_file():
+            return
+        floor = self.version - self.recipe.train.max_lag
+        seen: set[str] = set()
+        missing = 0
+        for traj in read_trajectories(path):
+            if not floor <= traj.policy_version < self.version or traj.id in seen:
+                continue
+            seen.add(traj.id)
+            positions = self._positions(traj).astype(np.int32)
+            if len(positions) == 0:
+                arrays = _empty_arrays(self.kind, self.recipe.loss.top_k)
+                self.replay_buffer.append(Scored(traj, positions, arrays, traj.policy_version, {}))
+                continue
+            hit = None
+            if self.cache is not None:
+                try:
+                    hit = self.cache.lookup(traj.id, student_version=traj.policy_version)
+                except StaleTargetError:
+                    hit = None
+            if hit is None:
+                missing += 1
+                continue
+            key, arrays = hit
+            arrays = dict(arrays)
+            cached_positions = arrays.pop("positions").astype(np.int32)
+            teacher = {"name": key.teacher, "instance": key.instance, "gen": key.gen}
+            self.replay_buffer.append(
+                Scored(traj, cached_positions, arrays, key.student_version, teacher)
+            )
+        self.run.event("replay_buffer_restored", trajectories=len(self.replay_buffer),
+                       missing=missing, version=self.version)
 
     def _apply_retarget(self) -> None:
         endpoint, self.pending_retarget = self.pending_retarget, None
