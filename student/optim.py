@@ -14,9 +14,21 @@ from miniverl.common.errors import MissingExtraError
 from miniverl.common.recipe import Recipe
 
 
+def planned_cycles(recipe: Recipe) -> int:
+    """Cycles the run makes: ``train.cycles``, or, in sft mode with ``sft_epochs`` set,
+    enough cycles of ``rollouts_per_cycle`` oracle traces to pass over the training
+    tasks ``sft_epochs`` times."""
+    train = recipe.train
+    if recipe.run.mode == "sft" and train.sft_epochs is not None:
+        tasks = recipe.environment.train_tasks
+        return math.ceil(train.sft_epochs * tasks / train.rollouts_per_cycle)
+    return train.cycles
+
+
 def total_optimizer_steps(recipe: Recipe) -> int:
     """SFT warm-up steps plus ``updates_per_batch`` steps per cycle."""
-    return recipe.train.sft_warmup_steps + recipe.train.cycles * recipe.train.updates_per_batch
+    train = recipe.train
+    return train.sft_warmup_steps + planned_cycles(recipe) * train.updates_per_batch
 
 
 def build_optimizer(recipe: Recipe, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -40,7 +40,12 @@ from miniverl.common.runtime import apply_cpu_threads
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.environments import make_tasks
 from miniverl.student.eval import EvalSummary, evaluate
-from miniverl.student.optim import build_optimizer, build_scheduler, total_optimizer_steps
+from miniverl.student.optim import (
+    build_optimizer,
+    build_scheduler,
+    planned_cycles,
+    total_optimizer_steps,
+)
 from miniverl.student.oracle import oracle_trajectories
 from miniverl.student.policy import Policy, load_policy
 from miniverl.student.rollout import RolloutRunner
@@ -322,7 +327,7 @@ class Trainer:
                 progress.update(self.step, self.last_metrics)
             if recipe.run.mode == "offline_kd" and not self.fixed_set:
                 self._prepare_fixed_set()
-            while self.cycle < train.cycles:
+            while self.cycle < planned_cycles(recipe):
                 if self.stop_event.is_set():
                     return "interrupted"
                 if train.max_wall_s is not None and self._wall() > train.max_wall_s:
