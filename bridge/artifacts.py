@@ -153,7 +153,7 @@ def base_identity(model, dest: str = "base-model") -> dict:
     }
 
 
-def _copy_files(src: Path, dst: Path, names) -> dict[str, str]:
+def copy_files(src: Path, dst: Path, names) -> dict[str, str]:
     dst.mkdir(parents=True, exist_ok=True)
     digests = {}
     for name in names:
@@ -194,7 +194,7 @@ def write_full_model_files(ckpt: Checkpoint, out: Path) -> None:
         if n in MODEL_CONFIG_FILES
         or (n.startswith("model") and n.endswith((".safetensors", ".json")))
     ]
-    _copy_files(ckpt.weights_dir, out, keep)
+    copy_files(ckpt.weights_dir, out, keep)
 
 
 def lora_shape(adapter_config: dict) -> dict:
@@ -227,7 +227,7 @@ def export_adapter(run: Path, out: Path) -> dict:
         else:
             write_full_model_files(ckpt, tmp)
             shape = None
-        tok_files = _copy_files(tokenizer_source(run, ckpt, recipe), tmp, TOKENIZER_FILES)
+        tok_files = copy_files(tokenizer_source(run, ckpt, recipe), tmp, TOKENIZER_FILES)
         if "tokenizer.json" not in tok_files:
             raise ProvenanceError(
                 f"tokenizer of {run.name} has no tokenizer.json; cannot export it"

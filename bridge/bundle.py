@@ -290,7 +290,7 @@ def export_verl(run: Path, out: Path) -> dict:
             artifacts.write_full_model_files(ckpt, tmp / "model" / "full")
             lora = None
         tok_dir = tmp / files["tokenizer_dir"]
-        artifacts._copy_files(
+        artifacts.copy_files(
             artifacts.tokenizer_source(run, ckpt, recipe), tok_dir, artifacts.TOKENIZER_FILES
         )
         from miniverl.common.tokenizer_id import tokenizer_fingerprint

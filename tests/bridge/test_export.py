@@ -180,3 +180,23 @@ def test_doctor_cli_json_and_exit_code(toy_bundle, tmp_path):
     failed = runner.invoke(app, ["bridge", "doctor", str(bad)])
     assert failed.exit_code == 1
     assert "FAILED" in failed.output
+
+
+def test_full_finetune_run_exports_hf_model_dir(toy_run, tmp_path):
+    # student.lora: null -> the export is a plain Hugging Face model directory.
+    from miniverl.bridge.artifacts import export_adapter
+    from miniverl.common.modeling import resolve_model_dir
+    from miniverl.common.recipe import Recipe
+    from miniverl.common.rundir import RunDir
+
+    from tests.bridge.conftest import RECIPE
+
+    recipe = Recipe.model_validate({**RECIPE, "student": {**RECIPE["student"], "lora": None}})
+    run = RunDir.create(tmp_path / "runs", recipe, run_id="full-run")
+    base = resolve_model_dir(recipe.student.model)
+    shutil.copytree(base, run.checkpoints_dir / "step_1" / "model")
+    summary = export_adapter(run.path, tmp_path / "out")
+    assert summary["kind"] == "full" and summary["lora"] is None
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert not any(n.startswith("adapter_") for n in names)
