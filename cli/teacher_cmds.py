@@ -1,11 +1,12 @@
-"""``miniverl teacher serve|status|reload|shutdown``: run and steer a teacher process.
+"""``miniverl teacher serve|status|reload|shutdown|use``: run and steer a teacher process.
 
 ``serve`` runs the teacher in the foreground (the same code as ``python -m
 miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits). ``status``,
 ``reload`` and ``shutdown`` are admin requests over ``mvl-score/1`` to a running
 teacher; they need no tokenizer and no torch. Each command is one library call; the
 library raises ``MiniverlError`` for expected failures and ``cli/app.py`` prints them
-as one line. Other modules may add commands to :data:`teacher_app`.
+as one line. ``use`` asks a running student (by its run directory) to switch
+teachers over its control socket. Other modules may add commands to :data:`teacher_app`.
 """
 
 from __future__ import annotations
@@ -192,6 +193,23 @@ def shutdown(
         client.close()
     typer.echo(f"{endpoint}: shut down ({mode})")
 
+
+@teacher_app.command("use")
+def use(
+    run: str = typer.Argument(..., help="Run directory of a running student (`miniverl up`)."),
+    endpoint: str = ENDPOINT_ARG,
+    timeout: float = typer.Option(5.0, "--timeout", min=0.1, help="Seconds to wait for the student."),
+) -> None:
+    """Switch a running student to another teacher at its next update boundary (RETARGET)."""
+    from miniverl.protocol.control import RetargetRequest, control_endpoint, control_request, new_id
+
+    reply = control_request(
+        control_endpoint(run), RetargetRequest(id=new_id(), endpoint=endpoint), timeout_s=timeout
+    )
+    typer.echo(
+        f"retarget to {reply.endpoint} accepted; it takes effect at the {reply.takes_effect} "
+        "(events.jsonl records teacher_changed, or teacher_swap_refused with the reason)"
+    )
 
 def register(app: typer.Typer) -> None:
     """Add the ``teacher`` command group to ``app``."""
