@@ -4,6 +4,7 @@ A checkpoint is a directory ``checkpoints/step_<N>/``::
 
     model.safetensors            full state dict (full fine-tune), or
     adapter_model.safetensors    the PEFT adapter only (+ adapter_config.json)
+    config.json                  full fine-tunes: the model config, so the folder loads as an HF model
     optimizer.json / .safetensors
     scheduler.json / .safetensors
     rng.json / rng.safetensors   python ``random``, numpy, torch CPU (+ CUDA) states
@@ -182,6 +183,11 @@ def _save_weights(directory: Path, model: torch.nn.Module) -> str:
         model.peft_config[adapter_name].save_pretrained(str(directory))
         return "adapter"
     save_file(_unshared(model.state_dict()), str(directory / MODEL_FILE), metadata={"format": "pt"})
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_file"):
+        # config.json beside model.safetensors makes a full checkpoint an ordinary HF
+        # model directory (export-adapter / export-verl copy it as is).
+        config.to_json_file(str(directory / "config.json"))
     return "full"
 
 
