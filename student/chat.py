@@ -160,7 +160,7 @@ class EpisodeBuilder:
         self.rerender_mismatches = 0
 
         full = self.render(self.messages, add_generation_prompt=True)
-        head = self.render(self.messages[:1], add_generation_prompt=False) if system else ""
+        head = self._render_system_only() if system else ""
         if head and full.startswith(head) and head.endswith("\n"):
             self._append(SpanType.SYSTEM, _encode(tokenizer, head))
             self._append(SpanType.USER, _encode(tokenizer, full[len(head) :]))
@@ -176,6 +176,14 @@ class EpisodeBuilder:
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
+
+    def _render_system_only(self) -> str:
+        # Some templates refuse a conversation without a user turn; then the whole
+        # opening context is one user span, which is still context.
+        try:
+            return self.render(self.messages[:1], add_generation_prompt=False)
+        except Exception:
+            return ""
 
     def _append(self, span_type: SpanType, ids: list[int]) -> None:
         if not ids:
