@@ -59,6 +59,10 @@ class TeacherLink:
     k: int
     temperature: float
     on_teacher_changed: Callable[[dict, int, str], None] | None = None
+    # The teacher's view of a trajectory: (traj, positions_P) -> (tokens_N, positions_P)
+    # it sends instead (teacher.mode: privileged_context, student/privileged.py). Reply
+    # rows follow the request's positions, so they stay aligned with positions_P.
+    view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
     version: int = 0
     binding: tuple[str, int] | None = None
     wait_s: float = 0.0
@@ -84,9 +88,12 @@ class TeacherLink:
             job.request_id = None
             return
         tokens_N = np.asarray(job.traj.tokens, dtype=np.int32)
+        positions_P = job.positions_P
+        if self.view is not None:
+            tokens_N, positions_P = self.view(job.traj, job.positions_P)
         cu_seqlens = np.array([0, len(tokens_N)], dtype=np.int32)
         job.request_id = self.client.submit(
-            tokens_N, cu_seqlens, job.positions_P, kind=self.kind, k=self.k,
+            tokens_N, cu_seqlens, positions_P, kind=self.kind, k=self.k,
             temperature=self.temperature,
         )
 
