@@ -226,17 +226,18 @@ class EpisodeBuilder:
         body = ids[:-1] if complete else ids
         text = self.tokenizer.decode(body, skip_special_tokens=False)
         content, calls = parse_tool_calls(text)
-        if self.tool_call_id in ids:
+        if calls and self.tool_call_id in ids:
             cut = ids.index(self.tool_call_id)
             self._append(SpanType.ASSISTANT_TEXT, ids[:cut])
             self._append(SpanType.ASSISTANT_TOOL_CALL, ids[cut:])
+        elif calls:
+            # "<tool_call>" spelled out in ordinary tokens: still a call turn.
+            self._append(SpanType.ASSISTANT_TOOL_CALL, ids)
         elif complete:
             self._append(SpanType.ASSISTANT_FINAL, ids)
         else:
             # Cut by a length limit without a call: model text, but not a final answer.
             self._append(SpanType.ASSISTANT_TEXT, ids)
-        if not calls and TOOL_CALL_START in text:
-            calls = [ParsedCall(None, None, "the <tool_call> block is not closed")]
         message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
         good = [c for c in calls if c.error is None]
         if good:

@@ -128,3 +128,16 @@ def test_several_calls_in_one_turn_share_one_tool_block(tok):
     b.add_tool_results(["1", "2"])
     assert _text(tok, b, b.spans[-1]).count("<tool_response>") == 2
     assert _text(tok, b, b.spans[-1]).count("<|im_start|>user") == 1
+
+
+def test_a_call_spelled_in_ordinary_tokens_is_still_a_call_turn(tok):
+    b = EpisodeBuilder(tok, "", "Hi", TOOLS)
+    ids = tok.encode("<tool_call", add_special_tokens=False) + tok.encode(
+        '>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call><|im_end|>',
+        add_special_tokens=False,
+    )
+    assert tok.convert_tokens_to_ids("<tool_call>") not in ids
+    turn = b.add_model_turn(ids)
+    assert turn.calls[0].name == "calculator" and not turn.is_final
+    assert b.spans[-1].type == SpanType.ASSISTANT_TOOL_CALL
+    assert b.tokens[b.spans[-1].start :] == ids
