@@ -1,0 +1,372 @@
+"""``miniverl up`` end to end: real supervisor, student and teacher processes over ipc.
+
+What a user relies on, one test each: a run completes with every artifact; a teacher
+killed with SIGKILL is restarted and the run completes; ``teacher reload``, a retarget
+(``miniverl teacher use``) and a refused retarget (another tokenizer) happen while
+training continues; ``miniverl stop`` then ``up --resume`` gives bit-identical final
+weights to an uninterrupted run; two students share one ``miniverl teacher serve``;
+Ctrl-C exits 130, leaves a checkpoint and no process behind.
+
+Models are 32 wide and 2 layers; a cycle is one rollout of at most 8 new tokens, so
+process start-up dominates. Sockets live under a short ``/tmp/mvl*`` folder because
+ipc paths are limited to 107 bytes. Every ``up`` runs as a subprocess; the control
+commands (``stop``, ``status``, ``teacher use``, ``teacher reload``) run in this
+process through typer's runner, which spares an interpreter start per command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+TOY = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64}
+STUDENT = {**TOY, "seed": 0}
+TEACHER = {**TOY, "seed": 1}
+OTHER = {**TOY, "seed": 2}  # same tokenizer, other weights: the in-place reload target
+UP = [sys.executable, "-c", "from miniverl.cli.app import main; main()"]
+WAIT_S = 240.0  # generous: the CI machine is small and often shared
+
+
+def recipe(name: str, *, cycles: int, output_dir: Path) -> dict[str, Any]:
+    """A tiny strict-OPD recipe; one rollout per cycle keeps teacher scoring unbatched,
+    so two runs of it are bit-identical."""
+    return {
+        "schema_version": 1,
+        "run": {"name": name, "mode": "opd", "seed": 0, "output_dir": str(output_dir),
+                "deterministic": True},
+        "student": {"model": {"toy": STUDENT}, "dtype": "float32", "device": "cpu",
+                    "lora": None},
+        "teacher": {"model": {"toy": TEACHER}, "dtype": "float32", "device": "cpu",
+                    "memory": "resident"},
+        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 16,
+                        "eval_tasks": 2, "test_tasks": 2, "split_seed": 0},
+        "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 8, "max_total_tokens": 512,
+                    "temperature": 1.0, "top_p": 1.0, "batch_size": 1},
+        "loss": {"objective": "bucketed_topk_tail", "divergence": "forward_kl", "top_k": 4},
+        "train": {"cycles": cycles, "rollouts_per_cycle": 1, "lr": 1.0e-3, "eval_every": 0,
+                  "save_every": 0},
+        "runtime": {"cpu_threads": 1, "heartbeat_ms": 200, "request_timeout_s": 60,
+                    "unavailable_timeout_s": 180, "teacher_startup_timeout_s": 180},
+    }
+
+
+# -- fixtures --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def work():
+    """A short folder for runs, recipes and sockets (ipc paths must fit 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="mvl", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def models(work):
+    """Build the toy models once, before any process races to build them."""
+    from miniverl.common.recipe import ToySpec
+    from miniverl.common.toy import toy_model_dir
+
+    dirs = {name: toy_model_dir(ToySpec(**spec))
+            for name, spec in (("student", STUDENT), ("teacher", TEACHER), ("other", OTHER))}
+    # Another tokenizer: the same files with one more comment in the chat template,
+    # so the tokenizer fingerprint differs and every swap to it must be refused.
+    alien = work / "alien"
+    shutil.copytree(dirs["teacher"], alien)
+    template = alien / "chat_template.jinja"
+    if template.exists():
+        template.write_text(template.read_text() + "{# another template #}")
+    else:
+        config = json.loads((alien / "tokenizer_config.json").read_text())
+        config["chat_template"] = config.get("chat_template", "") + "{# another template #}"
+        (alien / "tokenizer_config.json").write_text(json.dumps(config))
+    dirs["alien"] = alien
+    return dirs
+
+
+def write_recipe(work: Path, name: str, cycles: int) -> Path:
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe(name, cycles=cycles, output_dir=work / "runs")))
+    return path
+
+
+def serve(work: Path, model_dir: Path, name: str) -> tuple[str, subprocess.Popen]:
+    """``miniverl teacher serve`` on a short ipc endpoint; returns (endpoint, process)."""
+    endpoint = f"ipc://{work}/{name}.sock"
+    cmd = [*UP, "teacher", "serve", "--model", str(model_dir), "--bind", endpoint,
+           "--device", "cpu", "--threads", "1", "--log", str(work / f"{name}.log")]
+    log = (work / f"{name}.out").open("wb")
+    return endpoint, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def ready(endpoint: str, proc: subprocess.Popen) -> None:
+    from miniverl.cli.supervisor import ping_until_ready
+
+    ping_until_ready(endpoint, proc, WAIT_S)
+
+
+@pytest.fixture(scope="module")
+def teacher_b(work, models):
+    """A shared ``miniverl teacher serve`` of the recipe's own teacher weights."""
+    endpoint, proc = serve(work, models["teacher"], "b")
+    try:
+        ready(endpoint, proc)
+        yield endpoint, proc
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+class Up:
+    """One ``miniverl up`` subprocess and its run directory."""
+
+    def __init__(self, work: Path, recipe_path: Path, run_id: str, *extra: str):
+        self.run_dir = work / "runs" / run_id
+        self.out = work / f"{run_id}.{len(list(work.glob(run_id + '.*')))}.out"
+        cmd = [*UP, "up", str(recipe_path), "--run-id", run_id, "--quiet", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        text = self.out.read_text(errors="replace")[-3000:]
+        for log in ("student.log", "teacher.stderr.log"):
+            path = self.run_dir / "logs" / log
+            if path.is_file():
+                text += f"\n--- {log}\n" + path.read_text(errors="replace")[-3000:]
+        return text
+
+    def wait_for(self, what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+        """Poll ``check`` until it returns something truthy; fail if ``up`` exits first."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = check()
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                found = check()
+                if found:
+                    return found
+                pytest.fail(f"`up` exited {self.proc.returncode} before {what}:\n{self.output()}")
+            time.sleep(0.05)
+        pytest.fail(f"no {what} within {timeout_s:g} s:\n{self.output()}")
+
+    def finish(self, timeout_s: float = WAIT_S) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"`up` did not exit within {timeout_s:g} s:\n{self.output()}")
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in read_jsonl(self.run_dir / "events.jsonl")
+                if name is None or e["event"] == name]
+
+    def steps(self) -> int:
+        rows = read_jsonl(self.run_dir / "metrics.jsonl")
+        return max((r.get("step", 0) for r in rows), default=0)
+
+    def status(self) -> str:
+        return json.loads((self.run_dir / "status.json").read_text())["status"]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line still being written
+            rows.append(json.loads(line))
+    return rows
+
+
+def cli(*args: str) -> str:
+    """Run one ``miniverl`` command in this process; returns its output."""
+    from miniverl.cli.app import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, f"miniverl {' '.join(args)}: {result.output}{result.exception!r}"
+    return result.output
+
+
+def final_weights(run_dir: Path) -> dict[str, Any]:
+    from safetensors.numpy import load_file
+
+    ckpt = max((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def descendants(pid: int) -> list[Any]:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+# -- tests -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_run(work, models):
+    """An uninterrupted ``up`` with a teacher it starts itself (also the resume reference)."""
+    path = write_recipe(work, "ref", cycles=6)
+    run = Up(work, path, "ref")
+    code = run.finish()
+    return run, code, path
+
+
+def test_up_end_to_end(reference_run):
+    # A user runs one command and gets a complete run directory, exit code 0.
+    run, code, _ = reference_run
+    assert code == 0, run.output()
+    assert run.status() == "completed"
+    names = [e["event"] for e in run.events()]
+    for name in ("run_started", "teacher_connected", "eval", "checkpoint", "run_completed"):
+        assert name in names, names
+    assert names.count("eval") == 2  # before and after
+    assert [r["step"] for r in read_jsonl(run.run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    from miniverl.common.trajectory import read_trajectories
+
+    trajs = read_trajectories(run.run_dir / "trajectories.jsonl")
+    assert [t.policy_version for t in trajs] == [0, 1, 2, 3, 4, 5]
+    assert (run.run_dir / "report.html").stat().st_size > 0
+    assert (run.run_dir / "checkpoints" / "step_6" / "model.safetensors").is_file()
+    assert (run.run_dir / "logs" / "teacher.log").stat().st_size > 0
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    assert [t["how"] for t in manifest["teachers"]] == ["connect"]
+    assert "completed" in cli("status", str(run.run_dir))
+
+
+def test_stop_then_resume_matches_uninterrupted(work, reference_run, teacher_b):
+    # `miniverl stop` checkpoints; `up --resume` continues to the very same weights.
+    _, code, path = reference_run
+    assert code == 0
+    endpoint, _ = teacher_b
+    first = Up(work, path, "resumed", "--teacher", endpoint)
+    first.wait_for("a first update", lambda: first.steps() >= 1)
+    assert "stop requested" in cli("stop", str(first.run_dir))
+    assert first.finish() == 130, first.output()
+    assert first.status() == "interrupted"
+    stopped_at = first.events("checkpoint")[-1]["step"]
+    assert 1 <= stopped_at < 6, "the stop must land mid-run for this test to mean anything"
+
+    second = Up(work, path, "resumed", "--teacher", endpoint, "--resume")
+    assert second.finish() == 0, second.output()
+    assert second.status() == "completed"
+    assert second.events("resumed")[0]["step"] == stopped_at
+    resumed, reference = final_weights(second.run_dir), final_weights(work / "runs" / "ref")
+    assert resumed.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert resumed[name].tobytes() == tensor.tobytes(), name
+
+
+def test_two_students_share_one_teacher(work, models, teacher_b):
+    # The teacher's memory is paid once: two `up --teacher E` runs complete on it.
+    endpoint, proc = teacher_b
+    path = write_recipe(work, "pair", cycles=3)
+    runs = [Up(work, path, f"pair{i}", "--teacher", endpoint) for i in range(2)]
+    for run in runs:
+        assert run.finish() == 0, run.output()
+        assert run.status() == "completed"
+    instances = {r.events("teacher_connected")[0]["teacher"]["instance"] for r in runs}
+    assert len(instances) == 1
+    assert proc.poll() is None  # attaching never stops a teacher the run did not start
+
+
+def test_live_teacher_operations(work, models, teacher_b):
+    # While one run trains: reload in place, SIGKILL (restart), a refused retarget to
+    # another tokenizer and an accepted retarget; each is an event and the run completes.
+    b_endpoint, _ = teacher_b
+    c_endpoint, alien = serve(work, models["alien"], "c")
+    path = write_recipe(work, "live", cycles=40)
+    run = Up(work, path, "live")
+    try:
+        ready(c_endpoint, alien)
+        run.wait_for("a first update", lambda: run.steps() >= 1)
+        own = json.loads((run.run_dir / "sockets.json").read_text())["teacher"]
+
+        cli("teacher", "reload", own, "--model", str(models["other"]))
+        reload = run.wait_for("teacher_changed(reload)", lambda: [
+            e for e in run.events("teacher_changed") if e["how"] == "reload"])[0]
+        assert reload["new"]["gen"] == reload["old"]["gen"] + 1
+
+        teacher = [p for p in descendants(run.proc.pid)
+                   if "miniverl.teacher_server" in " ".join(p.cmdline())]
+        assert len(teacher) == 1
+        teacher[0].kill()
+        run.wait_for("teacher_restarted", lambda: run.events("teacher_restarted"))
+        restart = run.wait_for("teacher_changed(restart)", lambda: [
+            e for e in run.events("teacher_changed") if e["how"] == "restart"])[0]
+        assert restart["new"]["instance"] != restart["old"]["instance"]
+
+        cli("teacher", "use", str(run.run_dir), c_endpoint)
+        refused = run.wait_for("teacher_swap_refused", lambda: run.events("teacher_swap_refused"))
+        assert "tokenizer" in refused[0]["reason"].lower(), refused
+        cli("teacher", "use", str(run.run_dir), b_endpoint)
+        retarget = run.wait_for("teacher_changed(retarget)", lambda: [
+            e for e in run.events("teacher_changed") if e["how"] == "retarget"])[0]
+        assert retarget["endpoint"] == b_endpoint
+        swapped_at = retarget["version"]
+
+        assert run.finish() == 0, run.output()
+    finally:
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGINT)
+            run.finish()
+        stop_process(alien)
+    assert run.status() == "completed"
+    rows = read_jsonl(run.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    # Training went on after the swap, on teacher B (the refused one never scored).
+    b_instance = retarget["new"]["instance"]
+    assert any(r["teacher"]["instance"] == b_instance for r in rows if r["version"] > swapped_at)
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    hows = [t["how"] for t in manifest["teachers"]]
+    assert hows == ["connect", "reload", "restart", "retarget"], manifest["teachers"]
+    ranges = [(t["from_version"], t["to_version"]) for t in manifest["teachers"]]
+    assert ranges[-1] == (swapped_at, None)
+    for (lo, hi), (nxt, _) in zip(ranges, ranges[1:], strict=False):
+        assert lo <= hi and hi in (nxt - 1, nxt), ranges
+
+
+def test_ctrl_c_leaves_nothing_behind(work, models):
+    # Ctrl-C: exit 130, the run is `interrupted` with a checkpoint, no child survives.
+    import psutil
+
+    path = write_recipe(work, "sigint", cycles=200)
+    run = Up(work, path, "sigint")
+    run.wait_for("a first update", lambda: run.steps() >= 1)
+    children = descendants(run.proc.pid)
+    assert len(children) >= 2, children  # the student and the teacher
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish(120) == 130, run.output()
+    assert run.status() == "interrupted"
+    assert run.events("checkpoint"), run.output()
+    assert list((run.run_dir / "checkpoints").glob("step_*"))
+    time.sleep(0.2)
+    alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
