@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from miniverl.common.errors import ConfigError
+from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.common.manifest import record_teacher, update_manifest
 from miniverl.common.recipe import Recipe, diff_recipes, recipe_digest
 from miniverl.common.rundir import RunDir
@@ -218,14 +218,43 @@ class Trainer:
             )
         self.client.connect(recipe.runtime.teacher_startup_timeout_s)
         identity = teacher_identity(self.client)
+        self._check_qualified(identity)
         self.link = TeacherLink(
             self.client, kind=self.kind, k=recipe.loss.top_k,
             temperature=recipe.loss.temperature, on_teacher_changed=self._teacher_changed,
+            view=self._teacher_view(),
         )
         self.teacher = identity
         self.run.event("teacher_connected", teacher=identity, version=self.version,
                        endpoint=self.endpoint)
         record_teacher(self.run, self.version, identity, how="connect")
+
+    def _check_qualified(self, identity: dict) -> None:
+        """The competence gate (teacher.min_success): refuse an unqualified teacher."""
+        teacher = self.recipe.teacher
+        if teacher is None or teacher.min_success is None:
+            return
+        from miniverl.student.qualify import require_qualified
+
+        record = require_qualified(self.recipe, identity)
+        self.run.event("teacher_qualified", teacher=identity, success=record["success"],
+                       split=record["split"], n=record["n"], date=record["date"],
+                       min_success=teacher.min_success, version=self.version)
+
+    def _teacher_view(self):
+        """teacher.mode privileged_context: the view hook (student/privileged.py), else None."""
+        if self.recipe.teacher is None or self.recipe.teacher.mode != "privileged_context":
+            return None
+        from miniverl.student.privileged import PrivilegedViews, task_lookup
+
+        env = self.recipe.environment
+        sizes = {"train": env.train_tasks, "eval": env.eval_tasks, "test": env.test_tasks}
+        return PrivilegedViews(
+            self.policy.tokenizer, tokenizer_fp=self.policy.tokenizer_fp, env_name=env.name,
+            env_params=env.params,
+            task_of=task_lookup(env.name, env.params, env.difficulty, env.split_seed, sizes,
+                                known=self.train_tasks),
+        )
 
     def _choose_memory(self) -> str:
         """resident or swap (DESIGN §4); ``auto`` decides from measured free memory."""
@@ -244,6 +273,7 @@ class Trainer:
         return strategy
 
     def _teacher_changed(self, new: dict, version: int, how: str) -> None:
+        self._check_qualified(new)
         prev = self.teacher
         self.teacher = new
         self.run.event("teacher_changed", how=how, old=prev, new=new, version=version)
@@ -490,7 +520,8 @@ class Trainer:
             (
                 EntryKey(
                     trajectory_id=s.traj.id, student_version=s.student_version,
-                    teacher=str(s.teacher.get("name")), instance=str(s.teacher.get("instance")),
+                    teacher=self._cache_teacher(s.teacher),
+                    instance=str(s.teacher.get("instance")),
                     gen=int(s.teacher.get("gen", 0)),
                 ),
                 {**s.arrays, "positions": s.positions_P.astype(np.int32)},
@@ -498,6 +529,16 @@ class Trainer:
             for s in scored
             if len(s.positions_P)
         )
+
+    def _cache_teacher(self, teacher: dict) -> str:
+        # Targets depend on the adapter and on what the teacher was shown, not only on
+        # its name: a privileged view of the same trajectory is another entry.
+        key = str(teacher.get("name"))
+        if teacher.get("adapter_sha256"):
+            key += f"+adapter:{teacher['adapter_sha256']}"
+        if self.recipe.teacher is not None and self.recipe.teacher.mode != "standard":
+            key += f"+{self.recipe.teacher.mode}"
+        return key
 
     def _prepare_fixed_set(self) -> None:
         """offline_kd: load or build the fixed trajectories and score each once."""
@@ -720,6 +761,11 @@ class Trainer:
         old = dict(self.teacher)
         try:
             self.client.retarget(endpoint)
+            try:
+                self._check_qualified(teacher_identity(self.client))
+            except MiniverlError:
+                self.client.retarget(self.endpoint)  # back to the qualified teacher
+                raise
         except Exception as exc:  # a refused swap keeps training on the old teacher
             self.run.event("teacher_swap_refused", endpoint=endpoint, reason=str(exc),
                            version=self.version)
