@@ -23,7 +23,7 @@ TEACHER = {"toy": {"hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "interm
                    "seed": 1}}
 ENVIRONMENT = {"name": "calculator", "params": {"units": False}, "difficulty": "easy",
                "train_tasks": 256, "eval_tasks": 16, "test_tasks": 16, "split_seed": 0}
-ROLLOUT = {"max_turns": 2, "max_new_tokens_per_turn": 48, "max_total_tokens": 512,
+ROLLOUT = {"max_turns": 2, "max_new_tokens_per_turn": 96, "max_total_tokens": 512,
            "temperature": 1.0, "top_p": 1.0, "batch_size": 8}
 
 TEACHER_PREP = {
