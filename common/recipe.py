@@ -234,6 +234,19 @@ class TeacherConfig(_Placement):
         ),
     )
 
+    scorer: str = Field(
+        "causal_lm",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+        max_length=100,
+        description=(
+            "Scorer the teacher server runs: causal_lm (the model itself) or an installed "
+            "entry point of group miniverl.scorers."
+        ),
+    )
+    scorer_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Keyword options passed to the scorer."
+    )
+
     @model_validator(mode="after")
     def _adapter_revision(self) -> TeacherConfig:
         if self.adapter_revision is not None and self.adapter is None:
