@@ -1,0 +1,106 @@
+"""Scorers: what turns a teacher spec into the backend that answers ``SCORE``.
+
+A scorer is a factory, looked up by name::
+
+    factory(spec: TeacherSpec, *, exact_max_vocab: int, max_batch_tokens: int,
+            options: dict[str, Any]) -> Backend
+
+where ``Backend`` is :class:`miniverl.protocol.server.Backend` (``info``,
+``tokenizer_fp``, ``vocab_size``, ``score_batch``, ``park``, ``wake``, ``memory``,
+``close``). The built-in ``causal_lm`` loads the spec's model (plus its PEFT
+adapter) and scores with :mod:`~miniverl.teacher_server.scoring`. Other scorers come
+from installed packages through the ``miniverl.scorers`` entry-point group::
+
+    [project.entry-points."miniverl.scorers"]
+    sharpen = "miniverl_sharpen:make_scorer"
+
+``examples/custom_teacher/`` is one (a causal LM whose distribution is sharpened by
+a temperature). A scorer should change ``info["name"]`` so runs record which scorer
+produced their targets. Select one with ``--scorer NAME`` (and ``--scorer-option
+KEY=VALUE``) or the recipe's ``teacher.scorer`` / ``teacher.scorer_options``.
+
+This module only finds factories; it does not load or score anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from miniverl.common.errors import ConfigError
+
+ENTRY_POINT_GROUP = "miniverl.scorers"
+DEFAULT_SCORER = "causal_lm"
+
+ScorerFactory = Callable[..., Any]
+
+
+def causal_lm(
+    spec: Any, *, exact_max_vocab: int, max_batch_tokens: int, options: dict[str, Any]
+) -> Any:
+    """The default scorer: the spec's causal LM (+ merged adapter), frozen."""
+    from miniverl.teacher_server.loader import load_teacher
+    from miniverl.teacher_server.service import TorchTeacher
+
+    if options:
+        raise ConfigError(
+            f"scorer {DEFAULT_SCORER!r} takes no options (got {sorted(options)}); drop "
+            "--scorer-option / teacher.scorer_options"
+        )
+    return TorchTeacher(
+        load_teacher(spec), exact_max_vocab=exact_max_vocab, max_batch_tokens=max_batch_tokens
+    )
+
+
+def _entry_points() -> list[Any]:
+    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def list_scorers() -> list[str]:
+    """The built-in scorer and every installed ``miniverl.scorers`` entry point."""
+    return sorted({DEFAULT_SCORER, *(ep.name for ep in _entry_points())})
+
+
+def get_scorer(name: str) -> ScorerFactory:
+    """The factory registered as ``name``; :class:`ConfigError` names the installed ones."""
+    if name == DEFAULT_SCORER:
+        return causal_lm
+    matches = [ep for ep in _entry_points() if ep.name == name]
+    if not matches:
+        raise ConfigError(
+            f"unknown scorer {name!r}; installed: {', '.join(list_scorers())}. Install the "
+            f"package that provides it (an entry point in group {ENTRY_POINT_GROUP!r})"
+        )
+    try:
+        factory = matches[0].load()
+    except Exception as exc:
+        raise ConfigError(
+            f"scorer {name!r} ({matches[0].value}) failed to import: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(factory):
+        raise ConfigError(f"scorer {name!r} ({matches[0].value}) is not callable")
+    return factory
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """``["tau=0.5", "name=x"]`` -> ``{"tau": 0.5, "name": "x"}`` (numbers and booleans parsed)."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--scorer-option {pair!r} is not KEY=VALUE; e.g. tau=0.5")
+        out[key.strip()] = _value(raw.strip())
+    return out
+
+
+def _value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
