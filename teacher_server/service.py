@@ -22,7 +22,7 @@ from typing import Any
 
 from miniverl.protocol.messages import ErrorCode
 from miniverl.protocol.server import BackendError, Loader, ScoreJob
-from miniverl.teacher_server.loader import LoadedTeacher, TeacherSpec, load_teacher
+from miniverl.teacher_server.loader import LoadedTeacher, TeacherSpec
 from miniverl.teacher_server.scoring import ScoringBadRequest, ScoringUnsupported, score_requests
 
 
@@ -106,14 +106,21 @@ def make_loader(
     exact_max_vocab: int = 262144,
     max_batch_tokens: int = 8192,
     threads: int | None = None,
+    scorer: str = "causal_lm",
+    scorer_options: dict[str, Any] | None = None,
 ) -> Loader:
     """The loader a :class:`~miniverl.protocol.server.TeacherServer` calls (worker thread).
 
     ``spec`` may be a callable, resolved on the worker thread at the first load: a
     recipe's toy teacher is then built after the socket is bound, not before.
     ``threads`` is applied on the worker thread (where every forward pass runs) at
-    the first load, so importing torch never delays the bind.
+    the first load, so importing torch never delays the bind. ``scorer`` names the
+    factory that builds the backend (``teacher_server/scorers.py``; the default is the
+    causal LM itself), ``scorer_options`` its keyword options.
     """
+    from miniverl.teacher_server.scorers import get_scorer
+
+    factory = get_scorer(scorer)  # an unknown scorer fails before the bind
 
     def load(request: dict[str, Any] | None) -> TorchTeacher:
         nonlocal spec
@@ -128,10 +135,11 @@ def make_loader(
             chosen = spec.with_model(
                 request["model"], request.get("revision"), request.get("adapter")
             )
-        return TorchTeacher(
-            load_teacher(chosen),
+        return factory(
+            chosen,
             exact_max_vocab=exact_max_vocab,
             max_batch_tokens=max_batch_tokens,
+            options=dict(scorer_options or {}),
         )
 
     return load
