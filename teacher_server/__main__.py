@@ -2,7 +2,7 @@
 
     python -m miniverl.teacher_server --model DIR|ORG/NAME [--revision SHA] [--adapter DIR]
         [--bind tcp://127.0.0.1:5555] [--device auto] [--dtype auto] [--offline]
-        [--log FILE] [--threads N]
+        [--log FILE] [--threads N] [--scorer NAME [--scorer-option KEY=VALUE ...]]
     python -m miniverl.teacher_server --recipe recipe.yaml [--bind ipc://runs/x/teacher.sock]
 
 Binds first, then loads the model on the worker thread (``PING`` answers ``LOADING``
@@ -31,6 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--revision", help="40-hex commit pinning a hub id.")
     src.add_argument("--adapter", help="PEFT adapter directory merged into the teacher.")
     src.add_argument("--recipe", help="Take the teacher section of this recipe.")
+    src.add_argument(
+        "--scorer",
+        default=None,
+        help="Scorer: causal_lm (default) or a miniverl.scorers entry point.",
+    )
+    src.add_argument(
+        "--scorer-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="Option for the scorer (repeatable).",
+    )
     p.add_argument(
         "--bind", default=None, help=f"Endpoint to bind (default {DEFAULT_TCP_ENDPOINT})."
     )
@@ -67,11 +79,14 @@ def serve(args: argparse.Namespace) -> int:
     from miniverl.protocol.server import ServerConfig, TeacherServer, run_server
     from miniverl.teacher_server.jsonlog import JsonLog
     from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
+    from miniverl.teacher_server.scorers import DEFAULT_SCORER, parse_options
     from miniverl.teacher_server.service import make_loader
 
     if bool(args.model) == bool(args.recipe):
         raise ConfigError("pass exactly one of --model DIR|ID or --recipe FILE")
     threads = args.threads
+    scorer = args.scorer or DEFAULT_SCORER
+    scorer_options = parse_options(args.scorer_option)
     if args.recipe:
         from miniverl.common.recipe import load_recipe
 
@@ -80,6 +95,9 @@ def serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"recipe {args.recipe!r} has no teacher section; add one")
         threads = threads or recipe.runtime.cpu_threads
         bind = args.bind or recipe.teacher.endpoint or DEFAULT_TCP_ENDPOINT
+        if args.scorer is None:
+            scorer = recipe.teacher.scorer
+            scorer_options = {**recipe.teacher.scorer_options, **scorer_options}
 
         def spec() -> TeacherSpec:
             base = spec_from_recipe(args.recipe, offline=args.offline)
@@ -117,7 +135,8 @@ def serve(args: argparse.Namespace) -> int:
         curve_secret_key=args.curve_secret_key,
         curve_authorized_dir=args.curve_authorized_dir,
     )
-    loader = make_loader(spec, exact_max_vocab=args.exact_max_vocab, threads=threads)
+    loader = make_loader(spec, exact_max_vocab=args.exact_max_vocab, threads=threads,
+                         scorer=scorer, scorer_options=scorer_options)
     try:
         return run_server(TeacherServer(config, loader, log=log))
     finally:
