@@ -186,6 +186,11 @@ class Supervisor:
                "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms)]
         if self.teacher_model_dir is not None:
             cmd += ["--model", str(self.teacher_model_dir)]
+            teacher = self.recipe.teacher
+            if teacher.scorer != "causal_lm":  # --recipe reads these itself
+                cmd += ["--scorer", teacher.scorer]
+                for key, value in teacher.scorer_options.items():
+                    cmd += ["--scorer-option", f"{key}={value}"]
         else:
             cmd += ["--recipe", str(self.recipe_path)]
         return cmd
