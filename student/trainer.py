@@ -390,10 +390,10 @@ class Trainer:
             self._log(stats, [s.traj for s in scored], 0.0, 0.0, time.perf_counter() - t1)
             return
         if mode == "dpo":
-            raise ConfigError(
-                "run.mode 'dpo' is not available in this version of the trainer; use sft, "
-                "offline_kd, opd or replay"
-            )
+            from miniverl.student.dpo import dpo_cycle
+
+            dpo_cycle(self)  # rollouts -> pairs -> reference scores -> DPO update
+            return
         lag = self.recipe.train.max_lag if mode == "replay" else 0
         trajs, scored, t_rollout, t_wait = self._rollout_and_score(lag)
         if mode == "replay":
@@ -578,7 +578,7 @@ class Trainer:
         """offline_kd: targets this teacher already produced for the fixed set (a resume)."""
         if self.cache is None:
             return {}
-        name = str(self.teacher.get("name"))
+        name = self._cache_teacher(self.teacher)
         by_traj: dict[str, Any] = {}
         entries = self.cache.keys()
         for key in entries:
@@ -613,7 +613,8 @@ class Trainer:
         return dict(self.client.counters) if self.client is not None else {}
 
     def _log(self, stats: StepStats, trajs: list[Trajectory], t_rollout: float,
-             t_wait: float, t_update: float, *, scored=None, phase: str | None = None) -> None:
+             t_wait: float, t_update: float, *, scored=None, phase: str | None = None,
+             extra: dict[str, Any] | None = None) -> None:
         counters = self._counters()
         positions_scored = int(sum(len(s.positions_P) for s in scored)) if scored else 0
         row = {
@@ -643,6 +644,7 @@ class Trainer:
             "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
                               if trajs and trajs[0].source == "rollout" else None),
             "wall_s": self._wall(),
+            **(extra or {}),
         }
         self.last_metrics = row
         self.run.metric(row)
