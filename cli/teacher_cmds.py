@@ -36,6 +36,12 @@ def serve(
     revision: str = typer.Option(None, "--revision", help="40-hex commit pinning a hub id."),
     adapter: str = typer.Option(None, "--adapter", help="PEFT adapter directory to merge."),
     recipe: str = typer.Option(None, "--recipe", help="Use this recipe's teacher section."),
+    scorer: str = typer.Option(
+        None, "--scorer", help="causal_lm (default) or a miniverl.scorers entry point."
+    ),
+    scorer_option: list[str] = typer.Option(
+        None, "--scorer-option", help="KEY=VALUE option for the scorer (repeatable)."
+    ),
     bind: str = typer.Option(
         None, "--bind", help=f"Endpoint to bind (default {DEFAULT_ENDPOINT})."
     ),
@@ -64,6 +70,7 @@ def serve(
         ("--revision", revision),
         ("--adapter", adapter),
         ("--recipe", recipe),
+        ("--scorer", scorer),
         ("--bind", bind),
         ("--device", device),
         ("--dtype", dtype),
@@ -74,6 +81,8 @@ def serve(
     ):
         if value is not None:
             argv += [flag, str(value)]
+    for option in scorer_option or []:
+        argv += ["--scorer-option", option]
     if offline:
         argv.append("--offline")
     code = run(build_parser().parse_args(argv))
@@ -212,5 +221,8 @@ def use(
     )
 
 def register(app: typer.Typer) -> None:
-    """Add the ``teacher`` command group to ``app``."""
+    """Add the ``teacher`` command group (and ``qualify-teacher``) to ``app``."""
+    from miniverl.cli import qualify_cmds
+
     app.add_typer(teacher_app, name="teacher")
+    qualify_cmds.register(app)
