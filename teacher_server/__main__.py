@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model", help="Local HF model directory or hub id ORG/NAME.")
     src.add_argument("--revision", help="40-hex commit pinning a hub id.")
     src.add_argument("--adapter", help="PEFT adapter directory merged into the teacher.")
+    src.add_argument("--adapter-revision", help="40-hex commit pinning a hub adapter id.")
     src.add_argument("--recipe", help="Take the teacher section of this recipe.")
     src.add_argument(
         "--scorer",
@@ -114,6 +115,7 @@ def serve(args: argparse.Namespace) -> int:
             model=args.model,
             revision=args.revision,
             adapter=args.adapter,
+            adapter_revision=args.adapter_revision,
             device=args.device or "auto",
             dtype=args.dtype or "auto",
             offline=args.offline,
