@@ -35,6 +35,9 @@ def serve(
     model: str = typer.Option(None, "--model", help="Local HF model directory or hub id ORG/NAME."),
     revision: str = typer.Option(None, "--revision", help="40-hex commit pinning a hub id."),
     adapter: str = typer.Option(None, "--adapter", help="PEFT adapter directory to merge."),
+    adapter_revision: str = typer.Option(
+        None, "--adapter-revision", help="40-hex commit pinning a hub adapter id."
+    ),
     recipe: str = typer.Option(None, "--recipe", help="Use this recipe's teacher section."),
     scorer: str = typer.Option(
         None, "--scorer", help="causal_lm (default) or a miniverl.scorers entry point."
@@ -69,6 +72,7 @@ def serve(
         ("--model", model),
         ("--revision", revision),
         ("--adapter", adapter),
+        ("--adapter-revision", adapter_revision),
         ("--recipe", recipe),
         ("--scorer", scorer),
         ("--bind", bind),
