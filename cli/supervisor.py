@@ -147,6 +147,7 @@ class Supervisor:
         self.teacher: subprocess.Popen | None = None
         self.teacher_model_dir: Path | None = None
         self._stopping = False
+        self._preparing = False
         self._pumps: list[_Pump] = []
 
     # -- processes -------------------------------------------------------------------
@@ -186,6 +187,9 @@ class Supervisor:
                "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms)]
         if self.teacher_model_dir is not None:
             cmd += ["--model", str(self.teacher_model_dir)]
+            if not (self.teacher_model_dir / "config.json").is_file():
+                # Still being prepared: the teacher imports its libraries meanwhile.
+                cmd += ["--wait-for-model", str(self.recipe.runtime.teacher_startup_timeout_s)]
             teacher = self.recipe.teacher
             if teacher.scorer != "causal_lm":  # --recipe reads these itself
                 cmd += ["--scorer", teacher.scorer]
@@ -195,8 +199,12 @@ class Supervisor:
             cmd += ["--recipe", str(self.recipe_path)]
         return cmd
 
-    def _start_teacher(self) -> None:
+    def _spawn_teacher(self) -> None:
         self.teacher = self._spawn(self._teacher_cmd(), "[teacher]", "teacher.stderr.log")
+
+    def _start_teacher(self) -> None:
+        if self.teacher is None or self.teacher.poll() is not None:
+            self._spawn_teacher()
         try:
             ping_until_ready(self.endpoint, self.teacher,
                              self.recipe.runtime.teacher_startup_timeout_s, self.student)
@@ -215,14 +223,31 @@ class Supervisor:
         return "\n".join(f"  {line}" for line in lines[-n:]) or "  (no output)"
 
     def _prepare_teacher(self) -> None:
-        from miniverl.student.teacher_prep import prep_recipe_path, prepare_teacher
+        """Start the teacher process, then prepare its model if the recipe says so.
+
+        With ``teacher.prepare`` the teacher is spawned first with the directory the
+        preparation will produce and ``--wait-for-model``: its cold imports overlap the
+        preparation instead of following it.
+        """
+        from miniverl.student.teacher_prep import (
+            prep_recipe_path,
+            prepare_teacher,
+            prepared_dir,
+        )
 
         prep = prep_recipe_path(self.recipe, self.recipe_path)
+        if prep is not None:
+            self.teacher_model_dir = prepared_dir(self.recipe, prep)
+        self._spawn_teacher()
         if prep is None:
             return
         self.console.print(f"[bold]teacher[/bold] preparing from {prep.name} (cached after "
                            "the first run)")
-        prepared = prepare_teacher(self.recipe, prep, show_progress=self.show_progress)
+        self._preparing = True
+        try:
+            prepared = prepare_teacher(self.recipe, prep, show_progress=self.show_progress)
+        finally:
+            self._preparing = False
         self.teacher_model_dir = prepared.model_dir
         success = (prepared.record.get("eval") or {}).get("success")
         self.run.event("teacher_prepared", cached=prepared.cached, model_dir=str(prepared.model_dir),
@@ -261,7 +286,9 @@ class Supervisor:
             return self._watch()
         except StudentExited:
             return self._watch()
-        except MiniverlError:
+        except BaseException:
+            # Whatever went wrong here (a failed preparation, an interrupt during it),
+            # no child outlives the supervisor.
             self._shutdown(1)
             raise
         finally:
@@ -272,6 +299,9 @@ class Supervisor:
         if self._stopping:
             return
         self._stopping = True
+        if self._preparing:
+            # The preparation runs in this process; interrupt it rather than finish it.
+            raise KeyboardInterrupt
         self.console.print("[bold]stopping[/bold]: the student checkpoints at the next update "
                            "boundary, then the teacher shuts down")
         if self.student is not None and self.student.poll() is None:

@@ -208,6 +208,7 @@ class TeacherClient:
                 "bytes_sent",
                 "bytes_received",
                 "malformed",
+                "late_control_replies",
             ),
             0,
         )
@@ -859,8 +860,10 @@ class TeacherClient:
             self._observe(self._identity[0], msg.gen)
         req = self._pending.get(msg.id)
         if req is None or req.t == "SCORE" or req.done.is_set():
+            # A second HELLO_OK for a HELLO resent while the teacher was loading carries no
+            # targets: count it apart, so `stale_dropped` counts only SCORE replies.
             if not isinstance(msg, Pong):  # answers to heartbeat PINGs are not tracked
-                self._stale()
+                self._counters["late_control_replies"] += 1
             return
         if not isinstance(msg, _REPLY_TO[req.t]):
             self._stale()

@@ -58,6 +58,11 @@ def _cache_key(prep: Recipe) -> str:
     return recipe_digest(neutral).split(":", 1)[1][:20]
 
 
+def prepared_dir(recipe: Recipe, prep_path: str | Path) -> Path:
+    """Where :func:`prepare_teacher` puts (or finds) the teacher for this prep recipe."""
+    return cache_root() / "teachers" / f"prepared-{_cache_key(load_recipe(prep_path))}"
+
+
 def prepare_teacher(
     recipe: Recipe, prep_path: str | Path, *, show_progress: bool = True
 ) -> PreparedTeacher:
@@ -75,9 +80,9 @@ def prepare_teacher(
             f"teacher.prepare: {prep_path} trains {prep.student.model.describe()}, but "
             f"teacher.model is {recipe.teacher.model.describe()}; make them the same model"
         )
-    root = cache_root() / "teachers"
+    final = prepared_dir(recipe, prep_path)
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"prepared-{_cache_key(prep)}"
     if (final / PREPARED_FILE).is_file():
         return PreparedTeacher(final, True, json.loads((final / PREPARED_FILE).read_text()))
     with FileLock(str(root / f"{final.name}.lock")):

@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-inflight", type=int, default=64, help="Open requests per client.")
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="Advertised PING interval.")
+    p.add_argument(
+        "--wait-for-model",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="Bind now and wait up to SECONDS for --model DIR to appear (answering PING "
+        "with LOADING), e.g. while `miniverl up` still prepares the teacher.",
+    )
     p.add_argument("--curve-secret-key", help="Server CURVE secret certificate file.")
     p.add_argument("--curve-authorized-dir", help="Directory of authorized client public keys.")
     return p
@@ -120,6 +128,10 @@ def serve(args: argparse.Namespace) -> int:
             dtype=args.dtype or "auto",
             offline=args.offline,
         )
+    if args.wait_for_model > 0:
+        if not args.model:
+            raise ConfigError("--wait-for-model needs --model DIR (the directory to wait for)")
+        spec = _waiting_spec(spec, args.model, args.wait_for_model)
     threads = threads or 1
     if threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {threads})")
@@ -143,6 +155,33 @@ def serve(args: argparse.Namespace) -> int:
         return run_server(TeacherServer(config, loader, log=log))
     finally:
         log.close()
+
+
+def _waiting_spec(spec, model_dir: str, timeout_s: float):
+    """A spec factory that first imports the heavy libraries, then waits for the model.
+
+    Runs on the loader's worker thread after the bind: the imports overlap whatever is
+    still producing the directory, and PING answers LOADING meanwhile.
+    """
+    import time
+    from pathlib import Path
+
+    from miniverl.common.errors import ConfigError
+
+    def wait():
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        deadline = time.monotonic() + timeout_s
+        while not (Path(model_dir) / "config.json").is_file():
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"--model {model_dir} did not appear within --wait-for-model {timeout_s:g} s"
+                )
+            time.sleep(0.1)
+        return spec() if callable(spec) else spec
+
+    return wait
 
 
 def main(argv: list[str] | None = None) -> None:
