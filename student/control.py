@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.common.atomic import atomic_write_json
-from miniverl.common.errors import MiniverlError
+from miniverl.common.errors import MiniverlError, TeacherUnavailable
 from miniverl.protocol.codec import encode
 from miniverl.protocol.control import (
     REQUESTS,
@@ -35,6 +35,8 @@ from miniverl.protocol.control import (
 from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
 
 log = logging.getLogger(__name__)
+
+RETARGET_PROBE_S = 3.0
 
 
 def socket_endpoint(run_dir: Path, name: str) -> str:
@@ -77,6 +79,31 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
         endpoint=trainer.endpoint,
         counters={k: int(v) for k, v in counters.items()},
         last=json.loads(json.dumps(last, default=float)),
+    )
+
+
+def probe_teacher(endpoint: str, timeout_s: float) -> None:
+    """PING ``endpoint`` once; raise ``TeacherUnavailable`` unless a teacher answers."""
+    import zmq
+    from miniverl.protocol.codec import decode
+    from miniverl.protocol.messages import Ping, Pong
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart(encode(Ping(id=1)))
+        if sock.poll(int(timeout_s * 1000)):
+            msg, _ = decode(sock.recv_multipart())
+            if isinstance(msg, Pong):
+                return
+    except (zmq.ZMQError, MiniverlError):
+        pass
+    finally:
+        sock.close()
+    raise TeacherUnavailable(
+        f"no teacher answers PING at {endpoint} within {timeout_s:g} s; start it first "
+        "(miniverl teacher serve --bind ENDPOINT) or check the endpoint"
     )
 
 
@@ -141,6 +168,15 @@ class ControlServer:
         trainer = self.trainer
         if isinstance(req, RetargetRequest):
             check_endpoint(req.endpoint)
+            # The handshake at the update boundary waits up to unavailable_timeout_s for a
+            # teacher that never answers, stalling training; a mistyped endpoint is
+            # refused here instead, before anything waits on it.
+            try:
+                probe_teacher(req.endpoint, RETARGET_PROBE_S)
+            except TeacherUnavailable as exc:
+                trainer.run.event("teacher_swap_refused", endpoint=req.endpoint,
+                                  reason=str(exc), version=trainer.version)
+                raise
             trainer.request_retarget(req.endpoint)
             trainer.run.event("retarget_requested", endpoint=req.endpoint, version=trainer.version)
             return RetargetReply(id=req.id, endpoint=req.endpoint)
