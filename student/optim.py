@@ -8,10 +8,15 @@ run's total number of optimizer steps. This module does not compute losses.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
 from miniverl.common.errors import MissingExtraError
 from miniverl.common.recipe import Recipe
+
+# torch is imported where it is used: the `up` supervisor reads total_optimizer_steps
+# and should not spend seconds of CPU importing torch beside its two children.
+if TYPE_CHECKING:
+    import torch
 
 
 def planned_cycles(recipe: Recipe) -> int:
@@ -32,6 +37,8 @@ def total_optimizer_steps(recipe: Recipe) -> int:
 
 
 def build_optimizer(recipe: Recipe, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    import torch
+
     train = recipe.train
     if train.optimizer == "adamw8bit":
         try:
@@ -56,6 +63,8 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
 
 
 def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer):
+    import torch
+
     train = recipe.train
     total = total_optimizer_steps(recipe)
     return torch.optim.lr_scheduler.LambdaLR(
