@@ -211,7 +211,7 @@ def shutdown(
 def use(
     run: str = typer.Argument(..., help="Run directory of a running student (`miniverl up`)."),
     endpoint: str = ENDPOINT_ARG,
-    timeout: float = typer.Option(5.0, "--timeout", min=0.1, help="Seconds to wait for the student."),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for the student."),
 ) -> None:
     """Switch a running student to another teacher at its next update boundary (RETARGET)."""
     from miniverl.protocol.control import RetargetRequest, control_endpoint, control_request, new_id
