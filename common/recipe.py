@@ -422,6 +422,10 @@ class EvalConfig(_Section):
 
 class DpoConfig(_Section):
     beta: float = Field(0.1, gt=0.0, le=10.0, description="DPO inverse temperature.")
+    group_size: int = Field(
+        4, ge=2, le=64,
+        description="Rollouts per task per cycle; a success and a failure of one task make a pair.",
+    )
 
 
 class RuntimeConfig(_Section):
