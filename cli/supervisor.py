@@ -264,6 +264,10 @@ class Supervisor:
 
         if self.resume:
             self.run = RunDir.open(self.output_dir / self.run_id)
+            # A run that is still going must not get a second teacher: binding its ipc
+            # endpoint again would steal the live teacher's socket.
+            self.run.lock()
+            self.run.release()
         else:
             text = self.recipe_path.read_text(encoding="utf-8")
             self.run = RunDir.create(self.output_dir, self.recipe, recipe_text=text,
@@ -348,7 +352,26 @@ class Supervisor:
             self._update_progress(progress, task, metrics_pos)
         code = self.student.returncode
         self.student.pump.join(5)
+        self._close_abandoned_run(code)
+        if code < 0:  # killed by a signal: report it the way a shell does
+            code = 128 - code
         return self._shutdown(130 if self._stopping else code)
+
+    def _close_abandoned_run(self, code: int) -> None:
+        """A student killed outright (SIGKILL, the OOM killer) cannot mark its run; do it.
+
+        Without this the run stayed ``running`` forever and ``--resume`` was the only
+        way to learn it was dead.
+        """
+        try:
+            if self.run.status not in ("ready", "running"):
+                return
+            reason = f"the student process exited with code {code} without closing the run"
+            status = "interrupted" if self._stopping else "failed"
+            self.run.event("run_interrupted" if self._stopping else "run_failed", reason=reason)
+            self.run.set_status(status, reason=reason)
+        except (MiniverlError, OSError, ValueError) as exc:
+            self.console.print(f"[bold red]run[/bold red] could not record the student's exit: {exc}")
 
     def _update_progress(self, progress: Progress, task: Any, pos: int) -> int:
         import json
