@@ -1,0 +1,90 @@
+"""The ``up`` supervisor's bookkeeping around its children, with stand-in processes.
+
+No model is loaded: the "student" is a tiny Python child that dies the way a real one
+can (SIGKILL from the OOM killer), and the run directory is real. What a user relies
+on: a run whose student was killed is marked ``failed`` (not ``running`` forever) and
+``up`` exits 128 + signal like a shell; ``up --resume`` of a run that is still going
+is refused before it starts a second teacher on the live run's socket.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+pytestmark = pytest.mark.integration
+
+RECIPE = {
+    "schema_version": 1,
+    "run": {"name": "sup", "mode": "opd", "seed": 0},
+    "student": {"model": {"toy": {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1,
+                                  "intermediate": 64}}, "device": "cpu", "lora": None},
+    "teacher": {"model": {"toy": {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1,
+                                  "intermediate": 64, "seed": 1}}, "device": "cpu"},
+    "environment": {"name": "calculator", "train_tasks": 4, "eval_tasks": 2, "test_tasks": 2},
+    "train": {"cycles": 2, "rollouts_per_cycle": 1},
+}
+
+
+def supervisor(tmp_path: Path, **kwargs):
+    from miniverl.cli.supervisor import Supervisor
+
+    path = tmp_path / "sup.yaml"
+    path.write_text(yaml.safe_dump(RECIPE))
+    return Supervisor(path, output_dir=str(tmp_path / "runs"), console=Console(quiet=True),
+                      show_progress=False, echo=False, **kwargs)
+
+
+def test_killed_student_fails_the_run(tmp_path):
+    # `kill -9` of the student: the run says `failed` with a reason, exit code 137.
+    from miniverl.common.rundir import RunDir
+
+    sup = supervisor(tmp_path)
+    sup.run = RunDir.create(sup.output_dir, sup.recipe, run_id="killed")
+    sup.run.logs_dir.mkdir(exist_ok=True)
+    sup.run.set_status("running")
+    sup.student = sup._spawn([sys.executable, "-c",
+                              "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                             "[student]", "student.log")
+    assert sup._watch() == 128 + signal.SIGKILL
+    status = json.loads((sup.run.path / "status.json").read_text())
+    assert status["status"] == "failed" and "-9" in status["reason"], status
+    events = [json.loads(line) for line in sup.run.events_path.read_text().splitlines()]
+    assert events[-1]["event"] == "run_failed"
+
+
+def test_resume_of_a_live_run_is_refused_before_any_process(tmp_path):
+    # A second `up --resume` must not bind the live run's teacher socket.
+    from miniverl.common.errors import RunLockedError
+    from miniverl.common.rundir import RunDir
+
+    sup = supervisor(tmp_path)
+    live = RunDir.create(sup.output_dir, sup.recipe, run_id="live")
+    with live.lock():
+        again = supervisor(tmp_path, resume=True, run_id="live")
+        with pytest.raises(RunLockedError):
+            again.run_all()
+        assert again.student is None and again.teacher is None
+    assert not (live.path / "teacher.sock").exists()
+
+
+def test_student_exit_code_passes_through(tmp_path):
+    # A student that closed its run itself keeps its status and its exit code.
+    from miniverl.common.rundir import RunDir
+
+    sup = supervisor(tmp_path)
+    sup.run = RunDir.create(sup.output_dir, sup.recipe, run_id="plain")
+    sup.run.logs_dir.mkdir(exist_ok=True)
+    sup.run.set_status("running")
+    sup.run.set_status("failed", reason="ConfigError: bad")
+    sup.student = sup._spawn([sys.executable, "-c", "raise SystemExit(1)"], "[student]",
+                             "student.log")
+    assert sup._watch() == 1
+    status = json.loads((sup.run.path / "status.json").read_text())
+    assert (status["status"], status["reason"]) == ("failed", "ConfigError: bad")
