@@ -204,14 +204,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def cli(*args: str) -> str:
-    """Run one ``miniverl`` command in this process; returns its output."""
+def cli(*args: str, code: int = 0) -> str:
+    """Run one ``miniverl`` command in this process; returns its output (and error)."""
     from miniverl.cli.app import app
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == 0, f"miniverl {' '.join(args)}: {result.output}{result.exception!r}"
-    return result.output
+    error = "" if result.exception is None else str(result.exception)
+    assert result.exit_code == code, f"miniverl {' '.join(args)}: {result.output}{error}"
+    return result.output + error
 
 
 def final_weights(run_dir: Path) -> dict[str, Any]:
@@ -323,8 +324,12 @@ def test_live_teacher_operations(work, models, teacher_b):
             e for e in run.events("teacher_changed") if e["how"] == "restart"])[0]
         assert restart["new"]["instance"] != restart["old"]["instance"]
 
+        # A mistyped endpoint is refused at once; training never waits on it.
+        nowhere = f"ipc://{work}/nowhere.sock"
+        assert "no teacher answers" in cli("teacher", "use", str(run.run_dir), nowhere, code=1)
         cli("teacher", "use", str(run.run_dir), c_endpoint)
-        refused = run.wait_for("teacher_swap_refused", lambda: run.events("teacher_swap_refused"))
+        refused = run.wait_for("teacher_swap_refused", lambda: [
+            e for e in run.events("teacher_swap_refused") if e["endpoint"] == c_endpoint])
         assert "tokenizer" in refused[0]["reason"].lower(), refused
         cli("teacher", "use", str(run.run_dir), b_endpoint)
         retarget = run.wait_for("teacher_changed(retarget)", lambda: [
@@ -362,11 +367,15 @@ def test_ctrl_c_leaves_nothing_behind(work, models):
     run.wait_for("a first update", lambda: run.steps() >= 1)
     children = descendants(run.proc.pid)
     assert len(children) >= 2, children  # the student and the teacher
+    live = json.loads(cli("status", str(run.run_dir), "--json"))
+    assert live["live"] and live["status"] == "running" and live["step"] >= 1, live
+    assert live["teacher"]["instance"] == run.events("teacher_connected")[0]["teacher"]["instance"]
     run.proc.send_signal(signal.SIGINT)
     assert run.finish(120) == 130, run.output()
     assert run.status() == "interrupted"
-    assert run.events("checkpoint"), run.output()
-    assert list((run.run_dir / "checkpoints").glob("step_*"))
+    # The stop lands on an update boundary: the checkpoint holds the last logged step.
+    assert run.events("checkpoint")[-1]["step"] == run.steps(), run.output()
+    assert (run.run_dir / "checkpoints" / f"step_{run.steps()}" / "model.safetensors").is_file()
     time.sleep(0.2)
     alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
