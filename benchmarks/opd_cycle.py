@@ -1,0 +1,224 @@
+"""How much does pipelined scoring save? One strict-OPD cycle's wall time, pipelining on vs off.
+
+    python benchmarks/opd_cycle.py [--reps 4] [--cycles 3] [--rollouts 8] [--batch 4]
+        [--teacher-hidden 128] [--teacher-layers 2] [--max-new-tokens 64]
+
+The student (this process) and the teacher (a ``python -m miniverl.teacher_server``
+child over ``ipc://``) each run on one CPU thread, as under ``miniverl up`` on a small
+machine. The recipe is ``recipes/toy_cpu_opd.yaml`` with the overrides above. Each
+repetition trains one run with ``train.pipelining: true`` and one with ``false``
+(interleaved, so drift in machine load hits both alike) for ``--cycles + 1`` cycles; a
+cycle's wall time is the gap between consecutive ``metrics.jsonl`` rows (rollout +
+waiting for the teacher + update + logging), and the first cycle of each run is
+dropped as warm-up. It prints the median cycle time of each arm, their ratio
+(pipelined / serial; target <= 0.75) and where the time went (rollout, teacher wait,
+update), and writes ``benchmarks/results/opd_cycle.json``.
+
+What pipelining can save is bounded by what can overlap: the teacher scores episodes
+that already finished while the student still samples the others. With ``--batch``
+smaller than ``--rollouts`` the student samples in several waves and the first waves
+are scored during the later ones; with one wave only episodes that end at an earlier
+turn overlap. The saving needs two free cores; on a loaded machine both processes
+share one and the ratio tends to 1. This script measures; it does not tune anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "opd_cycle.json"
+RECIPE = ROOT / "recipes" / "toy_cpu_opd.yaml"
+TARGET_RATIO = 0.75
+
+
+def build_recipe(args, output_dir: Path, pipelining: bool):
+    from miniverl.common.recipe import Recipe, load_recipe, recipe_dict
+
+    data = recipe_dict(load_recipe(RECIPE))
+    data["run"].update(output_dir=str(output_dir), name=f"opd-cycle-{int(pipelining)}")
+    data["teacher"]["model"]["toy"].update(
+        hidden=args.teacher_hidden, layers=args.teacher_layers,
+        intermediate=2 * args.teacher_hidden,
+    )
+    data["environment"].update(eval_tasks=1, test_tasks=1)
+    data["rollout"].update(batch_size=args.batch, max_new_tokens_per_turn=args.max_new_tokens)
+    data["train"].update(
+        cycles=args.cycles + 1, rollouts_per_cycle=args.rollouts, pipelining=pipelining,
+        eval_every=0, save_every=0,
+    )
+    data["cache"] = {"enabled": False}
+    return Recipe.model_validate(data)
+
+
+def start_teacher(model_dir: Path, endpoint: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "miniverl.teacher_server", "--model", str(model_dir),
+           "--bind", endpoint, "--threads", "1", "--device", "cpu", "--dtype", "float32",
+           "--log", str(log)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def stop_teacher(proc: subprocess.Popen, endpoint: str) -> None:
+    from miniverl.protocol.client import SyncTeacherClient
+
+    admin = SyncTeacherClient(endpoint, tokenizer_fp=None, vocab_size=0,
+                              request_timeout_s=5, unavailable_timeout_s=10)
+    try:
+        if proc.poll() is None:
+            admin.shutdown(mode="abort")
+    except Exception:  # a teacher that cannot answer is killed below
+        pass
+    finally:
+        admin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def one_run(args, root: Path, endpoint: str, pipelining: bool) -> dict:
+    """Train one short run; per-cycle wall times (first cycle dropped) and time split."""
+    from miniverl.student.trainer import Trainer
+
+    recipe = build_recipe(args, root, pipelining)
+    with Trainer(recipe, teacher_endpoint=endpoint, show_progress=False, write_report=False,
+                 checkpoints=False) as trainer:
+        result = trainer.train()
+    rows = [json.loads(line) for line in
+            (result.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    shutil.rmtree(result.run_dir, ignore_errors=True)
+    cycle_s = [b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:], strict=False)]
+    kept = rows[1:]
+    return {
+        "cycle_s": cycle_s,
+        "rollout_s": [r["time_rollout_s"] for r in kept],
+        "teacher_wait_s": [r["time_teacher_wait_s"] for r in kept],
+        "update_s": [r["time_update_s"] for r in kept],
+        "tokens": [r["tokens"] for r in kept],
+        "positions": [r["positions"] for r in kept],
+    }
+
+
+def summarise(runs: list[dict]) -> dict:
+    def pooled(name: str) -> list[float]:
+        return [x for run in runs for x in run[name]]
+
+    out = {name: statistics.median(pooled(name)) for name in
+           ("cycle_s", "rollout_s", "teacher_wait_s", "update_s", "tokens", "positions")}
+    out["cycles_measured"] = len(pooled("cycle_s"))
+    out["cycle_s_all"] = [round(x, 4) for x in pooled("cycle_s")]
+    return out
+
+
+def teacher_scoring_s(args, recipe) -> float:
+    """In-process time to score one cycle's worth of positions (the work that can overlap)."""
+    import numpy as np
+    from miniverl.common.modeling import load_causal_lm, resolve_model_dir
+    from miniverl.teacher_server.scoring import score_positions
+
+    model = load_causal_lm(resolve_model_dir(recipe.teacher.model), dtype="float32",
+                           device="cpu")
+    model.eval()
+    rng = np.random.default_rng(0)
+    n = recipe.rollout.max_total_tokens // 2
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(args.rollouts):
+            tokens = rng.integers(0, 200, n, dtype=np.int32)
+            score_positions(model, tokens, np.array([0, n], np.int32),
+                            np.arange(n - 1, dtype=np.int32), kind="topk",
+                            k=recipe.loss.top_k, temperature=1.0, exact_max_vocab=1 << 20)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=4, help="Runs per arm (interleaved).")
+    parser.add_argument("--cycles", type=int, default=3, help="Measured cycles per run.")
+    parser.add_argument("--rollouts", type=int, default=8, help="Rollouts per cycle.")
+    parser.add_argument("--batch", type=int, default=4, help="Episodes sampled at once.")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="Per assistant turn.")
+    parser.add_argument("--teacher-hidden", type=int, default=128)
+    parser.add_argument("--teacher-layers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from miniverl.common.toy import toy_model_dir
+
+    tmp = Path(tempfile.mkdtemp(prefix="opd-cycle-"))
+    endpoint = f"ipc://{tmp}/teacher.sock"
+    probe = build_recipe(args, tmp / "runs", True)
+    teacher_dir = toy_model_dir(probe.teacher.model.toy)
+    proc = start_teacher(teacher_dir, endpoint, tmp / "teacher.log")
+    arms: dict[str, list[dict]] = {"pipelined": [], "serial": []}
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+    try:
+        for rep in range(args.reps):
+            for name, flag in (("pipelined", True), ("serial", False)):
+                run = one_run(args, tmp / "runs", endpoint, flag)
+                arms[name].append(run)
+                print(f"rep {rep + 1}/{args.reps} {name:9s} cycle s "
+                      + " ".join(f"{x:.2f}" for x in run["cycle_s"]), flush=True)
+    finally:
+        stop_teacher(proc, endpoint)
+    wall = time.perf_counter() - t_start
+    summary = {name: summarise(runs) for name, runs in arms.items()}
+    ratio = summary["pipelined"]["cycle_s"] / summary["serial"]["cycle_s"]
+    scoring = teacher_scoring_s(args, probe)
+    shutil.rmtree(tmp, ignore_errors=True)
+    report = {
+        "benchmark": "opd_cycle",
+        "ratio_pipelined_over_serial": round(ratio, 4),
+        "target_ratio": TARGET_RATIO,
+        "meets_target": ratio <= TARGET_RATIO,
+        "arms": summary,
+        "teacher_scoring_in_process_s": round(scoring, 4),
+        "config": {
+            "recipe": str(RECIPE.relative_to(ROOT)), "reps": args.reps, "cycles": args.cycles,
+            "rollouts_per_cycle": args.rollouts, "batch_size": args.batch,
+            "max_new_tokens_per_turn": args.max_new_tokens,
+            "student": probe.student.model.toy.model_dump(),
+            "teacher": probe.teacher.model.toy.model_dump(),
+            "threads": {"student": 1, "teacher": 1}, "transport": "ipc",
+        },
+        "machine": {
+            "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(), "torch": torch.__version__,
+        },
+        "wall_s": round(wall, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    p, s = summary["pipelined"], summary["serial"]
+    print(f"median cycle: pipelined {p['cycle_s']:.3f} s, serial {s['cycle_s']:.3f} s, "
+          f"ratio {ratio:.3f} (target <= {TARGET_RATIO})")
+    for name, arm in summary.items():
+        print(f"  {name:9s} rollout {arm['rollout_s']:.3f} s, teacher wait "
+              f"{arm['teacher_wait_s']:.3f} s, update {arm['update_s']:.3f} s")
+    print(f"  teacher scoring of one cycle in process: {scoring:.3f} s")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
