@@ -33,6 +33,7 @@ from miniverl.protocol.control import (
     parse_control,
 )
 from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
+from miniverl.student.optim import planned_cycles
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
         step=trainer.step,
         version=trainer.version,
         cycle=trainer.cycle,
-        cycles=recipe.train.cycles,
+        cycles=planned_cycles(recipe),
         wall_s=trainer._wall(),
         teacher=getattr(trainer, "teacher", None),
         endpoint=trainer.endpoint,

@@ -353,6 +353,8 @@ class Trainer:
         total = total_optimizer_steps(recipe)
         with TrainProgress(total, enabled=self.show_progress, initial=self.step) as progress:
             while self.step < train.sft_warmup_steps:
+                if self.stop_event.is_set():
+                    return "interrupted"
                 self._sft_warmup_step()
                 progress.update(self.step, self.last_metrics)
             if recipe.run.mode == "offline_kd" and not self.fixed_set:
@@ -569,7 +571,8 @@ class Trainer:
         self._cache_put(list(fresh.values()))
         self.fixed_scored = [reused.get(t.id) or fresh[t.id] for t in self.fixed_set]
         scored = list(fresh.values())
-        write_trajectories(self.run.trajectories_path, self.fixed_set, append=True)
+        if not reused:  # a resume finds the fixed set already recorded
+            write_trajectories(self.run.trajectories_path, self.fixed_set, append=True)
         self.run.event("offline_targets_scored", trajectories=len(scored),
                        reused_from_cache=len(reused),
                        positions=int(sum(len(s.positions_P) for s in scored)))
