@@ -34,6 +34,7 @@ class Policy:
     device: torch.device
     vocab_size: int
     lora: bool
+    quantization: str = "none"
 
     @property
     def lm_head(self):
@@ -86,6 +87,12 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
     else:
         for param in model.parameters():
             param.requires_grad_(True)
+    if cfg.quantization == "nf4":
+        from miniverl.student.quant import guard_4bit
+
+        # Rollouts are no-grad passes; on some CPUs they repack 4-bit weights into an
+        # inference-only layout that silently stops LoRA gradients (see student/quant.py).
+        guard_4bit(model)
     model.train()
     device = next(model.parameters()).device
     return Policy(
@@ -96,6 +103,7 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
         device=device,
         vocab_size=vocab_size,
         lora=lora,
+        quantization=cfg.quantization,
     )
 
 
