@@ -38,6 +38,10 @@ def _micro_batches(n: int, grad_accum: int) -> list[range]:
 
 
 def _finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> tuple[float, float]:
+    if policy.quantization != "none":
+        from miniverl.student.quant import check_trainable_grads
+
+        check_trainable_grads(policy.model)  # never step with adapters silently frozen
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
