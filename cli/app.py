@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "cache_cmds",  # cache stats, cache validate
     "report_cmds",  # report, benchmark, export-benchmark
     "bridge_cmds",  # export-adapter, export-verl, convert-dataset, import-verl, bridge doctor
+    "model_cmds",  # convert-gguf
 )
 
 
