@@ -44,6 +44,7 @@ class StudentExited(MiniverlError):
         super().__init__(f"the student process exited with code {code} during start-up")
         self.code = code
 STOP_GRACE_S = 120.0
+START_FAILED_GRACE_S = 10.0
 
 
 def threads_per_process(recipe: Recipe) -> int:
@@ -290,10 +291,14 @@ class Supervisor:
             return self._watch()
         except StudentExited:
             return self._watch()
-        except BaseException:
+        except BaseException as exc:
             # Whatever went wrong here (a failed preparation, an interrupt during it),
-            # no child outlives the supervisor.
-            self._shutdown(1)
+            # no child outlives the supervisor. The student has trained nothing yet (it
+            # connects to the teacher before its first update), so it gets a short grace:
+            # with STOP_GRACE_S a teacher that failed to load kept `up` waiting 2 minutes.
+            self._shutdown(1, grace_s=START_FAILED_GRACE_S)
+            first_line = (str(exc).splitlines() or [""])[0]
+            self._close_abandoned_run(f"{type(exc).__name__}: {first_line}")
             raise
         finally:
             for sig, handler in previous.items():
@@ -352,12 +357,13 @@ class Supervisor:
             self._update_progress(progress, task, metrics_pos)
         code = self.student.returncode
         self.student.pump.join(5)
-        self._close_abandoned_run(code)
+        self._close_abandoned_run(
+            f"the student process exited with code {code} without closing the run")
         if code < 0:  # killed by a signal: report it the way a shell does
             code = 128 - code
         return self._shutdown(130 if self._stopping else code)
 
-    def _close_abandoned_run(self, code: int) -> None:
+    def _close_abandoned_run(self, reason: str) -> None:
         """A student killed outright (SIGKILL, the OOM killer) cannot mark its run; do it.
 
         Without this the run stayed ``running`` forever and ``--resume`` was the only
@@ -366,7 +372,6 @@ class Supervisor:
         try:
             if self.run.status not in ("ready", "running"):
                 return
-            reason = f"the student process exited with code {code} without closing the run"
             status = "interrupted" if self._stopping else "failed"
             self.run.event("run_interrupted" if self._stopping else "run_failed", reason=reason)
             self.run.set_status(status, reason=reason)
@@ -398,11 +403,11 @@ class Supervisor:
             progress.update(task, completed=row.get("step", 0), info="  ".join(info))
         return pos + last_newline + 1
 
-    def _shutdown(self, code: int) -> int:
+    def _shutdown(self, code: int, grace_s: float = STOP_GRACE_S) -> int:
         if self.student is not None and self.student.poll() is None:
             self.student.send_signal(signal.SIGTERM)
             try:
-                self.student.wait(STOP_GRACE_S)
+                self.student.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self.student.kill()
                 self.student.wait()
