@@ -98,3 +98,28 @@ def test_teacher_use_needs_a_live_run(tmp_path):
     result = CliRunner().invoke(app, ["teacher", "use", str(tmp_path), "tcp://127.0.0.1:5555"])
     assert result.exit_code == 1
     assert "no live control socket" in str(result.exception)
+
+
+def test_teacher_that_fails_to_load_fails_up_fast(tmp_path, monkeypatch):
+    # A teacher that crashes while loading ends `up` at once with its last log lines,
+    # stops the student (which trained nothing yet) and marks the run failed.
+    import time
+
+    import miniverl.cli.supervisor as supervisor_module
+    from miniverl.common.errors import MiniverlError
+
+    monkeypatch.setattr(supervisor_module, "START_FAILED_GRACE_S", 0.5)
+    sup = supervisor(tmp_path, run_id="badteacher")
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "time.sleep(600)")  # a student busy in its first eval
+    monkeypatch.setattr(sup, "_start_student", lambda: setattr(sup, "student", sup._spawn(
+        [sys.executable, "-c", stubborn], "[student]", "student.log")))
+    monkeypatch.setattr(sup, "_teacher_cmd", lambda: [
+        sys.executable, "-c", "print('load_failed: not a model'); raise SystemExit(1)"])
+    t0 = time.monotonic()
+    with pytest.raises(MiniverlError, match="load_failed: not a model"):
+        sup.run_all()
+    assert time.monotonic() - t0 < 60
+    assert sup.student.poll() is not None and sup.teacher.poll() == 1
+    status = json.loads((sup.run.path / "status.json").read_text())
+    assert status["status"] == "failed" and "while loading" in status["reason"], status
