@@ -73,7 +73,13 @@ class TeacherLink:
         """Bind the next update to ``version`` and the teacher ``(instance, gen)`` now live."""
         self.version = version
         self.client.set_version(version, allowed_lag)
-        self.binding = tuple(self.client.bind())
+        previous, self.binding = self.binding, tuple(self.client.bind())
+        if previous is not None and self.binding != previous and self.on_teacher_changed:
+            # A reload or restart that lands between updates (while the student updates
+            # or evaluates) drops no reply, so no TeacherChanged is raised; without this
+            # the run never recorded it and the manifest named the old teacher.
+            how = "reload" if self.binding[0] == previous[0] else "restart"
+            self.on_teacher_changed(teacher_identity(self.client), version, how)
         self._jobs = []
         self.wait_s = 0.0
 

@@ -273,6 +273,8 @@ class Trainer:
         return strategy
 
     def _teacher_changed(self, new: dict, version: int, how: str) -> None:
+        if new == self.teacher:  # already recorded: a retarget records itself
+            return
         self._check_qualified(new)
         prev = self.teacher
         self.teacher = new
