@@ -1,0 +1,96 @@
+"""Teacher changes that land *between* updates are recorded like those during one.
+
+Under ``up`` a reload or a restart often happens while the student computes its update
+or evaluates, when no request is bound to the teacher: the next update then binds to
+the new teacher without any reply being dropped. The run must still say so (a
+``teacher_changed`` event and a manifest version range), and a retarget must be
+recorded once, not also as a restart. The trainer runs in this process against
+``FakeTeacherClient``; the change is made from inside the update.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student"))
+
+from fake_teacher import FakeTeacherClient  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+TOY = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64}
+
+
+def make_recipe(output_dir: Path, cycles: int):
+    from miniverl.common.recipe import Recipe
+
+    return Recipe.model_validate({
+        "run": {"name": "changes", "mode": "opd", "seed": 0, "output_dir": str(output_dir)},
+        "student": {"model": {"toy": {**TOY, "seed": 0}}, "dtype": "float32", "device": "cpu",
+                    "lora": None},
+        "teacher": {"model": {"toy": {**TOY, "seed": 1}}, "dtype": "float32", "device": "cpu"},
+        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
+                        "eval_tasks": 2, "test_tasks": 2},
+        "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 8, "max_total_tokens": 512,
+                    "batch_size": 1},
+        "loss": {"objective": "bucketed_topk_tail", "top_k": 4},
+        "train": {"cycles": cycles, "rollouts_per_cycle": 1, "lr": 1e-3, "eval_every": 0,
+                  "save_every": 0},
+    })
+
+
+@pytest.fixture(scope="module")
+def teacher_model():
+    from miniverl.common.modeling import load_causal_lm, load_tokenizer
+    from miniverl.common.recipe import ToySpec
+    from miniverl.common.tokenizer_id import fingerprint_tokenizer
+    from miniverl.common.toy import toy_model_dir
+
+    model_dir = toy_model_dir(ToySpec(**TOY, seed=1))
+    model = load_causal_lm(model_dir, dtype="float32", device="cpu")
+    model.eval()
+    tokenizer = load_tokenizer(model_dir)
+    return model, fingerprint_tokenizer(tokenizer), len(tokenizer)
+
+
+def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypatch):
+    import miniverl.student.trainer as trainer_module
+    from miniverl.student.trainer import Trainer
+
+    client = FakeTeacherClient(*teacher_model)
+    real_step = trainer_module.distill_step
+    live: dict = {}
+
+    def step_then_change(*args, **kwargs):
+        stats = real_step(*args, **kwargs)
+        trainer = live["trainer"]
+        if trainer.version == 0:
+            client.gen += 1  # `teacher reload` lands while the student updates
+        elif trainer.version == 1:
+            client.instance, client.gen = uuid.uuid4().hex, 0  # a restart, same endpoint
+        elif trainer.version == 2:
+            trainer.request_retarget("tcp://127.0.0.1:5556")  # applied at the boundary
+        return stats
+
+    monkeypatch.setattr(trainer_module, "distill_step", step_then_change)
+    with Trainer(make_recipe(tmp_path, cycles=5), client=client, show_progress=False,
+                 write_report=False, checkpoints=False) as trainer:
+        live["trainer"] = trainer
+        assert trainer.train().status == "completed"
+        run_dir = trainer.run.path
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    changes = [(e["how"], e["version"]) for e in events if e["event"] == "teacher_changed"]
+    assert changes == [("reload", 1), ("restart", 2), ("retarget", 3)], changes
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    ranges = [(t["how"], t["from_version"], t["to_version"]) for t in manifest["teachers"]]
+    assert ranges == [("connect", 0, 0), ("reload", 1, 1), ("restart", 2, 2),
+                      ("retarget", 3, None)], ranges
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # Each update's metrics row names the teacher that scored it.
+    assert metrics[1]["teacher"]["gen"] == 1 and metrics[2]["teacher"]["gen"] == 0
+    assert metrics[1]["teacher"]["instance"] != metrics[2]["teacher"]["instance"]
