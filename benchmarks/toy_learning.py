@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=ROOT / "benchmarks" / "results" / "toy_learning.json")
     parser.add_argument("--timeout-s", type=float, default=1200.0)
     parser.add_argument("--keep", action="store_true", help="Keep the work folder.")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="Use this MINIVERL_CACHE for every seed (warm if it holds the teacher).")
     args = parser.parse_args(argv)
 
     recipe = args.recipe.resolve()
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             cache = work / f"cache-seed{seed}" if args.cold == "all" else shared
             if args.cold == "first" and i > 0:
                 cache = shared
+            if args.cache is not None:
+                cache = args.cache.resolve()
             runs.append(run_seed(recipe, seed, work, cache, args.timeout_s))
             r = runs[-1]
             print(f"seed {seed}: {'cold' if r['cold_cache'] else 'warm'} "
