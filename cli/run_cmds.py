@@ -44,11 +44,11 @@ def register(app: typer.Typer) -> None:
                 f"mode {loaded.run.mode!r} needs a teacher: pass --teacher ENDPOINT (see "
                 "`miniverl teacher serve`) or start both processes with `miniverl up`"
             )
-        from miniverl.student.api import summary_lines, train_from_file
+        from miniverl.student.api import graceful_stop, summary_lines, train_from_file
 
         result = train_from_file(
             recipe, teacher=teacher, run_id=run_id, resume=resume, offline=offline,
-            output_dir=output_dir,
+            output_dir=output_dir, stop_event=graceful_stop(),
         )
         for line in summary_lines(result):
             typer.echo(line)

@@ -9,9 +9,7 @@ Expected failures print one line and exit 1; an interrupt exits 130.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,20 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from miniverl.common.errors import MiniverlError
-    from miniverl.student.api import summary_lines, train_from_file
+    from miniverl.student.api import graceful_stop, summary_lines, train_from_file
 
-    stop = threading.Event()
-
-    def request_stop(signum, frame):
-        # First signal: finish the current update, checkpoint, exit 130. A second one
-        # interrupts at once (the last checkpoint stays valid: they are atomic).
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        print("stopping at the next update boundary (checkpoint first)", file=sys.stderr)
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = graceful_stop()
     try:
         result = train_from_file(
             args.recipe, teacher=args.teacher, run_id=args.run_id, resume=args.resume,

@@ -48,6 +48,31 @@ def train_from_file(
         return trainer.train()
 
 
+def graceful_stop():
+    """SIGINT/SIGTERM handlers for a training process; returns the stop event they set.
+
+    The first signal asks the loop to finish its current update, checkpoint and stop
+    (exit 130). A second one interrupts at once; no checkpoint is written then, and the
+    last one (written atomically) stays valid for ``--resume``.
+    """
+    import signal
+    import sys
+    import threading
+
+    stop = threading.Event()
+
+    def request_stop(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("stopping at the next update boundary (checkpoint first); again to abort",
+              file=sys.stderr)
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop
+
+
 def summary_lines(result) -> list[str]:
     """Human lines describing a finished run."""
     before = (result.eval_before or {}).get("success")

@@ -331,8 +331,11 @@ class Trainer:
                            version=self.version, steps=self.step)
             self.run.set_status(status)
         except KeyboardInterrupt:
-            self._safe_checkpoint()
-            self.run.event("run_interrupted", version=self.version, steps=self.step)
+            # A hard interrupt can land inside an optimizer step, so the parameters may be
+            # half-updated: write no checkpoint now. The last one is complete (they are
+            # written atomically) and `--resume` continues from it exactly.
+            self.run.event("run_interrupted", version=self.version, steps=self.step,
+                           checkpoint="none written; resume continues from the last one")
             self.run.set_status("interrupted", reason="KeyboardInterrupt")
             raise
         except BaseException as exc:
@@ -686,13 +689,6 @@ class Trainer:
         )
         self.run.event("checkpoint", path=str(path), version=self.version, step=self.step)
         return path
-
-    def _safe_checkpoint(self) -> None:
-        try:
-            if hasattr(self, "optimizer"):
-                self._checkpoint()
-        except Exception as exc:  # the interrupt is what the user sees; note the rest
-            self.run.event("checkpoint_failed", reason=f"{type(exc).__name__}: {exc}")
 
     def _restore(self) -> None:
         from miniverl.student.checkpoint import latest as latest_checkpoint
