@@ -175,8 +175,10 @@ class Supervisor:
 
     def _start_student(self) -> None:
         cmd = [sys.executable, "-m", "miniverl.student", str(self.recipe_path),
-               "--teacher", self.endpoint, "--run-id", self.run_id,
-               "--output-dir", str(self.output_dir), "--control", "--no-progress"]
+               "--run-id", self.run_id, "--output-dir", str(self.output_dir), "--control",
+               "--no-progress"]
+        if self.recipe.needs_teacher:
+            cmd += ["--teacher", self.endpoint]
         if self.resume:
             cmd.append("--resume")
         self.student = self._spawn(cmd, "[student]", "student.log")
@@ -274,15 +276,17 @@ class Supervisor:
             self.run = RunDir.create(self.output_dir, self.recipe, recipe_text=text,
                                      run_id=self.run_id)
         self.run.logs_dir.mkdir(parents=True, exist_ok=True)
+        needs_teacher = self.recipe.needs_teacher
         self.endpoint = self.external or socket_endpoint(self.run.path, "teacher.sock")
-        record_socket(self.run.path, "teacher", self.endpoint)
+        if needs_teacher:
+            record_socket(self.run.path, "teacher", self.endpoint)
         self.console.print(f"[bold]run[/bold] {self.run.path}")
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for sig in previous:
             signal.signal(sig, self._on_signal)
         try:
             self._start_student()
-            if self.external is None:
+            if self.external is None and needs_teacher:  # sft runs need no teacher
                 self._prepare_teacher()
                 if self._stopping or self.student.poll() is not None:
                     return self._watch()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from miniverl.cli.app import app
@@ -62,9 +63,11 @@ def test_validate_good_recipe_prints_a_plan():
 def test_validate_reports_three_mistakes_with_locations(tmp_path):
     # torchtune's lesson: a user fixing a config sees every problem in one run.
     text = TOY.read_text()
-    text = text.replace("mode: opd ", "mode: on_policy ")
-    text = text.replace("top_k: 16 ", "top_k: 0 ")
-    text = text.replace("  eval_every: 10\n", "  eval_evry: 10\n")
+    # Regexes, not literal values: the shipped recipe's numbers get retuned.
+    text, n_mode = re.subn(r"(?m)^(\s*)mode: opd\b", r"\1mode: on_policy", text)
+    text, n_k = re.subn(r"(?m)^(\s*)top_k: \d+", r"\1top_k: 0", text)
+    text, n_eval = re.subn(r"(?m)^(\s*)eval_every:", r"\1eval_evry:", text)
+    assert (n_mode, n_k, n_eval) == (1, 1, 1), "the toy recipe changed shape"
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     result = runner.invoke(app, ["validate", str(bad)])
