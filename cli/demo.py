@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
-STUDENT = {"toy": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 192,
+STUDENT = {"toy": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128,
                    "seed": 0}}
-TEACHER = {"toy": {"hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 256,
+TEACHER = {"toy": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128,
                    "seed": 1}}
 ENVIRONMENT = {"name": "calculator", "params": {"units": False}, "difficulty": "easy",
-               "train_tasks": 256, "eval_tasks": 16, "test_tasks": 16, "split_seed": 0}
-ROLLOUT = {"max_turns": 2, "max_new_tokens_per_turn": 96, "max_total_tokens": 512,
+               "train_tasks": 256, "eval_tasks": 8, "test_tasks": 8, "split_seed": 0}
+# A tool call is 67 byte-level tokens; an easy episode about 270.
+ROLLOUT = {"max_turns": 2, "max_new_tokens_per_turn": 72, "max_total_tokens": 360,
            "temperature": 1.0, "top_p": 1.0, "batch_size": 8}
 
 TEACHER_PREP = {
@@ -32,7 +33,7 @@ TEACHER_PREP = {
     "student": {"model": TEACHER, "dtype": "float32", "device": "cpu", "lora": None},
     "environment": ENVIRONMENT,
     "rollout": ROLLOUT,
-    "train": {"cycles": 40, "rollouts_per_cycle": 16, "lr": 3.0e-3, "schedule": "cosine",
+    "train": {"cycles": 24, "rollouts_per_cycle": 8, "lr": 3.0e-3, "schedule": "constant",
               "warmup_steps": 4, "eval_every": 0, "save_every": 0},
     "runtime": {"cpu_threads": 1},
 }
@@ -46,8 +47,8 @@ DEMO = {
     "environment": ENVIRONMENT,
     "rollout": ROLLOUT,
     "loss": {"objective": "bucketed_topk_tail", "divergence": "forward_kl", "top_k": 16},
-    "train": {"cycles": 8, "rollouts_per_cycle": 8, "sft_warmup_steps": 6, "lr": 3.0e-3,
-              "eval_every": 0, "save_every": 0, "pipelining": True},
+    "train": {"cycles": 8, "rollouts_per_cycle": 8, "sft_warmup_steps": 0, "lr": 3.0e-3,
+              "max_grad_norm": 0.05, "eval_every": 0, "save_every": 0, "pipelining": True},
     "runtime": {"cpu_threads": 1, "heartbeat_ms": 1000, "unavailable_timeout_s": 120},
 }
 
