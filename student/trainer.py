@@ -316,11 +316,6 @@ class Trainer:
             eval_before = None
             if not self.resume:
                 eval_before = self._evaluate().to_dict()
-            if recipe.needs_teacher:
-                # Connect only now: under `up` the teacher loads while the student
-                # imports, builds its model and runs the first eval.
-                self._connect_teacher()
-                self.memory = self._choose_memory()
             status = self._loop()
             final_eval = None
             if status == "completed":
@@ -362,6 +357,11 @@ class Trainer:
                     return "interrupted"
                 self._sft_warmup_step()
                 progress.update(self.step, self.last_metrics)
+            if recipe.needs_teacher and self.link is None:
+                # Connect only now: under `up` the teacher loads (or is still being
+                # prepared) while the student imports, evaluates and runs its SFT warm-up.
+                self._connect_teacher()
+                self.memory = self._choose_memory()
             if recipe.run.mode == "offline_kd" and not self.fixed_set:
                 self._prepare_fixed_set()
             while self.cycle < planned_cycles(recipe):
