@@ -135,3 +135,28 @@ def test_swap_memory_with_a_quantized_student_is_refused(tmp_path):
             trainer._choose_memory()
     finally:
         trainer.run.release()
+
+
+def test_trainer_runs_strict_opd_with_an_nf4_student(tmp_path):
+    # End to end: eval pass, rollouts (no-grad), then an update with every adapter
+    # gradient present (the trainer raises LoraGradientError otherwise).
+    import json
+
+    from miniverl.common.modeling import load_causal_lm
+    from miniverl.common.recipe import ToySpec
+    from miniverl.common.toy import toy_model_dir
+    from miniverl.student.trainer import Trainer
+
+    from tests.student.fake_teacher import FakeTeacherClient
+
+    recipe = _recipe(tmp_path)
+    probe = load_policy(recipe)
+    teacher = load_causal_lm(toy_model_dir(ToySpec(**TOY)), dtype="float32", device="cpu")
+    client = FakeTeacherClient(teacher, probe.tokenizer_fp, probe.vocab_size)
+    with Trainer(recipe, client=client, show_progress=False, write_report=False,
+                 checkpoints=False) as trainer:
+        result = trainer.train()
+        assert packed_layers(trainer.policy.model) == []
+    assert result.status == "completed" and result.final_version == 1
+    [row] = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert row["on_policy"] is True and row["grad_norm"] > 0
