@@ -74,6 +74,19 @@ def _episode_seed(run_seed: int, cycle: int, index: int) -> int:
     return (run_seed * 1_000_003 + cycle * 10_007 + index) % (2**31 - 1)
 
 
+def _recipe_changes(old: Recipe, new: Recipe) -> list[str]:
+    """Fields that differ, ignoring ``run.output_dir``: where a run lives (``runs`` or
+    its absolute path, as ``miniverl up`` passes it) does not change what it learns."""
+    return [f for f in diff_recipes(old, new) if f != "run.output_dir"]
+
+
+def _run_digest(recipe: Recipe) -> str:
+    """The recipe digest checkpoints record, with ``run.output_dir`` left out."""
+    return recipe_digest(
+        recipe.model_copy(update={"run": recipe.run.model_copy(update={"output_dir": "-"})})
+    )
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
@@ -142,7 +155,7 @@ class Trainer:
             if run_id is None:
                 raise ConfigError("--resume needs --run-id ID (the run to continue)")
             run = RunDir.open(out / run_id)
-            differing = diff_recipes(run.recipe(), self.recipe)
+            differing = _recipe_changes(run.recipe(), self.recipe)
             if differing:
                 raise ConfigError(
                     f"run {run_id} was started with another recipe; differing fields: "
@@ -152,7 +165,7 @@ class Trainer:
             # `miniverl up` creates the run directory (for logs and sockets) before the
             # student starts; the student adopts it while it is still `ready`.
             run = RunDir.open(out / run_id)
-            if run.status != "ready" or diff_recipes(run.recipe(), self.recipe):
+            if run.status != "ready" or _recipe_changes(run.recipe(), self.recipe):
                 raise ConfigError(
                     f"run {run_id} already exists ({run.status}); pick another --run-id, "
                     "or pass --resume to continue it"
@@ -685,7 +698,7 @@ class Trainer:
             step=self.step,
             version=self.version,
             data_cursor={"cycle": self.cycle},
-            recipe_digest=recipe_digest(self.recipe),
+            recipe_digest=_run_digest(self.recipe),
         )
         self.run.event("checkpoint", path=str(path), version=self.version, step=self.step)
         return path
@@ -701,10 +714,10 @@ class Trainer:
                 "--resume"
             )
         state = load_checkpoint(path, self.policy.model, self.optimizer, self.scheduler)
-        if state.recipe_digest != recipe_digest(self.recipe):
+        if state.recipe_digest != _run_digest(self.recipe):
             raise ConfigError(
                 f"checkpoint {path.name} was written with recipe {state.recipe_digest}, this "
-                f"recipe is {recipe_digest(self.recipe)}; resume with the original recipe"
+                f"recipe is {_run_digest(self.recipe)}; resume with the original recipe"
             )
         self.step, self.version = state.step, state.version
         self.cycle = int(state.data_cursor.get("cycle", 0))
