@@ -126,6 +126,7 @@ def summarise(runs: list[dict]) -> dict:
 def teacher_scoring_s(args, recipe) -> float:
     """In-process time to score one cycle's worth of positions (the work that can overlap)."""
     import numpy as np
+
     from miniverl.common.modeling import load_causal_lm, resolve_model_dir
     from miniverl.teacher_server.scoring import score_positions
 

@@ -89,6 +89,7 @@ def main() -> None:
         os.environ[var] = str(args.threads)
 
     import torch
+
     from miniverl.common.gguf_import import convert_gguf, smollm2_gguf
     from miniverl.protocol.client import SyncTeacherClient
     from miniverl.teacher_server.loader import TeacherSpec, load_teacher

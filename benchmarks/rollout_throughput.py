@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from miniverl.common.toy import build_toy_model, build_toy_tokenizer
 from miniverl.student.environments import make_tasks
 from miniverl.student.rollout import RolloutRunner

@@ -52,8 +52,9 @@ K = 64
 def build_large_vocab_teacher(root: Path) -> Path:
     """A random-init Qwen3 (hidden 64, 2 layers) with V = 151,669, saved with a tokenizer."""
     import torch
-    from miniverl.common.toy import build_toy_tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from miniverl.common.toy import build_toy_tokenizer
 
     torch.manual_seed(0)
     config = Qwen3Config(
@@ -218,6 +219,7 @@ def main() -> None:
         os.environ[var] = str(args.threads)
 
     import torch
+
     from miniverl.common.recipe import ToySpec
     from miniverl.common.toy import toy_model_dir
 

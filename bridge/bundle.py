@@ -36,6 +36,7 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+
 from miniverl.bridge import artifacts, parquet, profile
 from miniverl.bridge.hashing import write_json, write_sums
 from miniverl.common.errors import ConfigError

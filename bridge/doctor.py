@@ -35,6 +35,7 @@ import re
 from pathlib import Path
 
 import yaml
+
 from miniverl.bridge import parquet, profile
 from miniverl.bridge.hashing import verify_sums
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from miniverl.bridge.hashing import write_json
 from miniverl.bridge.profile import PROFILE, flatten
 from miniverl.common.errors import ConfigError

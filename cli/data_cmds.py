@@ -161,11 +161,12 @@ def show_trajectory(path: Path, index: int, tokenizer_dir: Path | None, as_json:
     """Print trajectory ``index`` of ``path`` span by span."""
     import json
 
-    from miniverl.common.errors import ConfigError
-    from miniverl.common.trajectory import iter_trajectories
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
+
+    from miniverl.common.errors import ConfigError
+    from miniverl.common.trajectory import iter_trajectories
 
     if not path.is_file():
         raise ConfigError(f"trajectories file {str(path)!r} does not exist; pass a .jsonl file")

@@ -88,9 +88,10 @@ def register_up(app: typer.Typer) -> None:
         output: Path = typer.Option(Path("miniverl-demo"), "--output", help="Output folder."),
     ) -> None:
         """Build toy models, prepare a teacher, run strict OPD with `up`; print a summary."""
+        from rich.console import Console
+
         from miniverl.cli.demo import demo as run_demo
         from miniverl.cli.demo import summary_lines
-        from rich.console import Console
 
         console = Console(stderr=True)
         code, run_dir, summary, wall = run_demo(output, console=console)

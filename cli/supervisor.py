@@ -28,11 +28,12 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.rundir import RunDir, new_run_id
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 TEACHER_RESTARTS = 3
 
@@ -61,6 +62,7 @@ def ping_until_ready(endpoint: str, proc: subprocess.Popen | None, timeout_s: fl
     for a student that already failed.
     """
     import zmq
+
     from miniverl.protocol.codec import decode, encode
     from miniverl.protocol.messages import Ping, Pong
 

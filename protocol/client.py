@@ -32,6 +32,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+
 from miniverl.common.errors import (
     MiniverlError,
     ProtocolError,

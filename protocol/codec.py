@@ -27,6 +27,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from pydantic import BaseModel
+
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import (
     MAX_ID,
@@ -36,7 +38,6 @@ from miniverl.protocol.messages import (
     expected_arrays,
     parse_header,
 )
-from pydantic import BaseModel
 
 BF16 = np.dtype([("bf16", "<u2")])
 """bfloat16 as raw little-endian 16-bit words (numpy has no native bfloat16)."""

@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from miniverl.common.errors import MiniverlError, ProtocolError, TeacherUnavailable
 from miniverl.protocol.codec import decode_header_only, encode
 from miniverl.protocol.endpoints import check_endpoint
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SOCKETS_FILE = "sockets.json"
 

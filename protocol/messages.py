@@ -18,9 +18,10 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from miniverl.common.errors import ProtocolError
 from miniverl.protocol.limits import Limits
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROTOCOL_VERSION = 1
 PROTOCOL_NAME = "mvl-score/1"

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 import zmq.asyncio
+
 from miniverl.common.errors import MiniverlError, TokenizerMismatch
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import decode, decode_header_only, encode

@@ -99,6 +99,7 @@ def eval_run(run_path: str | Path, *, split: str | None = None,
              checkpoint: str | None = None) -> dict[str, Any]:
     """Evaluate a run's latest (or a named) checkpoint on a split; returns the summary."""
     import torch
+
     from miniverl.common.errors import ConfigError
     from miniverl.student.checkpoint import latest as latest_checkpoint
     from miniverl.student.checkpoint import load as load_checkpoint

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from miniverl.common.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from miniverl.common.errors import ConfigError
 
 ArmMode = Literal["sft", "offline_kd", "opd", "replay"]
 Metric = Literal["success_after", "success_gain", "final_loss", "wall_s"]

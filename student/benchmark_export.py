@@ -22,8 +22,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from miniverl.common.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field
+
+from miniverl.common.errors import ConfigError
 
 PACKAGES = (
     "miniverl",

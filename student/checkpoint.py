@@ -39,9 +39,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
+
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.common.hashing import sha256_file
-from safetensors.torch import load_file, save_file
 
 FORMAT = "miniverl-checkpoint/1"
 STEP_DIR = re.compile(r"^step_(\d+)$")

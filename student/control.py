@@ -86,6 +86,7 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
 def probe_teacher(endpoint: str, timeout_s: float) -> None:
     """PING ``endpoint`` once; raise ``TeacherUnavailable`` unless a teacher answers."""
     import zmq
+
     from miniverl.protocol.codec import decode
     from miniverl.protocol.messages import Ping, Pong
 

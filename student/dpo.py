@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.policy import Policy, hidden_at_positions, next_tokens
-from torch.utils.checkpoint import checkpoint
 
 
 @dataclass

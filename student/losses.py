@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from miniverl.common.errors import ConfigError
 from torch.utils.checkpoint import checkpoint
+
+from miniverl.common.errors import ConfigError
 
 OBJECTIVES = ("exact_full_vocab", "bucketed_topk_tail")
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")

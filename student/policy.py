@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from miniverl.common.modeling import load_causal_lm, load_tokenizer, resolve_model_dir
 from miniverl.common.recipe import Recipe, check_vocab
 from miniverl.common.tokenizer_id import fingerprint_tokenizer

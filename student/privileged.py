@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from miniverl.common.errors import ConfigError, ProvenanceError, TokenizerMismatch
 from miniverl.common.trajectory import Span, SpanType, Trajectory
 from miniverl.student.chat import EpisodeBuilder

@@ -123,6 +123,7 @@ def measure(
 ) -> dict[str, Any]:
     """Greedy success of ``model`` (the teacher) on ``split``; returns the record."""
     import torch
+
     from miniverl.student.eval import evaluate
 
     if split not in ("eval", "test"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from miniverl.common.errors import MiniverlError
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from miniverl.common.trajectory import Trajectory
 
 Targets = dict[str, dict[int, dict[str, Any]]]

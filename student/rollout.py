@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import (
     SpanType,

@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import SpanType, Trajectory
 

@@ -44,10 +44,11 @@ from typing import Any
 
 import numpy as np
 import safetensors.numpy
+from safetensors import safe_open
+
 from miniverl.common.atomic import atomic_write_bytes, atomic_write_json
 from miniverl.common.errors import ProvenanceError, StaleTargetError
 from miniverl.common.hashing import sha256_file
-from safetensors import safe_open
 
 FORMAT = "miniverl-targets/1"
 INDEX_NAME = "index.json"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from miniverl.common.errors import StaleTargetError
 from miniverl.common.trajectory import Trajectory
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.common.manifest import record_teacher, update_manifest
 from miniverl.common.recipe import Recipe, diff_recipes, recipe_digest

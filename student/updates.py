@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.losses import TeacherTargets, distillation_loss, sft_loss
 from miniverl.student.policy import Policy, hidden_at_positions, next_tokens

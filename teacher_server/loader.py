@@ -176,6 +176,7 @@ def adapter_sha256(adapter_dir: Path) -> str:
 def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
     """Resolve, load, merge the adapter, freeze. Raises :class:`ConfigError` on bad input."""
     import torch
+
     from miniverl.common.modeling import load_causal_lm
     from miniverl.common.tokenizer_id import tokenizer_fingerprint
 

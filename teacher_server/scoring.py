@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from miniverl.common.errors import MiniverlError
 
 # Upper bound on fp32 elements of one logits chunk ([rows, V]); 2**24 floats = 64 MiB.

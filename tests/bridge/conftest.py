@@ -63,11 +63,12 @@ def toy_run(tmp_path_factory) -> Path:
     """A finished-looking LoRA run directory (see the module docstring)."""
     os.environ.setdefault("MINIVERL_CACHE", str(tmp_path_factory.mktemp("cache")))
     import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
     from miniverl.common.modeling import resolve_model_dir
     from miniverl.common.recipe import Recipe
     from miniverl.common.rundir import RunDir
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
     recipe = Recipe.model_validate(RECIPE)

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 import yaml
+
 from miniverl.bridge import profile
 from miniverl.bridge.doctor import STATUSES, doctor
 from miniverl.bridge.hashing import verify_sums
@@ -18,11 +19,12 @@ from miniverl.common.errors import ConfigError
 def test_export_adapter_loads_with_peft(toy_run, tmp_path):
     # Level 1: the adapter is standard PEFT — the stock loader accepts it onto the base.
     import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
     from miniverl.bridge.artifacts import export_adapter
     from miniverl.common.modeling import resolve_model_dir
     from miniverl.common.recipe import load_recipe
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     out = tmp_path / "adapter"
     summary = export_adapter(toy_run, out)
@@ -167,8 +169,9 @@ def test_doctor_flags_a_leaked_path_and_bad_override(toy_bundle, tmp_path):
 
 
 def test_doctor_cli_json_and_exit_code(toy_bundle, tmp_path):
-    from miniverl.cli.app import app
     from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
 
     runner = CliRunner()
     ok = runner.invoke(app, ["bridge", "doctor", str(toy_bundle), "--json"])
@@ -188,7 +191,6 @@ def test_full_finetune_run_exports_hf_model_dir(toy_run, tmp_path):
     from miniverl.common.modeling import resolve_model_dir
     from miniverl.common.recipe import Recipe
     from miniverl.common.rundir import RunDir
-
     from tests.bridge.conftest import RECIPE
 
     recipe = Recipe.model_validate({**RECIPE, "student": {**RECIPE["student"], "lora": None}})

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+
 from miniverl.bridge.importer import WHITELIST, import_config, import_verl
 from miniverl.common.errors import ConfigError
 

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from miniverl.bridge import parquet
 from miniverl.bridge.convert import convert_dataset
 from miniverl.common.errors import ConfigError, ProvenanceError

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from miniverl.bridge import parquet
 from miniverl.student.environments import make_tasks
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from miniverl.student.report import build_report
 
 pytestmark = pytest.mark.browser

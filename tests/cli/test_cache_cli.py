@@ -7,9 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from miniverl.cli.app import app, main
 from miniverl.student.targets_cache import CacheIdentity, EntryKey, TargetsCache
-from typer.testing import CliRunner
 
 IDENT = CacheIdentity("sha256:abc", 64, "topk", 2, "bucketed_topk_tail", 1.0)
 runner = CliRunner()

@@ -6,8 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from miniverl.cli.app import app
 from typer.testing import CliRunner
+
+from miniverl.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "recipes" / "toy_cpu_opd.yaml"

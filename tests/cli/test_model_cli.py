@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 
+from typer.testing import CliRunner
+
 from miniverl.cli.app import app
 from miniverl.common.errors import ConfigError
 from miniverl.common.gguf_import import CONVERTER_VERSION, RECORD_FILE, _sha256
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

@@ -19,11 +19,12 @@ TEACHER = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate":
 
 
 def test_qualify_a_prepared_teacher(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
     from miniverl.cli.app import app
     from miniverl.common.recipe import ToySpec
     from miniverl.common.toy import toy_model_dir
     from miniverl.student import qualify, teacher_prep
-    from typer.testing import CliRunner
 
     prepared = tmp_path / "prepared-abc"
     shutil.copytree(toy_model_dir(ToySpec(**TEACHER)), prepared)

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import yaml
+from typer.testing import CliRunner
+
 from miniverl.cli.app import app
 from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.student import benchmark as benchmark_mod
 from miniverl.student.benchmark import BenchmarkResults, CellResult
-from typer.testing import CliRunner
 
 _spec = importlib.util.spec_from_file_location(
     "report_runs", Path(__file__).parents[1] / "student" / "report_runs.py"

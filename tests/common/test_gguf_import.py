@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.gguf_import import _extend_template, convert_gguf, renders_tools
 
@@ -31,8 +32,9 @@ def test_missing_gguf_file_is_a_config_error(tmp_path):
 def test_smollm2_template_is_extended_not_replaced():
     # Users rely on two things: the model still sees its own format for plain chats,
     # and tool specs / tool calls are no longer silently dropped.
-    from miniverl.common.gguf_import import SMOLLM2_FILE, smollm2_gguf
     from transformers import AutoTokenizer
+
+    from miniverl.common.gguf_import import SMOLLM2_FILE, smollm2_gguf
 
     path = smollm2_gguf()
     assert path.name == SMOLLM2_FILE

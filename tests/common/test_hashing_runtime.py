@@ -6,6 +6,7 @@ import hashlib
 import os
 
 import pytest
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import file_digests, prefixed, sha256_bytes, sha256_dir, sha256_file
 from miniverl.common.runtime import apply_cpu_threads

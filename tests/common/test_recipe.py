@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import (
     Recipe,

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+
 from miniverl.common.atomic import atomic_write_json, atomic_write_text
 from miniverl.common.errors import ConfigError, RunLockedError
 from miniverl.common.manifest import read_manifest, record_teacher, update_manifest

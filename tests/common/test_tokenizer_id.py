@@ -9,10 +9,11 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from miniverl.common.errors import ConfigError  # noqa: E402
-from miniverl.common.tokenizer_id import fingerprint_tokenizer, tokenizer_fingerprint  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from miniverl.common.errors import ConfigError  # noqa: E402
+from miniverl.common.tokenizer_id import fingerprint_tokenizer, tokenizer_fingerprint  # noqa: E402
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

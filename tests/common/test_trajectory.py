@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from miniverl.common.errors import ProvenanceError
 from miniverl.common.trajectory import (
     CONTEXT_SPANS,

@@ -145,6 +145,7 @@ def fingerprint(model_dir: Path) -> tuple[str, int]:
 def reference(model_dir: Path, tokens, cu, positions, **kw):
     """The in-process forward the wire must reproduce (fp32 on CPU)."""
     import torch
+
     from miniverl.common.modeling import load_causal_lm
     from miniverl.teacher_server.scoring import score_positions
 
@@ -247,8 +248,9 @@ def test_topk_and_exact_equal_the_in_process_reference(ipc_teacher, toy_dirs):
 
 
 def test_cli_status(ipc_teacher):
-    from miniverl.cli.app import app
     from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
 
     endpoint, _, _ = ipc_teacher
     result = CliRunner().invoke(app, ["teacher", "status", endpoint, "--json"])

@@ -102,8 +102,9 @@ def rows(path: Path) -> list[dict]:
 
 def make_adapter(model_dir: Path, out: Path) -> Path:
     import torch
-    from miniverl.common.modeling import load_causal_lm
     from peft import LoraConfig, get_peft_model
+
+    from miniverl.common.modeling import load_causal_lm
 
     torch.manual_seed(0)
     base = load_causal_lm(model_dir, dtype="float32", device="cpu")
@@ -118,6 +119,8 @@ def make_adapter(model_dir: Path, out: Path) -> Path:
 
 
 def test_adapter_identity_and_gate_end_to_end(tmp_path):
+    from typer.testing import CliRunner
+
     from miniverl.cli.app import app
     from miniverl.common.errors import MiniverlError
     from miniverl.common.recipe import Recipe, ToySpec
@@ -126,7 +129,6 @@ def test_adapter_identity_and_gate_end_to_end(tmp_path):
     from miniverl.student.targets_cache import TargetsCache
     from miniverl.teacher_server.loader import adapter_sha256, spec_from_recipe
     from miniverl.teacher_server.service import make_loader
-    from typer.testing import CliRunner
 
     adapter = make_adapter(toy_model_dir(ToySpec(**TEACHER)), tmp_path / "adapter")
     digest = adapter_sha256(adapter)
@@ -308,6 +310,7 @@ def test_student_trains_against_the_standalone_teacher(tmp_path, toy_vocab, corp
 def test_standalone_teacher_wire_behaviour(tmp_path, toy_vocab, corpus):
     import msgpack
     import zmq
+
     from miniverl.common.errors import TokenizerMismatch
     from miniverl.protocol.client import SyncTeacherClient
 

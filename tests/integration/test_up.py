@@ -206,8 +206,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def cli(*args: str, code: int = 0) -> str:
     """Run one ``miniverl`` command in this process; returns its output (and error)."""
-    from miniverl.cli.app import app
     from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
 
     result = CliRunner().invoke(app, list(args))
     error = "" if result.exception is None else str(result.exception)

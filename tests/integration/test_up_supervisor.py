@@ -92,8 +92,9 @@ def test_student_exit_code_passes_through(tmp_path):
 
 def test_teacher_use_needs_a_live_run(tmp_path):
     # `miniverl teacher use` on a run that is not running says so in one line.
-    from miniverl.cli.app import app
     from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
 
     result = CliRunner().invoke(app, ["teacher", "use", str(tmp_path), "tcp://127.0.0.1:5555"])
     assert result.exit_code == 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import decode, encode
 

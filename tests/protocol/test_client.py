@@ -11,6 +11,8 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
+from protocol_fakes import FP, VOCAB, FakeTeacher
+
 from miniverl.common.errors import (
     ProtocolError,
     StaleTargetError,
@@ -20,7 +22,6 @@ from miniverl.common.errors import (
 )
 from miniverl.protocol import messages as m
 from miniverl.protocol.client import SyncTeacherClient, TeacherChanged, TeacherClient
-from protocol_fakes import FP, VOCAB, FakeTeacher
 
 TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
 CU = np.array([0, 5, 9], np.int32)

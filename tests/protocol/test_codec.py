@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from miniverl.common.errors import ProtocolError
 from miniverl.protocol.codec import (
     BF16,

@@ -12,6 +12,7 @@ import stat
 
 import numpy as np
 import pytest
+
 from miniverl.common.errors import ConfigError
 from miniverl.protocol import messages as m
 from miniverl.protocol.endpoints import (

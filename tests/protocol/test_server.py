@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
+
 from miniverl.common.errors import ConfigError
 from miniverl.protocol.codec import decode, encode
 from miniverl.protocol.limits import Limits

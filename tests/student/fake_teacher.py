@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from miniverl.protocol.client import ScoreResult, TeacherChanged
 from miniverl.teacher_server.scoring import score_positions
 

@@ -103,6 +103,7 @@ def _jsonl(path: Path, rows: list[dict]) -> None:
 def write_targets(path: Path, trajs: list[Trajectory], k: int = 4) -> None:
     """Teacher top-k targets for ``trajs`` in a real targets cache (positions included)."""
     import numpy as np
+
     from miniverl.student.targets_cache import CacheIdentity, EntryKey, TargetsCache
 
     identity = CacheIdentity(

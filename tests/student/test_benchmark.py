@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from report_runs import make_run
+
 from miniverl.common.errors import ConfigError
 from miniverl.student.benchmark import (
     BenchmarkResults,
@@ -21,7 +23,6 @@ from miniverl.student.benchmark_export import (
     build_hardware_result,
     export_benchmark,
 )
-from report_runs import make_run
 
 BASE_RECIPE = {
     "run": {"name": "toy", "mode": "sft"},

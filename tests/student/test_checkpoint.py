@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
+
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.student import checkpoint as ckpt
 

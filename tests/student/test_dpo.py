@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from miniverl.common.modeling import load_causal_lm
 from miniverl.common.recipe import Recipe, ToySpec
 from miniverl.common.toy import toy_model_dir
@@ -34,7 +35,6 @@ from miniverl.student.optim import build_optimizer, build_scheduler
 from miniverl.student.oracle import oracle_trajectory
 from miniverl.student.policy import load_policy
 from miniverl.student.teacher_link import TeacherLink
-
 from tests.student.fake_teacher import FakeTeacherClient
 
 TOY = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}

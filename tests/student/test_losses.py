@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from miniverl.common.errors import ConfigError
 from miniverl.student.losses import (
     LossSettings,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
 from miniverl.student.environments import make_tasks
@@ -146,7 +147,6 @@ def test_trainer_runs_strict_opd_with_an_nf4_student(tmp_path):
     from miniverl.common.recipe import ToySpec
     from miniverl.common.toy import toy_model_dir
     from miniverl.student.trainer import Trainer
-
     from tests.student.fake_teacher import FakeTeacherClient
 
     recipe = _recipe(tmp_path)

@@ -8,9 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from report_runs import make_run
+
 from miniverl.common.errors import MiniverlError
 from miniverl.student.report import build_report, load_run, render_markdown
-from report_runs import make_run
 
 # Anything that would make the browser fetch something: src/href/action to a URL or a
 # protocol-relative one, CSS url() and @import, <link>, <script src>, <iframe>, <img>.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Span, SpanType, Trajectory
 from miniverl.student.losses import LossSettings

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from miniverl.common.errors import ProvenanceError, StaleTargetError
 from miniverl.student import targets_cache as tc
 from miniverl.student.targets_cache import CacheIdentity, EntryKey, TargetsCache

@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from trainer_kit import events, load_toy_teacher, metrics, recipe_dict  # noqa: E402
+
 from miniverl.common.recipe import Recipe  # noqa: E402
 from miniverl.student import qualify  # noqa: E402
 from miniverl.student.qualify import (  # noqa: E402
@@ -27,7 +29,6 @@ from miniverl.student.qualify import (  # noqa: E402
     save_record,
 )
 from miniverl.student.trainer import Trainer  # noqa: E402
-from trainer_kit import events, load_toy_teacher, metrics, recipe_dict  # noqa: E402
 
 FAKE_IDENTITY = {"name": "toy-teacher", "model": "toy", "revision": None, "adapter_sha256": None}
 
@@ -61,10 +62,11 @@ def _record(recipe, success, identity=FAKE_IDENTITY, split="eval", **over):
 
 
 def test_measure_writes_a_record_that_matches_only_the_same_teacher(toy, tmp_path, records):
+    from trainer_kit import TEACHER
+
     from miniverl.common.modeling import load_tokenizer
     from miniverl.common.recipe import ToySpec
     from miniverl.common.toy import toy_model_dir
-    from trainer_kit import TEACHER
 
     recipe = _recipe(tmp_path)
     model_dir = toy_model_dir(ToySpec(**TEACHER))

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from miniverl.common.errors import ConfigError
-from miniverl.common.recipe import Recipe
-from miniverl.student.trainer import Trainer
 from trainer_kit import (
     LossRecorder,
     ScriptedTeacher,
@@ -27,6 +24,10 @@ from trainer_kit import (
     recipe_dict,
     same_parameters,
 )
+
+from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import Recipe
+from miniverl.student.trainer import Trainer
 
 torch.set_num_threads(1)
 

@@ -14,10 +14,11 @@ import json
 
 import pytest
 import torch
+from trainer_kit import LossRecorder, events, load_toy_teacher, make_recipe, metrics
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import read_trajectories
 from miniverl.student.trainer import Trainer
-from trainer_kit import LossRecorder, events, load_toy_teacher, make_recipe, metrics
 
 torch.set_num_threads(1)
 

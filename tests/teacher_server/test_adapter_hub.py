@@ -35,8 +35,9 @@ def hub_cache(tmp_path, monkeypatch, toy_dir):
     """A local HF cache holding ``org/teacher-lora`` at ``REVISION`` (no network)."""
     import huggingface_hub.constants as hf_constants
     import torch
-    from miniverl.common.modeling import load_causal_lm
     from peft import LoraConfig, get_peft_model
+
+    from miniverl.common.modeling import load_causal_lm
 
     torch.manual_seed(0)
     model = get_peft_model(load_causal_lm(toy_dir, dtype="float32", device="cpu"),

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import yaml
+
 from miniverl.common.errors import ConfigError
 from miniverl.protocol.server import BackendError, ScoreJob
 from miniverl.teacher_server.jsonlog import JsonLog
@@ -139,8 +140,9 @@ def test_json_lines_log(tmp_path):
 
 
 def test_cli_serve_needs_exactly_one_source():
-    from miniverl.cli.app import app
     from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
 
     result = CliRunner().invoke(app, ["teacher", "serve"])
     assert isinstance(result.exception, ConfigError) and "exactly one" in str(result.exception)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from miniverl.teacher_server.scoring import (
     ScoreRequest,
     ScoringBadRequest,

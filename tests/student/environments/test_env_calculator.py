@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from miniverl.student.environments import get_environment, make_tasks
 from miniverl.student.environments.calculator import CalcError, convert, evaluate
 

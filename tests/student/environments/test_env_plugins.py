@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+
 from miniverl.common.errors import ConfigError
 from miniverl.student.environments import (
     ENTRY_POINT_GROUP,

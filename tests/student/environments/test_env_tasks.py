@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from miniverl.common.errors import ConfigError
 from miniverl.student.environments import (
     DIFFICULTIES,

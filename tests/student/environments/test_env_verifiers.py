@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from miniverl.common.trajectory import VerifierResult
 from miniverl.student.environments import get_environment, last_number, make_tasks
 
