@@ -24,7 +24,6 @@ module does not compute losses, cache targets or serve anything.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -911,145 +910,10 @@ def _int32(value: Any, name: str) -> np.ndarray:
     return arr.astype("<i4", copy=False)
 
 
-class SyncTeacherClient:
-    """Blocking facade over :class:`TeacherClient` for the training loop.
+def __getattr__(name: str) -> Any:
+    # The blocking facade lives in its own module; it stays importable from here.
+    if name == "SyncTeacherClient":
+        from miniverl.protocol.sync_client import SyncTeacherClient
 
-    Runs the async core on its own event-loop thread (anyio blocking portal,
-    asyncio backend). Use as a context manager or call :meth:`close`.
-    """
-
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        tokenizer_fp: str | None,
-        vocab_size: int,
-        client_name: str = "student",
-        heartbeat_ms: int = 1000,
-        request_timeout_s: float = 30.0,
-        unavailable_timeout_s: float = 60.0,
-        curve: CurveClientKeys | None = None,
-        transport_factory: TransportFactory | None = None,
-        limits: Limits | None = None,
-    ):
-        self._core = TeacherClient(
-            endpoint,
-            tokenizer_fp=tokenizer_fp,
-            vocab_size=vocab_size,
-            client_name=client_name,
-            heartbeat_ms=heartbeat_ms,
-            request_timeout_s=request_timeout_s,
-            unavailable_timeout_s=unavailable_timeout_s,
-            curve=curve,
-            transport_factory=transport_factory,
-            limits=limits,
-        )
-        self._portal_cm = None
-        self._portal = None
-        self._client_cm = None
-
-    def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._portal is None:
-            self._portal_cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
-            self._portal = self._portal_cm.__enter__()
-            self._client_cm = self._portal.wrap_async_context_manager(self._core)
-            self._client_cm.__enter__()
-        return self._portal.call(functools.partial(fn, *args, **kwargs))
-
-    @property
-    def endpoint(self) -> str:
-        return self._core.endpoint
-
-    @property
-    def hello(self) -> HelloOk | None:
-        return self._core.hello
-
-    @property
-    def counters(self) -> dict[str, int]:
-        return self._core.counters
-
-    @property
-    def bound(self) -> Identity | None:
-        return self._core.bound
-
-    def connect(self, timeout_s: float | None = None) -> HelloOk | None:
-        return self._run(self._core.connect, timeout_s)
-
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
-        if self._portal is None:
-            self._core.set_version(version, allowed_lag)
-        else:
-            self._run(_as_async(self._core.set_version), version, allowed_lag)
-
-    def bind(self) -> Identity:
-        return self._run(self._core.bind)
-
-    def unbind(self) -> None:
-        self._run(_as_async(self._core.unbind))
-
-    def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, **kw: Any) -> int:
-        return self._run(self._core.submit, tokens_N, cu_seqlens_B1, positions_P, **kw)
-
-    def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
-        return self._run(self._core.wait, list(ids), timeout_s)
-
-    def score(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, **kw: Any) -> ScoreResult:
-        return self._run(self._core.score, tokens_N, cu_seqlens_B1, positions_P, **kw)
-
-    def retarget(self, endpoint: str) -> HelloOk:
-        return self._run(self._core.retarget, endpoint)
-
-    def ping(self) -> Pong:
-        return self._run(self._core.ping)
-
-    def status(self) -> dict[str, Any]:
-        return self._run(self._core.status)
-
-    def park(self) -> ParkOk:
-        return self._run(self._core.park)
-
-    def wake(self) -> WakeOk:
-        return self._run(self._core.wake)
-
-    def reload(
-        self,
-        model: str,
-        revision: str | None = None,
-        adapter: str | None = None,
-        mode: str = "drain",
-        timeout_s: float = 600.0,
-    ) -> ReloadOk:
-        return self._run(self._core.reload, model, revision, adapter, mode, timeout_s)
-
-    def shutdown(self, mode: str = "drain", timeout_s: float | None = None) -> ShutdownOk:
-        return self._run(self._core.shutdown, mode, timeout_s)
-
-    def close(self) -> None:
-        """Close the connection and stop the event-loop thread (idempotent)."""
-        if self._portal is None:
-            return
-        client_cm, portal_cm = self._client_cm, self._portal_cm
-        self._portal = self._client_cm = self._portal_cm = None
-        try:
-            client_cm.__exit__(None, None, None)
-        finally:
-            portal_cm.__exit__(None, None, None)
-
-    def __enter__(self) -> SyncTeacherClient:
-        try:
-            self.connect()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-
-def _as_async(fn: Any) -> Any:
-    @functools.wraps(fn)
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return call
+        return SyncTeacherClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
