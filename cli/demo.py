@@ -33,7 +33,7 @@ TEACHER_PREP = {
     "student": {"model": TEACHER, "dtype": "float32", "device": "cpu", "lora": None},
     "environment": ENVIRONMENT,
     "rollout": ROLLOUT,
-    "train": {"cycles": 24, "rollouts_per_cycle": 8, "lr": 3.0e-3, "schedule": "constant",
+    "train": {"cycles": 12, "rollouts_per_cycle": 8, "lr": 3.0e-3, "schedule": "constant",
               "warmup_steps": 4, "eval_every": 0, "save_every": 0},
     "runtime": {"cpu_threads": 1},
 }
