@@ -22,6 +22,7 @@ import torch
 
 from miniverl.common.modeling import load_causal_lm, load_tokenizer, resolve_model_dir
 from miniverl.common.recipe import Recipe, check_vocab
+from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import Trajectory
 
@@ -134,7 +135,10 @@ def hidden_at_positions(
     ids_B_T, mask_B_T = pad_batch(trajs, pad_id, policy.device)
     ctx = autocast if autocast is not None else torch.autocast("cpu", enabled=False)
     with ctx:
-        hidden_B_T_H = policy.decoder(input_ids=ids_B_T, attention_mask=mask_B_T).last_hidden_state
+        # The system block every row shares is computed once (common/shared_prefix.py).
+        hidden_B_T_H = decoder_hidden(
+            policy.decoder, ids_B_T, mask_B_T, [len(t.tokens) for t in trajs]
+        )
     rows_B = torch.cat(
         [torch.full((len(p),), b, dtype=torch.long) for b, p in enumerate(positions)]
     ).to(policy.device)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from miniverl.common.errors import MiniverlError
+from miniverl.common.shared_prefix import decoder_hidden
 
 # Upper bound on fp32 elements of one logits chunk ([rows, V]); 2**24 floats = 64 MiB.
 HEAD_CHUNK_ELEMENTS = 1 << 24
@@ -140,9 +141,10 @@ def gather_hidden(model, seqs: list[tuple[np.ndarray, np.ndarray]], max_batch_to
             n = lengths[i]
             ids[row, :n] = torch.from_numpy(seqs[i][0][:n].astype(np.int64))
             mask[row, :n] = 1
-        hidden = decoder(
-            input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False
-        ).last_hidden_state
+        # The system block the rows share is computed once (common/shared_prefix.py).
+        hidden = decoder_hidden(
+            decoder, ids.to(device), mask.to(device), [lengths[i] for i in members]
+        )
         for row, i in enumerate(members):
             local = torch.from_numpy(seqs[i][1].astype(np.int64)).to(device)
             out[i] = hidden[row].index_select(0, local)
