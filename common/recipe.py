@@ -381,6 +381,12 @@ class TrainConfig(_Section):
     sft_warmup_steps: int = Field(
         0, ge=0, le=1_000_000, description="SFT steps on oracle traces before distilling."
     )
+    sft_warmup_lr: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Peak lr of the SFT warm-up; set = each phase has its own schedule.",
+    )
     sft_epochs: int | None = Field(
         None, ge=1, le=10_000, description="Epochs over oracle traces in sft mode; null = cycles."
     )
@@ -402,6 +408,22 @@ class TrainConfig(_Section):
     trajectories: str | None = Field(
         None, min_length=1, description="offline_kd: trajectories.jsonl to distill on."
     )
+
+    @model_validator(mode="after")
+    def _warmup_lr(self) -> TrainConfig:
+        if self.sft_warmup_lr is not None and self.sft_warmup_steps == 0:
+            _issues(
+                [
+                    (
+                        ("sft_warmup_lr",),
+                        f"sft_warmup_lr {self.sft_warmup_lr} applies only to SFT warm-up "
+                        "steps (sft_warmup_steps is 0); set sft_warmup_steps or remove "
+                        "sft_warmup_lr",
+                    )
+                ],
+                {"sft_warmup_lr": ("sft_warmup_steps",)},
+            )
+        return self
 
 
 class CacheConfig(_Section):

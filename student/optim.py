@@ -62,14 +62,33 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def lr_at(step: int, recipe: Recipe) -> float:
+    """The learning rate of optimizer step ``step`` (0-based).
+
+    One schedule over the whole run, or, when ``train.sft_warmup_lr`` is set, one per
+    phase: the SFT warm-up at its own peak, then distillation at ``train.lr``, each with
+    ``warmup_steps`` of linear ramp and the schedule over its own length. A converged
+    SFT model takes a distillation step at the warm-up's rate as a shock (see
+    docs/toy-learning.md); the second ramp starts distillation gently.
+    """
+    train = recipe.train
+    total = total_optimizer_steps(recipe)
+    split = train.sft_warmup_steps
+    if train.sft_warmup_lr is None:
+        return train.lr * lr_factor(
+            step, warmup=train.warmup_steps, total=total, schedule=train.schedule
+        )
+    if step < split:
+        return train.sft_warmup_lr * lr_factor(
+            step, warmup=train.warmup_steps, total=split, schedule=train.schedule
+        )
+    return train.lr * lr_factor(
+        step - split, warmup=train.warmup_steps, total=total - split, schedule=train.schedule
+    )
+
+
 def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer):
     import torch
 
-    train = recipe.train
-    total = total_optimizer_steps(recipe)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: lr_factor(
-            step, warmup=train.warmup_steps, total=total, schedule=train.schedule
-        ),
-    )
+    peak = recipe.train.lr  # the optimizer's base lr; LambdaLR multiplies it
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, recipe) / peak)

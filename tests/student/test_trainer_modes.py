@@ -187,6 +187,24 @@ def test_sft_warmup_runs_before_the_first_opd_cycle(tmp_path, toy):
     assert result.final_version == warmup + cycles
 
 
+def test_sft_warmup_lr_gives_each_phase_its_own_schedule(tmp_path, toy):
+    # Warm-up at its own peak, then distillation ramps up again from its first step: a
+    # converged SFT model must not take its first on-policy step at the warm-up's rate.
+    recipe = make_recipe("opd", tmp_path, cycles=3, sft_warmup_steps=3, warmup_steps=2,
+                         lr=1e-4, sft_warmup_lr=4e-3)
+    _, result = train(recipe, toy.fake_client())
+    lrs = [(r["phase"], r["lr"]) for r in metrics(result.run_dir)]
+    want = [("sft_warmup", 2e-3), ("sft_warmup", 4e-3), ("sft_warmup", 4e-3),
+            ("train", 5e-5), ("train", 1e-4), ("train", 1e-4)]
+    assert [p for p, _ in lrs] == [p for p, _ in want]
+    assert [lr for _, lr in lrs] == pytest.approx([lr for _, lr in want])
+
+
+def test_sft_warmup_lr_without_warmup_steps_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="sft_warmup_lr 0.004 applies only to SFT warm-up"):
+        make_recipe("opd", tmp_path, cycles=3, sft_warmup_lr=4e-3)
+
+
 def test_teacher_modes_need_a_teacher(tmp_path):
     with pytest.raises(ConfigError, match="needs a teacher"):
         Trainer(make_recipe("opd", tmp_path))
