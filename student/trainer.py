@@ -52,7 +52,14 @@ from miniverl.student.policy import Policy, load_policy
 from miniverl.student.rollout import RolloutRunner
 from miniverl.student.selection import select_positions_for
 from miniverl.student.teacher_link import Scored, TeacherLink, teacher_identity
-from miniverl.student.updates import StepStats, distill_step, sft_step
+from miniverl.student.updates import (
+    EarlyForward,
+    StepStats,
+    distill_step,
+    early_forward,
+    first_micro_batch,
+    sft_step,
+)
 
 
 @dataclass
@@ -213,6 +220,8 @@ class Trainer:
         self.cache = self._open_cache()
         self.replay_buffer: list[Scored] = []
         self._oracle_cache: dict[str, Trajectory] = {}
+        self._early: EarlyForward | None = None  # the next update's forward, run early
+        self._early_s = 0.0
         self.fixed_set: list[Trajectory] = []
 
     def _connect_teacher(self) -> None:
@@ -431,8 +440,11 @@ class Trainer:
             # Each update advances the version, so replay re-checks the lag per update:
             # a target max_lag old at the first update is too old at the second.
             scored = [s for s in scored if self.version - s.student_version <= lag]
-            stats = self._distill(scored)
-        self._log(stats, trajs, t_rollout, t_wait, time.perf_counter() - t1, scored=scored)
+            stats = self._distill(scored, early=self._early)
+            self._early = None  # computed with this version's weights: one update only
+        t_update = time.perf_counter() - t1 + self._early_s
+        self._early_s = 0.0
+        self._log(stats, trajs, t_rollout, t_wait, t_update, scored=scored)
 
     # -- the pieces of a cycle -----------------------------------------------------------
 
@@ -476,12 +488,13 @@ class Trainer:
         stats = self._sft(trajs)
         self._log(stats, trajs, 0.0, 0.0, time.perf_counter() - t0, phase="sft_warmup")
 
-    def _distill(self, scored: list[Scored]) -> StepStats:
+    def _distill(self, scored: list[Scored], early: EarlyForward | None = None) -> StepStats:
         stats = distill_step(
             self.policy, self.optimizer, self.scheduler, scored,
             loss_config=self.recipe.loss, kind=self.kind,
             grad_accum=self.recipe.train.grad_accum,
             max_grad_norm=self.recipe.train.max_grad_norm, autocast=self.autocast,
+            early=early,
         )
         self._advance()
         return stats
@@ -519,6 +532,17 @@ class Trainer:
         if not pipelined:
             for traj in trajs:
                 submit(traj)
+        self._early = None
+        if pipelined and lag == 0 and self.memory != "swap":
+            # The update's forward does not need the targets: run it while the teacher
+            # scores the last episodes (swap keeps it after PARK, when memory is free).
+            t1 = time.perf_counter()
+            part = first_micro_batch(len(trajs), self.recipe.train.grad_accum)
+            first = [trajs[i] for i in part]
+            self._early = early_forward(
+                self.policy, first, [self._positions(t) for t in first], self.autocast
+            )
+            self._early_s = time.perf_counter() - t1
         scored = link.collect()
         # Episodes finish (and are submitted) in any order; train in task order so a
         # pipelined update sums its loss exactly like a serial one and replay draws the

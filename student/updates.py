@@ -99,6 +99,38 @@ def targets_for(scored: list[Scored], kind: str, device) -> TeacherTargets:
     return TeacherTargets.from_arrays(merged, sampled_P, kind=kind, device=device)
 
 
+@dataclass
+class EarlyForward:
+    """The student's forward over an update's first micro-batch, computed (with autograd)
+    while the teacher still scores it. It is used only for exactly these trajectories
+    and positions, so the update equals one that waited for every reply first."""
+
+    traj_ids: list[str]
+    positions: list[np.ndarray]
+    hidden_P_H: torch.Tensor
+
+    def matches(self, trajs: list[Trajectory], positions: list[np.ndarray]) -> bool:
+        return self.traj_ids == [t.id for t in trajs] and len(positions) == len(
+            self.positions
+        ) and all(np.array_equal(a, b) for a, b in zip(positions, self.positions, strict=True))
+
+
+def first_micro_batch(n: int, grad_accum: int) -> range:
+    """The indices of an update's first micro-batch (what :class:`EarlyForward` covers)."""
+    parts = _micro_batches(n, grad_accum)
+    return parts[0] if parts else range(0)
+
+
+def early_forward(
+    policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray], autocast: Any = None
+) -> EarlyForward:
+    """Run the student's forward for a micro-batch before its targets have arrived."""
+    pos = [p.astype(np.int64) for p in positions]
+    return EarlyForward(
+        [t.id for t in trajs], pos, hidden_at_positions(policy, trajs, pos, autocast)
+    )
+
+
 def distill_step(
     policy: Policy,
     optimizer,
@@ -110,15 +142,22 @@ def distill_step(
     grad_accum: int,
     max_grad_norm: float,
     autocast: Any = None,
+    early: EarlyForward | None = None,
 ) -> StepStats:
-    """Distillation on the scored positions of every trajectory in ``scored``."""
+    """Distillation on the scored positions of every trajectory in ``scored``.
+
+    ``early``, when it covers the first micro-batch exactly, is used as its forward.
+    """
     total = int(sum(len(s.positions_P) for s in scored))
     loss_sum = div_sum = 0.0
     for part in _micro_batches(len(scored), grad_accum):
         batch = [scored[i] for i in part]
         trajs = [s.traj for s in batch]
         pos = [s.positions_P.astype(np.int64) for s in batch]
-        hidden_P_H = hidden_at_positions(policy, trajs, pos, autocast)
+        if early is not None and early.matches(trajs, pos):
+            hidden_P_H, early = early.hidden_P_H, None
+        else:
+            hidden_P_H = hidden_at_positions(policy, trajs, pos, autocast)
         targets = targets_for(batch, kind, policy.device)
         loss, metrics = distillation_loss(
             hidden_P_H, policy.lm_head, targets, loss_config, num_global_positions=total

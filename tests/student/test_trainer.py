@@ -250,6 +250,32 @@ def test_pipelined_equals_serial_when_episodes_finish_out_of_order(tmp_path, toy
     assert same_parameters(runs[True], runs[False])
 
 
+def test_pipelined_update_runs_its_forward_while_the_teacher_scores(tmp_path, toy, monkeypatch):
+    # The update's forward needs no targets, so a pipelined cycle runs it before waiting
+    # for the last reply, and the update reuses it instead of a second forward.
+    from miniverl.student import updates
+
+    fake = toy.fake_client()
+    events: list[str] = []
+    real_wait, real_hidden = fake.wait, updates.hidden_at_positions
+
+    def wait(*args, **kw):
+        events.append("wait")
+        return real_wait(*args, **kw)
+
+    def hidden(*args, **kw):
+        events.append("forward")
+        return real_hidden(*args, **kw)
+
+    fake.wait = wait
+    monkeypatch.setattr(updates, "hidden_at_positions", hidden)
+    train_params(make_recipe("opd", tmp_path / "on", cycles=2), fake)
+    assert events == ["forward", "wait"] * 2
+    events.clear()
+    train_params(make_recipe("opd", tmp_path / "off", cycles=2, pipelining=False), fake)
+    assert events == ["wait", "forward"] * 2
+
+
 def test_pipelining_submits_each_episode_before_the_rollout_ends(tmp_path, toy, monkeypatch):
     # Pipelining means the first SCORE leaves while other episodes still sample: with a
     # batch of 2 and 4 rollouts, the first two are submitted before the last two start.
