@@ -135,6 +135,19 @@ def measure(
     with torch.no_grad():
         summary = evaluate(model, tokenizer, greedy, split=split, policy_version=0,
                            tokenizer_fp=tokenizer_fp, max_tasks=max_tasks)
+    return record_from_eval(summary.to_dict(), recipe, identity=identity, model_dir=model_dir,
+                            tokenizer_fp=tokenizer_fp)
+
+
+def record_from_eval(
+    summary: dict[str, Any],
+    recipe: Any,
+    *,
+    identity: dict[str, Any],
+    model_dir: str | Path,
+    tokenizer_fp: str | None,
+) -> dict[str, Any]:
+    """The qualification record of a greedy eval (``EvalSummary.to_dict()``) of a teacher."""
     return {
         "kind": RECORD_KIND,
         "teacher": {k: identity.get(k) for k in IDENTITY_KEYS},
@@ -142,12 +155,12 @@ def measure(
         "model_dir_sha256": model_dir_digest(model_dir),
         "tokenizer_fp": tokenizer_fp,
         "environment": environment_signature(recipe),
-        "split": split,
-        "n": summary.n,
-        "success": summary.success,
-        "by_difficulty": summary.by_difficulty,
-        "stop_reasons": summary.stop_reasons,
-        "mean_tool_calls": summary.mean_tool_calls,
+        "split": summary["split"],
+        "n": summary["n"],
+        "success": summary["success"],
+        "by_difficulty": summary["by_difficulty"],
+        "stop_reasons": summary["stop_reasons"],
+        "mean_tool_calls": summary.get("mean_tool_calls", 0.0),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "miniverl_version": _version(),
     }

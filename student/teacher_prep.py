@@ -5,7 +5,9 @@ base model. :func:`prepare_teacher` runs that recipe with the ordinary trainer,
 evaluates the result, and saves it as an ordinary HF directory (weights + tokenizer)
 in the per-user cache, keyed by the prep recipe's digest. A second call with the same
 prep recipe returns the cached directory at once; the teacher server then loads it
-through the same ``from_pretrained`` path as any model.
+through the same ``from_pretrained`` path as any model. The preparation's greedy
+held-out eval is saved as the teacher's qualification record, so a recipe's
+``teacher.min_success`` refuses a preparation that did not make the teacher competent.
 
 This module does not serve the teacher; it only produces the directory.
 """
@@ -122,6 +124,21 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)
+        _qualify(prep, final, result.eval, trainer.policy.tokenizer_fp)
         return record
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _qualify(prep: Recipe, final: Path, summary: dict[str, Any] | None, tokenizer_fp: str) -> None:
+    """The preparation's own greedy held-out eval is the teacher's qualification record
+    (student/qualify.py), so ``teacher.min_success`` can gate a prepared teacher."""
+    if summary is None or not prep.eval.greedy:
+        return
+    from miniverl.student.qualify import record_from_eval, save_record
+
+    identity = {"name": final.name, "model": str(final), "revision": None,
+                "adapter_sha256": None}
+    record = record_from_eval(summary, prep, identity=identity, model_dir=final,
+                              tokenizer_fp=tokenizer_fp)
+    save_record(record, beside=final)

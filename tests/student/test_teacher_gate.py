@@ -197,3 +197,29 @@ def toy_text(ids) -> str:
     from miniverl.common.toy import build_toy_tokenizer
 
     return build_toy_tokenizer().decode(np.asarray(ids).tolist())
+
+
+def test_a_prepared_teacher_is_qualified_by_its_own_held_out_eval(tmp_path, records, monkeypatch):
+    # `up` prepares the teacher and then gates it: a preparation that did not make the
+    # teacher competent is refused with the success it measured, not served silently.
+    from miniverl.common import toy as toy_stack
+    from miniverl.student import teacher_prep
+
+    monkeypatch.setattr(toy_stack, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(teacher_prep, "cache_root", lambda: tmp_path / "cache")
+    prep = recipe_dict("sft", tmp_path / "prep-runs", cycles=2)
+    prep["student"]["model"] = {"toy": dict(recipe_dict("opd", tmp_path)["teacher"]["model"]["toy"])}
+    prep_path = tmp_path / "prep.yaml"
+    prep_path.write_text(json.dumps(prep), encoding="utf-8")  # JSON is YAML
+    recipe = _recipe(tmp_path, prepare=str(prep_path), min_success=0.5)
+    prepared = teacher_prep.prepare_teacher(recipe, prep_path, show_progress=False)
+    assert not prepared.cached
+    identity = {"name": prepared.model_dir.name, "model": str(prepared.model_dir),
+                "revision": None, "adapter_sha256": None}
+    record = find_record(recipe, identity)
+    assert record is not None and record["split"] == "eval" and record["n"] == 2
+    assert record["success"] == prepared.record["eval"]["success"]
+    assert (prepared.model_dir / qualify.RECORD_FILE).is_file()
+    assert record["success"] < 0.5  # two SFT steps: the toy teacher cannot solve anything yet
+    with pytest.raises(TeacherNotQualified, match=f"measured success {record['success']:.3f}"):
+        require_qualified(recipe, identity)
