@@ -60,6 +60,11 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
+def _mean_success(rows: list[dict[str, Any]]) -> float | None:
+    values = [r["train_success"] for r in rows if r.get("train_success") is not None]
+    return round(sum(values) / len(values), 3) if values else None
+
+
 def read_run(run_dir: Path) -> dict[str, Any]:
     """Evals, teacher preparation and step counts of one finished run."""
     events = _jsonl(run_dir / "events.jsonl")
@@ -77,6 +82,12 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "optimizer_steps": len(metrics),
         "on_policy_steps": sum(1 for r in metrics if r.get("on_policy")),
         "stale_dropped": max((r.get("stale_dropped", 0) for r in metrics), default=0),
+        # Sampled (temperature 1) success of the first and last 5 strict-OPD batches:
+        # what distillation itself did after the SFT warm-up.
+        "opd_sampled_success_first5": _mean_success(
+            [r for r in metrics if r.get("on_policy")][:5]),
+        "opd_sampled_success_last5": _mean_success(
+            [r for r in metrics if r.get("on_policy")][-5:]),
         "student_wall_s": metrics[-1]["wall_s"] if metrics else None,
         "teacher_prepared": prepared and {
             "cached": prepared.get("cached"),
