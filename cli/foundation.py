@@ -249,6 +249,17 @@ def plan_lines(recipe: Any) -> list[str]:
         f"cycles       {train.cycles} x {train.rollouts_per_cycle} rollouts (batch "
         f"{recipe.rollout.batch_size}), {train.updates_per_batch} update(s) per batch, lr {train.lr}"
     )
+    if train.sft_warmup_steps:
+        until = (
+            f", ending early once the mean of 10 losses <= {train.sft_warmup_until_loss:g}"
+            if train.sft_warmup_until_loss is not None
+            else ""
+        )
+        warm_lr = train.sft_warmup_lr if train.sft_warmup_lr is not None else train.lr
+        lines.append(
+            f"warm-up      up to {train.sft_warmup_steps} SFT steps on oracle traces at lr "
+            f"{warm_lr:g}{until}"
+        )
     loss = recipe.loss
     if mode in ("sft", "dpo"):
         lines.append(f"objective    {'cross-entropy' if mode == 'sft' else 'DPO'}")

@@ -406,7 +406,15 @@ class Supervisor:
                 info.append(f"loss {row['loss']:.4f}")
             if row.get("train_success") is not None:
                 info.append(f"rollout success {row['train_success']:.0%}")
-            progress.update(task, completed=row.get("step", 0), info="  ".join(info))
+            step = row.get("step", 0)
+            warmup = self.recipe.train.sft_warmup_steps
+            if row.get("phase") == "train" and step - 1 < warmup:
+                # The warm-up ended early (train.sft_warmup_until_loss): shorten the bar.
+                from miniverl.student.optim import total_optimizer_steps
+
+                total = total_optimizer_steps(self.recipe) - (warmup - (step - 1))
+                progress.update(task, total=total)
+            progress.update(task, completed=step, info="  ".join(info))
         return pos + last_newline + 1
 
     def _shutdown(self, code: int, grace_s: float = STOP_GRACE_S) -> int:

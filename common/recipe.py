@@ -387,6 +387,12 @@ class TrainConfig(_Section):
         le=1.0,
         description="Peak lr of the SFT warm-up; set = each phase has its own schedule.",
     )
+    sft_warmup_until_loss: float | None = Field(
+        None,
+        gt=0.0,
+        le=100.0,
+        description="End the warm-up once its last 10 losses average at most this.",
+    )
     sft_epochs: int | None = Field(
         None, ge=1, le=10_000, description="Epochs over oracle traces in sft mode; null = cycles."
     )
@@ -410,19 +416,24 @@ class TrainConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _warmup_lr(self) -> TrainConfig:
-        if self.sft_warmup_lr is not None and self.sft_warmup_steps == 0:
-            _issues(
-                [
-                    (
-                        ("sft_warmup_lr",),
-                        f"sft_warmup_lr {self.sft_warmup_lr} applies only to SFT warm-up "
-                        "steps (sft_warmup_steps is 0); set sft_warmup_steps or remove "
-                        "sft_warmup_lr",
+    def _warmup_options(self) -> TrainConfig:
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        if self.sft_warmup_steps == 0:
+            for name in ("sft_warmup_lr", "sft_warmup_until_loss"):
+                if getattr(self, name) is not None:
+                    issues.append(
+                        (
+                            (name,),
+                            f"{name} {getattr(self, name)} applies only to SFT warm-up "
+                            f"steps (sft_warmup_steps is 0); set sft_warmup_steps or remove "
+                            f"{name}",
+                        )
                     )
-                ],
-                {"sft_warmup_lr": ("sft_warmup_steps",)},
-            )
+        _issues(
+            issues,
+            {"sft_warmup_lr": ("sft_warmup_steps",),
+             "sft_warmup_until_loss": ("sft_warmup_steps",)},
+        )
         return self
 
 

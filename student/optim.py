@@ -62,33 +62,42 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def lr_at(step: int, recipe: Recipe) -> float:
+def lr_at(step: int, recipe: Recipe, warmup_end: int | None = None) -> float:
     """The learning rate of optimizer step ``step`` (0-based).
 
     One schedule over the whole run, or, when ``train.sft_warmup_lr`` is set, one per
     phase: the SFT warm-up at its own peak, then distillation at ``train.lr``, each with
     ``warmup_steps`` of linear ramp and the schedule over its own length. A converged
     SFT model takes a distillation step at the warm-up's rate as a shock (see
-    docs/toy-learning.md); the second ramp starts distillation gently.
+    docs/toy-learning.md); the second ramp starts distillation gently. ``warmup_end`` is
+    the step the SFT warm-up actually ended at (``train.sft_warmup_until_loss`` can end
+    it before ``sft_warmup_steps``); a decaying schedule is planned over the maximum.
     """
     train = recipe.train
-    total = total_optimizer_steps(recipe)
-    split = train.sft_warmup_steps
+    split = train.sft_warmup_steps if warmup_end is None else warmup_end
     if train.sft_warmup_lr is None:
         return train.lr * lr_factor(
-            step, warmup=train.warmup_steps, total=total, schedule=train.schedule
+            step, warmup=train.warmup_steps, total=total_optimizer_steps(recipe),
+            schedule=train.schedule,
         )
     if step < split:
         return train.sft_warmup_lr * lr_factor(
-            step, warmup=train.warmup_steps, total=split, schedule=train.schedule
+            step, warmup=train.warmup_steps, total=train.sft_warmup_steps,
+            schedule=train.schedule,
         )
     return train.lr * lr_factor(
-        step - split, warmup=train.warmup_steps, total=total - split, schedule=train.schedule
+        step - split, warmup=train.warmup_steps,
+        total=planned_cycles(recipe) * train.updates_per_batch, schedule=train.schedule,
     )
 
 
-def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer):
+def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer, warmup_end=None):
+    """LambdaLR over :func:`lr_at`; ``warmup_end()`` returns the step the warm-up ended
+    at once it has (None before)."""
     import torch
 
     peak = recipe.train.lr  # the optimizer's base lr; LambdaLR multiplies it
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(step, recipe) / peak)
+    end = warmup_end or (lambda: None)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_at(step, recipe, end()) / peak
+    )

@@ -48,6 +48,12 @@ class TrainProgress:
             info.append(f"v{metrics['version']}")
         self._progress.update(self._task, completed=step, info="  ".join(info))
 
+    def set_total(self, total: int) -> None:
+        """The plan changed (an SFT warm-up ended early): the bar ends at ``total``."""
+        self.total = total
+        if self._progress is not None:
+            self._progress.update(self._task, total=total)
+
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()

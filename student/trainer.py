@@ -44,6 +44,7 @@ from miniverl.student.eval import EvalSummary, evaluate
 from miniverl.student.optim import (
     build_optimizer,
     build_scheduler,
+    lr_at,
     planned_cycles,
     total_optimizer_steps,
 )
@@ -60,6 +61,9 @@ from miniverl.student.updates import (
     first_micro_batch,
     sft_step,
 )
+
+# train.sft_warmup_until_loss compares the mean of this many last warm-up losses.
+WARMUP_LOSS_WINDOW = 10
 
 
 @dataclass
@@ -193,7 +197,11 @@ class Trainer:
         _seed_everything(recipe.run.seed)
         self.policy: Policy = load_policy(recipe, offline=self.offline)
         self.optimizer = build_optimizer(recipe, self.policy.trainable_parameters())
-        self.scheduler = build_scheduler(recipe, self.optimizer)
+        # The step the SFT warm-up ended at, once it has (train.sft_warmup_until_loss can
+        # end it early); the second phase's schedule starts there.
+        self.warmup_end: int | None = None
+        self._warmup_losses: list[float] = []
+        self.scheduler = build_scheduler(recipe, self.optimizer, lambda: self.warmup_end)
         dev = self.policy.device
         self.autocast = (
             torch.autocast("cuda", dtype=next(self.policy.model.parameters()).dtype)
@@ -375,11 +383,16 @@ class Trainer:
 
         total = total_optimizer_steps(recipe)
         with TrainProgress(total, enabled=self.show_progress, initial=self.step) as progress:
-            while self.step < train.sft_warmup_steps:
+            while self.warmup_end is None and self.step < train.sft_warmup_steps:
                 if self.stop_event.is_set():
                     return "interrupted"
                 self._sft_warmup_step()
                 progress.update(self.step, self.last_metrics)
+                if self._warmup_converged():
+                    self._end_warmup("loss")
+                    progress.set_total(total - (train.sft_warmup_steps - self.step))
+            if self.warmup_end is None:
+                self._end_warmup("steps")
             if recipe.needs_teacher and self.link is None:
                 # Connect only now: under `up` the teacher loads (or is still being
                 # prepared) while the student imports, evaluates and runs its SFT warm-up.
@@ -486,7 +499,32 @@ class Trainer:
         t0 = time.perf_counter()
         trajs = self._oracle_batch(10_000_000 + self.step)
         stats = self._sft(trajs)
+        self._warmup_losses = [*self._warmup_losses, stats.loss][-WARMUP_LOSS_WINDOW:]
         self._log(stats, trajs, 0.0, 0.0, time.perf_counter() - t0, phase="sft_warmup")
+
+    def _warmup_converged(self) -> bool:
+        """train.sft_warmup_until_loss: the last WARMUP_LOSS_WINDOW losses average below it."""
+        until = self.recipe.train.sft_warmup_until_loss
+        losses = self._warmup_losses
+        return (until is not None and len(losses) == WARMUP_LOSS_WINDOW
+                and sum(losses) / len(losses) <= until)
+
+    def _end_warmup(self, reason: str) -> None:
+        train = self.recipe.train
+        if reason == "loss":
+            self.warmup_end = self.step
+            # The scheduler already set this step's rate for a longer warm-up: reset it.
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr_at(self.step, self.recipe, self.warmup_end)
+        else:
+            self.warmup_end = min(self.step, train.sft_warmup_steps)
+        if train.sft_warmup_steps == 0 or self.step != self.warmup_end:
+            return  # no warm-up, or a resumed run that is past it
+        losses = self._warmup_losses
+        self.run.event("sft_warmup_done", step=self.step, reason=reason,
+                       planned_steps=train.sft_warmup_steps,
+                       mean_loss=sum(losses) / len(losses) if losses else None,
+                       version=self.version)
 
     def _distill(self, scored: list[Scored], early: EarlyForward | None = None) -> StepStats:
         stats = distill_step(
@@ -722,7 +760,8 @@ class Trainer:
             scheduler=self.scheduler,
             step=self.step,
             version=self.version,
-            data_cursor={"cycle": self.cycle},
+            data_cursor={"cycle": self.cycle, "warmup_end": self.warmup_end,
+                         "warmup_losses": self._warmup_losses},
             recipe_digest=_run_digest(self.recipe),
         )
         self.run.event("checkpoint", path=str(path), version=self.version, step=self.step)
@@ -746,6 +785,9 @@ class Trainer:
             )
         self.step, self.version = state.step, state.version
         self.cycle = int(state.data_cursor.get("cycle", 0))
+        end = state.data_cursor.get("warmup_end")
+        self.warmup_end = None if end is None else int(end)
+        self._warmup_losses = [float(x) for x in state.data_cursor.get("warmup_losses", [])]
         self.run.event("resumed", checkpoint=str(path), version=self.version, step=self.step)
         if self.recipe.run.mode == "replay":
             self._restore_replay_buffer()

@@ -14,7 +14,15 @@ import json
 
 import pytest
 import torch
-from trainer_kit import LossRecorder, events, load_toy_teacher, make_recipe, metrics
+from trainer_kit import (
+    LossRecorder,
+    events,
+    load_toy_teacher,
+    make_recipe,
+    metrics,
+    parameters,
+    same_parameters,
+)
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import read_trajectories
@@ -198,6 +206,54 @@ def test_sft_warmup_lr_gives_each_phase_its_own_schedule(tmp_path, toy):
             ("train", 5e-5), ("train", 1e-4), ("train", 1e-4)]
     assert [p for p, _ in lrs] == [p for p, _ in want]
     assert [lr for _, lr in lrs] == pytest.approx([lr for _, lr in want])
+
+
+def test_sft_warmup_until_loss_ends_the_warm_up_early_and_resumes_exactly(tmp_path, toy):
+    # A loss bound every step meets ends the warm-up after its first 10-loss window; the
+    # distillation phase then starts its own ramp there, and a run stopped in it and
+    # resumed reaches the uninterrupted run's parameters.
+    kw = dict(cycles=3, sft_warmup_steps=40, sft_warmup_until_loss=100.0, warmup_steps=2,
+              lr=1e-4, sft_warmup_lr=4e-3)
+    opts = dict(show_progress=False, write_report=False)
+    recipe = make_recipe("opd", tmp_path, **kw)
+    with Trainer(recipe, client=toy.fake_client(), run_id="whole", **opts) as trainer:
+        whole = trainer.train()
+        expected = parameters(trainer)
+    rows = metrics(whole.run_dir)
+    assert [r["phase"] for r in rows] == ["sft_warmup"] * 10 + ["train"] * 3
+    assert [r["lr"] for r in rows[10:]] == pytest.approx([5e-5, 1e-4, 1e-4])
+    done = events(whole.run_dir, "sft_warmup_done")
+    assert [(e["step"], e["reason"], e["planned_steps"]) for e in done] == [(10, "loss", 40)]
+    assert whole.final_version == 13
+
+    first = Trainer(recipe, client=toy.fake_client(), run_id="split", **opts)
+    log = first._log
+
+    def stop_in_distillation(*args, **kw):
+        log(*args, **kw)
+        if first.step == 11:
+            first.stop_event.set()
+
+    first._log = stop_in_distillation
+    with first:
+        assert first.train().final_version == 11
+    with Trainer(recipe, client=toy.fake_client(), run_id="split", resume=True,
+                 **opts) as second:
+        resumed = second.train()
+        got = parameters(second)
+    assert (resumed.status, resumed.final_version) == ("completed", 13)
+    assert same_parameters(expected, got)
+    again = events(resumed.run_dir, "sft_warmup_done")  # the run's: recorded once
+    assert [(e["step"], e["reason"]) for e in again] == [(10, "loss")]
+
+
+def test_sft_warmup_until_loss_never_met_runs_every_warm_up_step(tmp_path, toy):
+    recipe = make_recipe("opd", tmp_path, cycles=1, sft_warmup_steps=12,
+                         sft_warmup_until_loss=1e-9)
+    _, result = train(recipe, toy.fake_client())
+    assert [r["phase"] for r in metrics(result.run_dir)] == ["sft_warmup"] * 12 + ["train"]
+    done = events(result.run_dir, "sft_warmup_done")
+    assert [(e["step"], e["reason"]) for e in done] == [(12, "steps")]
 
 
 def test_sft_warmup_lr_without_warmup_steps_is_refused(tmp_path):
