@@ -1,6 +1,6 @@
 """What does the wire cost? Teacher scoring latency in-process vs over ipc:// vs tcp://.
 
-    python benchmarks/teacher_protocol.py [--reps 3] [--threads 1] [--full]
+    python benchmarks/teacher_protocol.py [--reps 3] [--large-reps N] [--threads 1] [--full]
 
 For two teachers — the toy teacher of ``recipes/toy_cpu_opd.yaml`` (V = 263) and a
 random-init Qwen3 with a 151,669-token vocabulary and a small hidden size (so it runs
@@ -122,7 +122,7 @@ def interleaved_times(calls: dict, reps: int) -> tuple[dict, dict]:
     return {name: statistics.median(v) for name, v in samples.items()}, results
 
 
-def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
+def bench_model(label: str, model_dir: Path, args, tmp: Path, reps: int) -> list[dict]:
     from miniverl.protocol.client import SyncTeacherClient
     from miniverl.teacher_server.loader import TeacherSpec, load_teacher
     from miniverl.teacher_server.scoring import score_positions
@@ -171,7 +171,7 @@ def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
                 for name, client in clients.items():
                     calls[name] = functools.partial(client.score, tokens, cu, pos, kind=kind, k=K)
                 before = {name: c.counters["bytes_received"] for name, c in clients.items()}
-                times, results = interleaved_times(calls, args.reps)
+                times, results = interleaved_times(calls, reps)
                 local = times["in_process"]
                 row = {
                     "model": label,
@@ -182,7 +182,7 @@ def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
                     "in_process_s": round(local, 5),
                 }
                 for name, client in clients.items():
-                    received = (client.counters["bytes_received"] - before[name]) / (args.reps + 1)
+                    received = (client.counters["bytes_received"] - before[name]) / (reps + 1)
                     array_bytes = sum(a.nbytes for a in results[name].arrays.values())
                     row[f"{name}_s"] = round(times[name], 5)
                     row[f"{name}_ratio"] = round(times[name] / local, 4)
@@ -209,6 +209,11 @@ def bench_model(label: str, model_dir: Path, args, tmp: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3, help="Timed repetitions (median).")
+    parser.add_argument(
+        "--large-reps", type=int, default=None,
+        help="Repetitions for the 151,669-token teacher (default --reps; its 4,096-position "
+        "calls take about a minute each on one CPU thread).",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--full", action="store_true", help="Include 2.5 GB exact replies.")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -226,8 +231,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="mvl-bench-") as tmp:
         tmp_path = Path(tmp)
-        rows = bench_model("toy", toy_model_dir(ToySpec(**TOY_TEACHER)), args, tmp_path)
-        rows += bench_model("qwen3-151k", build_large_vocab_teacher(tmp_path), args, tmp_path)
+        rows = bench_model("toy", toy_model_dir(ToySpec(**TOY_TEACHER)), args, tmp_path,
+                           args.reps)
+        rows += bench_model("qwen3-151k", build_large_vocab_teacher(tmp_path), args, tmp_path,
+                            args.large_reps or args.reps)
     topk_big = [r for r in rows if r["kind"] == "topk" and r["positions"] >= 2048]
     summary = {
         "target_wire_overhead_at_2k_topk": 1.05,
@@ -244,6 +251,8 @@ def main() -> None:
         "machine": platform.machine(),
         "threads": args.threads,
         "reps": args.reps,
+        "large_reps": args.large_reps or args.reps,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
         "rows": rows,
         "summary": summary,
     }

@@ -71,6 +71,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     metrics = _jsonl(run_dir / "metrics.jsonl")
     evals = [e for e in events if e["event"] == "eval"]
     prepared = next((e for e in events if e["event"] == "teacher_prepared"), None)
+    warmup = next((e for e in events if e["event"] == "sft_warmup_done"), None)
     status = json.loads((run_dir / "status.json").read_text()) if (
         run_dir / "status.json").is_file() else {}
     return {
@@ -81,6 +82,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "evals": [{"version": e["version"], "success": e["success"]} for e in evals],
         "optimizer_steps": len(metrics),
         "on_policy_steps": sum(1 for r in metrics if r.get("on_policy")),
+        "sft_warmup_ended": warmup and {"step": warmup["step"], "reason": warmup["reason"]},
         "stale_dropped": max((r.get("stale_dropped", 0) for r in metrics), default=0),
         # Sampled (temperature 1) success of the first and last 5 strict-OPD batches:
         # what distillation itself did after the SFT warm-up.

@@ -1,9 +1,12 @@
 """``miniverl demo``: the whole system on a laptop CPU, no network, no GPU.
 
 It writes two short recipes into the output folder (so they can be read and rerun),
-makes the toy teacher competent by SFT on oracle trajectories (cached after the first
-run), then runs ``miniverl up`` with strict on-policy distillation on a short budget
-and prints what happened and where the artifacts are.
+gives the toy teacher a short SFT on oracle trajectories (cached after the first run),
+then runs ``miniverl up`` with strict on-policy distillation on a short budget and
+prints what happened and where the artifacts are. The budget shows the machinery, not
+learning: a toy model needs a few hundred SFT steps before it can copy digits at all
+(docs/toy-learning.md), more than 30 seconds allow; ``recipes/toy_cpu_opd.yaml`` is
+the recipe that learns.
 
 The demo recipes live here as data, not in ``recipes/``, because an installed wheel
 has no ``recipes/`` folder. This module starts processes; it trains nothing itself.

@@ -328,6 +328,7 @@ class Supervisor:
         total = total_optimizer_steps(self.recipe)
         restarts = 0
         metrics_pos = 0
+        self._first_train_row_seen = False
         progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
                             console=self.console, disable=not self.show_progress)
@@ -407,13 +408,17 @@ class Supervisor:
             if row.get("train_success") is not None:
                 info.append(f"rollout success {row['train_success']:.0%}")
             step = row.get("step", 0)
-            warmup = self.recipe.train.sft_warmup_steps
-            if row.get("phase") == "train" and step - 1 < warmup:
-                # The warm-up ended early (train.sft_warmup_until_loss): shorten the bar.
-                from miniverl.student.optim import total_optimizer_steps
+            if row.get("phase") == "train" and not self._first_train_row_seen:
+                # The file's first distillation row follows the warm-up's last step; when
+                # that is before sft_warmup_steps (train.sft_warmup_until_loss ended the
+                # warm-up early) the run is that much shorter.
+                self._first_train_row_seen = True
+                warmup = self.recipe.train.sft_warmup_steps
+                if step - 1 < warmup:
+                    from miniverl.student.optim import total_optimizer_steps
 
-                total = total_optimizer_steps(self.recipe) - (warmup - (step - 1))
-                progress.update(task, total=total)
+                    total = total_optimizer_steps(self.recipe) - (warmup - (step - 1))
+                    progress.update(task, total=total)
             progress.update(task, completed=step, info="  ".join(info))
         return pos + last_newline + 1
 

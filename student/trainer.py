@@ -382,6 +382,8 @@ class Trainer:
         from miniverl.student.progress import TrainProgress
 
         total = total_optimizer_steps(recipe)
+        if self.warmup_end is not None:  # resumed after a warm-up that ended early
+            total -= train.sft_warmup_steps - self.warmup_end
         with TrainProgress(total, enabled=self.show_progress, initial=self.step) as progress:
             while self.warmup_end is None and self.step < train.sft_warmup_steps:
                 if self.stop_event.is_set():

@@ -1,0 +1,53 @@
+"""`up`'s progress bar follows the student's plan, also when the warm-up ends early."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from rich.progress import Progress
+
+from miniverl.cli.supervisor import Supervisor
+from miniverl.common.recipe import Recipe
+
+
+def _recipe(**train) -> Recipe:
+    return Recipe.model_validate({
+        "run": {"name": "p", "mode": "opd"},
+        "student": {"model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1,
+                                      "intermediate": 64}}},
+        "teacher": {"model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1,
+                                      "intermediate": 64}}},
+        "environment": {"name": "calculator"},
+        "train": {"cycles": 5, "sft_warmup_steps": 20, **train},
+    })
+
+
+def _bar_after(tmp_path, recipe, rows):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sup = Supervisor.__new__(Supervisor)  # only the progress logic, no processes
+    sup.recipe, sup.run = recipe, SimpleNamespace(metrics_path=metrics)
+    sup._first_train_row_seen = False
+    progress = Progress(disable=True)
+    task = progress.add_task("train", total=25, info="")
+    sup._update_progress(progress, task, 0)
+    return progress.tasks[0]
+
+
+def _rows(warmup_end: int, distill: int):
+    rows = [{"step": s, "phase": "sft_warmup", "version": s} for s in range(1, warmup_end + 1)]
+    rows += [{"step": warmup_end + 1 + c, "phase": "train", "version": warmup_end + 1 + c,
+              "cycle": c} for c in range(distill)]
+    return rows
+
+
+def test_the_bar_shrinks_when_the_warm_up_ends_early(tmp_path):
+    recipe = _recipe(sft_warmup_until_loss=0.1)
+    bar = _bar_after(tmp_path, recipe, _rows(12, 3))
+    assert (bar.total, bar.completed) == (17, 15)  # 12 warm-up + 5 cycles
+
+
+def test_the_bar_keeps_its_total_after_a_full_warm_up(tmp_path):
+    bar = _bar_after(tmp_path, _recipe(), _rows(20, 5))
+    assert (bar.total, bar.completed) == (25, 25)
