@@ -51,11 +51,15 @@ def build_recipe(args, output_dir: Path, pipelining: bool):
         hidden=args.teacher_hidden, layers=args.teacher_layers,
         intermediate=2 * args.teacher_hidden,
     )
+    # A random-init teacher of another size: nothing to prepare or qualify; only the
+    # timing of a cycle is measured here.
+    data["teacher"].update(prepare=None, min_success=None)
     data["environment"].update(eval_tasks=1, test_tasks=1)
     data["rollout"].update(batch_size=args.batch, max_new_tokens_per_turn=args.max_new_tokens)
     data["train"].update(
         cycles=args.cycles + 1, rollouts_per_cycle=args.rollouts, pipelining=pipelining,
-        eval_every=0, save_every=0,
+        eval_every=0, save_every=0, sft_warmup_steps=0, sft_warmup_lr=None,
+        sft_warmup_until_loss=None,  # cycles only: every metrics row is one OPD cycle
     )
     data["cache"] = {"enabled": False}
     return Recipe.model_validate(data)

@@ -78,6 +78,22 @@ def test_topk_and_exact_equal_a_naive_forward(model, temperature):
     assert top["ids"].dtype == np.int32 and top["logprobs"].dtype == np.float32
 
 
+def test_the_head_chunk_size_changes_nothing(model, monkeypatch):
+    # The LM head runs in [rows, V] chunks sized for the device; any size, even a few
+    # rows per chunk, gives the same reply as one chunk for all positions.
+    from miniverl.teacher_server import scoring
+
+    tokens, cu, positions = packed()
+    monkeypatch.setattr(scoring, "HEAD_CHUNK_ELEMENTS_CPU", 1 << 30)
+    whole = {kind: score_positions(model, tokens, cu, positions, kind, k=6)
+             for kind in ("topk", "exact")}
+    monkeypatch.setattr(scoring, "HEAD_CHUNK_ELEMENTS_CPU", 4 * VOCAB)
+    for kind, want in whole.items():
+        got = score_positions(model, tokens, cu, positions, kind, k=6)
+        for name, array in want.items():
+            np.testing.assert_allclose(got[name], array, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def test_topk_plus_tail_is_the_whole_distribution(model):
     tokens, cu, positions = packed(1)
     top = score_positions(model, tokens, cu, positions, "topk", k=10)
