@@ -169,8 +169,12 @@ def _waiting_spec(spec, model_dir: str, timeout_s: float):
     from miniverl.common.errors import ConfigError
 
     def wait():
+        # transformers imports a model's code on first use: 4 s for Qwen3 here, on the
+        # critical path once the directory appears. Toy models, and the teachers
+        # prepared from them, are Qwen3; other architectures load theirs as usual.
         import torch  # noqa: F401
-        import transformers  # noqa: F401
+        import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
         deadline = time.monotonic() + timeout_s
         while not (Path(model_dir) / "config.json").is_file():
