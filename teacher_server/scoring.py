@@ -205,8 +205,9 @@ def head(model, hidden_P_H, targets_P: np.ndarray, kind: str, k: int, temperatur
             # directly is the stable form: when the top-k holds all but ~1e-8 of the mass,
             # logsumexp(top-k) rounds to 0 in fp32 and log1mexp would return -inf instead
             # of the true (small, finite) tail.
-            rest = lp.scatter(1, top_ids, float("-inf"))
-            tail[start:end] = torch.logsumexp(rest, dim=-1).cpu().numpy()
+            # In place: this chunk's log-probs are not read again (saves a [rows, V] copy).
+            lp.scatter_(1, top_ids, float("-inf"))
+            tail[start:end] = torch.logsumexp(lp, dim=-1).cpu().numpy()
     if kind == "exact":
         return {"logprobs": full, "target_logprobs": target_lp}
     return {"ids": ids, "logprobs": top_lp, "tail_logmass": tail, "target_logprobs": target_lp}
