@@ -110,9 +110,9 @@ class EarlyForward:
     hidden_P_H: torch.Tensor
 
     def matches(self, trajs: list[Trajectory], positions: list[np.ndarray]) -> bool:
-        return self.traj_ids == [t.id for t in trajs] and len(positions) == len(
-            self.positions
-        ) and all(np.array_equal(a, b) for a, b in zip(positions, self.positions, strict=True))
+        if self.traj_ids != [t.id for t in trajs] or len(positions) != len(self.positions):
+            return False
+        return all(np.array_equal(a, b) for a, b in zip(positions, self.positions, strict=True))
 
 
 def first_micro_batch(n: int, grad_accum: int) -> range:
