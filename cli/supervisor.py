@@ -325,7 +325,7 @@ class Supervisor:
     def _watch(self) -> int:
         from miniverl.student.optim import total_optimizer_steps
 
-        total = total_optimizer_steps(self.recipe)
+        total = self._planned_total = total_optimizer_steps(self.recipe)
         restarts = 0
         metrics_pos = 0
         self._first_train_row_seen = False
@@ -415,10 +415,7 @@ class Supervisor:
                 self._first_train_row_seen = True
                 warmup = self.recipe.train.sft_warmup_steps
                 if step - 1 < warmup:
-                    from miniverl.student.optim import total_optimizer_steps
-
-                    total = total_optimizer_steps(self.recipe) - (warmup - (step - 1))
-                    progress.update(task, total=total)
+                    progress.update(task, total=self._planned_total - (warmup - (step - 1)))
             progress.update(task, completed=step, info="  ".join(info))
         return pos + last_newline + 1
 

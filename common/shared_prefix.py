@@ -1,4 +1,4 @@
-"""One decoder pass over a batch whose rows open with the same tokens.
+"""One decoder pass over a batch whose rows open with the same tokens; KV-cache helpers.
 
 Every episode of an environment starts with the same system block (about half of a toy
 calculator episode). A plain batched forward computes that block once per row; this
@@ -36,13 +36,15 @@ def shared_prefix_len(ids_B_T: Any, lengths: list[int]) -> int:
     return int(torch.argmin(same_T.to(torch.int8)))
 
 
-def _cache_kwarg(decoder: Any) -> str:
-    # transformers 5.x calls the KV cache argument ``cache``; 4.x ``past_key_values``.
+def cache_kwarg(decoder: Any) -> str:
+    """The KV cache argument of ``decoder.forward``: ``cache`` (transformers 5.x) or
+    ``past_key_values`` (4.x)."""
     params = inspect.signature(decoder.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _output_cache(out: Any) -> Any:
+def output_cache(out: Any) -> Any:
+    """The KV cache of a model output (``cache`` in transformers 5.x, else ``past_key_values``)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 
@@ -67,12 +69,12 @@ def decoder_hidden(
         return decoder(input_ids=ids_B_T, attention_mask=mask_B_T, use_cache=False).last_hidden_state
     B = ids_B_T.shape[0]
     head = decoder(input_ids=ids_B_T[:1, :n_shared], use_cache=True)
-    cache = _output_cache(head)
+    cache = output_cache(head)
     cache.batch_repeat_interleave(B)
     # Right padding: every row's own tokens continue at position n_shared, so the default
     # positions (from the cache length) are the unpadded ones.
     tail = decoder(
         input_ids=ids_B_T[:, n_shared:], attention_mask=mask_B_T, use_cache=True,
-        **{_cache_kwarg(decoder): cache},
+        **{cache_kwarg(decoder): cache},
     )
     return torch.cat([head.last_hidden_state.expand(B, -1, -1), tail.last_hidden_state], dim=1)

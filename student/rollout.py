@@ -22,7 +22,6 @@ trajectory out as soon as its episode ends (the trainer's pipelined-scoring hook
 from __future__ import annotations
 
 import copy
-import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.shared_prefix import cache_kwarg, output_cache
 from miniverl.common.trajectory import (
     SpanType,
     StopReason,
@@ -99,11 +99,6 @@ def sample_next(
     return idx_B.squeeze(-1)
 
 
-def _output_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
 class RolloutRunner:
     """Plays episodes of one environment with a causal LM; returns trajectories."""
 
@@ -138,9 +133,7 @@ class RolloutRunner:
         self.top_p = float(_cfg(rollout, "top_p"))
         self.batch_size = int(_cfg(rollout, "batch_size"))
         get_environment(env_name, **self.env_params)  # fail early on a bad name or params
-        # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)
         self._prefix: tuple[list[int], Any] | None = None
 
     # -- public --------------------------------------------------------------------
@@ -295,7 +288,7 @@ class RolloutRunner:
         if self._prefix is None or self._prefix[0] != prefix:
             ids_1_P = torch.tensor([prefix], dtype=torch.long, device=self.device)
             out = self.model(input_ids=ids_1_P, use_cache=True, logits_to_keep=1)
-            self._prefix = (prefix, _output_cache(out))
+            self._prefix = (prefix, output_cache(out))
         return P, self._prefix[1]
 
 
@@ -336,7 +329,7 @@ class RolloutRunner:
             logits_to_keep=1,
             **kwargs,
         )
-        cache = _output_cache(out)
+        cache = output_cache(out)
         logits_B_V = out.logits[:, -1, :]
         next_pos_B = pos_B_L[:, -1] + 1
 
@@ -373,7 +366,7 @@ class RolloutRunner:
                 logits_to_keep=1,
                 **{self._cache_kwarg: cache},
             )
-            cache = _output_cache(out)
+            cache = output_cache(out)
             logits_B_V = out.logits[:, -1, :]
             next_pos_B = next_pos_B + 1
         return generated

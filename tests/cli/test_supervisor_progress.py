@@ -9,6 +9,7 @@ from rich.progress import Progress
 
 from miniverl.cli.supervisor import Supervisor
 from miniverl.common.recipe import Recipe
+from miniverl.student.optim import total_optimizer_steps
 
 
 def _recipe(**train) -> Recipe:
@@ -29,6 +30,7 @@ def _bar_after(tmp_path, recipe, rows):
     sup = Supervisor.__new__(Supervisor)  # only the progress logic, no processes
     sup.recipe, sup.run = recipe, SimpleNamespace(metrics_path=metrics)
     sup._first_train_row_seen = False
+    sup._planned_total = total_optimizer_steps(recipe)  # what _watch sets
     progress = Progress(disable=True)
     task = progress.add_task("train", total=25, info="")
     sup._update_progress(progress, task, 0)
