@@ -56,6 +56,10 @@ def serve(
     exact_max_vocab: int = typer.Option(
         262144, "--exact-max-vocab", min=1, help="Largest vocabulary served with kind=exact."
     ),
+    prefix_cache_tokens: int = typer.Option(
+        None, "--prefix-cache-tokens", min=0,
+        help="Tokens of shared system blocks kept between requests (default 2048; 0 = off).",
+    ),
     curve_secret_key: str = typer.Option(
         None, "--curve-secret-key", help="Server CURVE secret key file (needed off loopback)."
     ),
@@ -80,6 +84,7 @@ def serve(
         ("--dtype", dtype),
         ("--log", log),
         ("--threads", threads),
+        ("--prefix-cache-tokens", prefix_cache_tokens),
         ("--curve-secret-key", curve_secret_key),
         ("--curve-authorized-dir", curve_authorized_dir),
     ):

@@ -19,6 +19,7 @@ import os
 import sys
 
 from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT
+from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=16384,
         help="Coalesce queued requests up to this many tokens per forward pass.",
+    )
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=PREFIX_CACHE_TOKENS,
+        help="Tokens of shared prompt prefixes (system blocks) kept between requests; "
+        "0 turns the cache off.",
     )
     p.add_argument("--max-inflight", type=int, default=64, help="Open requests per client.")
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="Advertised PING interval.")
@@ -149,8 +157,14 @@ def serve(args: argparse.Namespace) -> int:
         curve_secret_key=args.curve_secret_key,
         curve_authorized_dir=args.curve_authorized_dir,
     )
+    if args.prefix_cache_tokens < 0:
+        raise ConfigError(
+            f"--prefix-cache-tokens must be >= 0 (got {args.prefix_cache_tokens}); 0 turns "
+            "the prefix cache off"
+        )
     loader = make_loader(spec, exact_max_vocab=args.exact_max_vocab, threads=threads,
-                         scorer=scorer, scorer_options=scorer_options)
+                         scorer=scorer, scorer_options=scorer_options,
+                         prefix_cache_tokens=args.prefix_cache_tokens)
     try:
         return run_server(TeacherServer(config, loader, log=log))
     finally:

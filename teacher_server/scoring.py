@@ -123,9 +123,14 @@ def _micro_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]
     return batches
 
 
-def gather_hidden(model, seqs: list[tuple[np.ndarray, np.ndarray]], max_batch_tokens: int = 8192):
+def gather_hidden(
+    model, seqs: list[tuple[np.ndarray, np.ndarray]], max_batch_tokens: int = 8192,
+    prefix_cache=None,
+):
     """Run the decoder over ``seqs`` (each ``(tokens_T, local_positions_Q)``) and return the
     final hidden states at the requested positions, concatenated in input order: ``[sum Q, H]``.
+    ``prefix_cache`` (a :class:`~miniverl.teacher_server.prefix_cache.PrefixCache`) reuses
+    a system block computed for an earlier request.
     """
     import torch
 
@@ -146,10 +151,13 @@ def gather_hidden(model, seqs: list[tuple[np.ndarray, np.ndarray]], max_batch_to
             n = lengths[i]
             ids[row, :n] = torch.from_numpy(seqs[i][0][:n].astype(np.int64))
             mask[row, :n] = 1
-        # The system block the rows share is computed once (common/shared_prefix.py).
-        hidden = decoder_hidden(
-            decoder, ids.to(device), mask.to(device), [lengths[i] for i in members]
-        )
+        # The system block the rows share is computed once (common/shared_prefix.py),
+        # or not at all when an earlier request left it in the prefix cache.
+        rows_lengths = [lengths[i] for i in members]
+        if prefix_cache is not None:
+            hidden = prefix_cache.hidden(decoder, ids.to(device), mask.to(device), rows_lengths)
+        else:
+            hidden = decoder_hidden(decoder, ids.to(device), mask.to(device), rows_lengths)
         for row, i in enumerate(members):
             local = torch.from_numpy(seqs[i][1].astype(np.int64)).to(device)
             out[i] = hidden[row].index_select(0, local)
@@ -231,6 +239,7 @@ def score_requests(
     *,
     exact_max_vocab: int = 32768,
     max_batch_tokens: int = 8192,
+    prefix_cache=None,
 ) -> list[dict[str, np.ndarray] | MiniverlError]:
     """Score several requests with one decoder pass over all their sequences (coalescing).
 
@@ -256,7 +265,8 @@ def score_requests(
     if not owners:
         return results
     with torch.inference_mode():
-        hidden = gather_hidden(model, seqs, max_batch_tokens=max_batch_tokens)
+        hidden = gather_hidden(model, seqs, max_batch_tokens=max_batch_tokens,
+                               prefix_cache=prefix_cache)
         start = 0
         for r, index_parts in owners:
             req = requests[r]

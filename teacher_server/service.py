@@ -23,13 +23,17 @@ from typing import Any
 from miniverl.protocol.messages import ErrorCode
 from miniverl.protocol.server import BackendError, Loader, ScoreJob
 from miniverl.teacher_server.loader import LoadedTeacher, TeacherSpec
+from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from miniverl.teacher_server.scoring import ScoringBadRequest, ScoringUnsupported, score_requests
 
 
 class TorchTeacher:
     """A frozen causal LM that scores coalesced jobs (runs on the server's worker thread)."""
 
-    def __init__(self, loaded: LoadedTeacher, *, exact_max_vocab: int, max_batch_tokens: int):
+    def __init__(
+        self, loaded: LoadedTeacher, *, exact_max_vocab: int, max_batch_tokens: int,
+        prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+    ):
         self.loaded = loaded
         self.model = loaded.model
         self.info = dict(loaded.info)
@@ -38,6 +42,7 @@ class TorchTeacher:
         self.device = loaded.device
         self.exact_max_vocab = exact_max_vocab
         self.max_batch_tokens = max_batch_tokens
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.parked = False
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict | BackendError]:
@@ -46,6 +51,7 @@ class TorchTeacher:
             jobs,
             exact_max_vocab=self.exact_max_vocab,
             max_batch_tokens=self.max_batch_tokens,
+            prefix_cache=self.prefix_cache,
         )
         out: list[dict | BackendError] = []
         for result in results:
@@ -63,6 +69,7 @@ class TorchTeacher:
     def park(self) -> None:
         if self.parked:
             return
+        self.prefix_cache.clear()  # its KV lives on the accelerator too
         if self._on_accelerator():
             import torch
 
@@ -91,6 +98,7 @@ class TorchTeacher:
         }
 
     def close(self) -> None:
+        self.prefix_cache.clear()
         self.model = None
         self.loaded.model = None
         gc.collect()
@@ -108,6 +116,7 @@ def make_loader(
     threads: int | None = None,
     scorer: str = "causal_lm",
     scorer_options: dict[str, Any] | None = None,
+    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
 ) -> Loader:
     """The loader a :class:`~miniverl.protocol.server.TeacherServer` calls (worker thread).
 
@@ -116,7 +125,8 @@ def make_loader(
     ``threads`` is applied on the worker thread (where every forward pass runs) at
     the first load, so importing torch never delays the bind. ``scorer`` names the
     factory that builds the backend (``teacher_server/scorers.py``; the default is the
-    causal LM itself), ``scorer_options`` its keyword options.
+    causal LM itself), ``scorer_options`` its keyword options. ``prefix_cache_tokens``
+    sizes the built-in backend's prefix cache (``teacher_server/prefix_cache.py``).
     """
     from miniverl.teacher_server.scorers import get_scorer
 
@@ -135,11 +145,14 @@ def make_loader(
             chosen = spec.with_model(
                 request["model"], request.get("revision"), request.get("adapter")
             )
-        return factory(
+        backend = factory(
             chosen,
             exact_max_vocab=exact_max_vocab,
             max_batch_tokens=max_batch_tokens,
             options=dict(scorer_options or {}),
         )
+        if isinstance(backend, TorchTeacher):  # a plug-in scorer manages its own
+            backend.prefix_cache = PrefixCache(prefix_cache_tokens)
+        return backend
 
     return load

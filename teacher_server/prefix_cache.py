@@ -1,0 +1,146 @@
+"""The teacher's prefix cache: the system block's KV computed once, not once per request.
+
+Every episode of an environment opens with the same system block (tool schemas, rules):
+about half of a toy calculator episode, often more on a real one. Inside one coalesced
+batch ``common/shared_prefix`` already computes it once. A pipelined student sends one
+episode per ``SCORE`` as soon as it ends, so batches are small and the block was
+recomputed for nearly every request. :class:`PrefixCache` keeps the block's hidden states
+and KV cache between batches; a batch whose rows all start with a cached block runs only
+their own tokens on top of it.
+
+How a block is found without any hint on the wire: a batch's rows share a prefix with
+each other, and a single row shares one with a row seen in a recent request. The cached block is
+that common prefix (at least ``MIN_SHARED_TOKENS``), so it is a block two requests really
+shared, never a guess. Entries are kept most recently used first, within a token budget.
+
+The cache belongs to one loaded model: a ``RELOAD`` builds a new backend (and so a new,
+empty cache), ``PARK`` clears it. A reply equals the uncached one to float rounding (the
+same computation split at another position); ``tests/teacher_server/test_prefix_cache.py``
+checks it. Runs on the server's one worker thread; it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from miniverl.common.shared_prefix import (
+    MIN_SHARED_TOKENS,
+    cache_kwarg,
+    output_cache,
+    shared_prefix_len,
+)
+
+# Total tokens kept across entries. One token costs 2 * layers * kv_heads * head_dim
+# values: 2,048 tokens of an 8B Qwen3 in bf16 are about 300 MB of accelerator memory.
+PREFIX_CACHE_TOKENS = 2048
+MAX_ENTRIES = 4
+
+
+@dataclass(eq=False)  # entries are compared by identity (list.remove)
+class _Entry:
+    ids_T: Any  # long [n] prefix tokens
+    hidden_1_T_H: Any  # the decoder's last hidden states over the prefix
+    kv: Any  # the decoder's KV cache over the prefix (batch 1)
+
+
+class PrefixCache:
+    """Shared prefixes of recent requests: their hidden states and KV caches."""
+
+    def __init__(self, max_tokens: int = PREFIX_CACHE_TOKENS, *, min_shared: int = MIN_SHARED_TOKENS):
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0; got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.min_shared = min_shared
+        self.entries: list[_Entry] = []
+        self._recent_rows: deque = deque(maxlen=MAX_ENTRIES)  # first rows of recent misses
+        self.hits = 0
+        self.misses = 0
+        self.tokens_reused = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(int(e.ids_T.shape[0]) for e in self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._recent_rows.clear()
+
+    def stats(self) -> dict[str, int]:
+        return {"entries": len(self.entries), "tokens": self.tokens, "hits": self.hits,
+                "misses": self.misses, "tokens_reused": self.tokens_reused}
+
+    def hidden(self, decoder: Any, ids_B_T: Any, mask_B_T: Any, lengths: list[int]) -> Any:
+        """``hidden_B_T_H`` of ``decoder`` over a right-padded batch, reusing a cached prefix.
+
+        Same contract as :func:`miniverl.common.shared_prefix.decoder_hidden` (inference
+        only: the cached tensors carry no graph).
+        """
+        import torch
+
+        B = ids_B_T.shape[0]
+        limit = min(lengths) - 1  # every row keeps at least one token of its own
+        row0 = ids_B_T[0, : lengths[0]]
+        n_batch = shared_prefix_len(ids_B_T, lengths) if B > 1 else max(limit, 0)
+        entry = self._lookup(row0, n_batch)
+        if entry is None:
+            n = self._new_prefix_len(row0, n_batch, B)
+            self._recent_rows.append(row0.clone())
+            if n < self.min_shared:
+                self.misses += 1
+                return decoder(input_ids=ids_B_T, attention_mask=mask_B_T,
+                               use_cache=False).last_hidden_state
+            head = decoder(input_ids=ids_B_T[:1, :n], use_cache=True)
+            entry = _Entry(ids_B_T[0, :n].clone(), head.last_hidden_state, output_cache(head))
+            self._store(entry)
+            self.misses += 1
+        else:
+            self.hits += 1
+            self.tokens_reused += int(entry.ids_T.shape[0]) * B
+        n = int(entry.ids_T.shape[0])
+        kv = copy.deepcopy(entry.kv)  # the tail's forward appends to it
+        kv.batch_repeat_interleave(B)
+        # Right padding: each row's own tokens continue at position n (see shared_prefix).
+        tail = decoder(input_ids=ids_B_T[:, n:], attention_mask=mask_B_T, use_cache=True,
+                       **{cache_kwarg(decoder): kv})
+        return torch.cat([entry.hidden_1_T_H.expand(B, -1, -1), tail.last_hidden_state], dim=1)
+
+    def _lookup(self, row0: Any, n_batch: int) -> _Entry | None:
+        """The longest cached prefix that every row of the batch starts with."""
+        best = None
+        for entry in self.entries:
+            n = int(entry.ids_T.shape[0])
+            longer = best is None or n > best.ids_T.shape[0]
+            if n <= n_batch and longer and bool((row0[:n] == entry.ids_T).all()):
+                best = entry
+        if best is not None:
+            self.entries.remove(best)
+            self.entries.insert(0, best)
+        return best
+
+    def _new_prefix_len(self, row0: Any, n_batch: int, B: int) -> int:
+        """How much of this batch to cache: what it shares with an earlier request, or,
+        when nothing earlier matches, what its own rows share."""
+        refs = [e.ids_T for e in self.entries] + list(self._recent_rows)
+        n = max((_common_len(row0, ref) for ref in refs), default=0)
+        n = min(n, n_batch)
+        if n < self.min_shared and B > 1:
+            n = n_batch
+        return min(n, self.max_tokens)
+
+    def _store(self, entry: _Entry) -> None:
+        if entry.ids_T.shape[0] > self.max_tokens:
+            return
+        self.entries.insert(0, entry)
+        while len(self.entries) > MAX_ENTRIES or self.tokens > self.max_tokens:
+            self.entries.pop()
+
+
+def _common_len(a: Any, b: Any) -> int:
+    n = min(int(a.shape[0]), int(b.shape[0]))
+    if n == 0:
+        return 0
+    diff = (a[:n] != b[:n]).nonzero()
+    return int(diff[0, 0]) if diff.numel() else n
