@@ -58,7 +58,7 @@ def serve(
     ),
     prefix_cache_tokens: int = typer.Option(
         None, "--prefix-cache-tokens", min=0,
-        help="Tokens of shared system blocks kept between requests (default 2048; 0 = off).",
+        help="Tokens of shared system blocks kept between requests (default 2048; 0 keeps none).",
     ),
     curve_secret_key: str = typer.Option(
         None, "--curve-secret-key", help="Server CURVE secret key file (needed off loopback)."

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=PREFIX_CACHE_TOKENS,
         help="Tokens of shared prompt prefixes (system blocks) kept between requests; "
-        "0 turns the cache off.",
+        "0 keeps none.",
     )
     p.add_argument("--max-inflight", type=int, default=64, help="Open requests per client.")
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="Advertised PING interval.")
@@ -159,8 +159,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     if args.prefix_cache_tokens < 0:
         raise ConfigError(
-            f"--prefix-cache-tokens must be >= 0 (got {args.prefix_cache_tokens}); 0 turns "
-            "the prefix cache off"
+            f"--prefix-cache-tokens must be >= 0 (got {args.prefix_cache_tokens}); pass 0 "
+            "to keep no prefix between requests"
         )
     loader = make_loader(spec, exact_max_vocab=args.exact_max_vocab, threads=threads,
                          scorer=scorer, scorer_options=scorer_options,

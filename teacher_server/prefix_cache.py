@@ -94,7 +94,7 @@ class PrefixCache:
                                use_cache=False).last_hidden_state
             head = decoder(input_ids=ids_B_T[:1, :n], use_cache=True)
             entry = _Entry(ids_B_T[0, :n].clone(), head.last_hidden_state, output_cache(head))
-            self._store(entry)
+            self._store(entry)  # kept only within the budget; this batch uses it anyway
             self.misses += 1
         else:
             self.hits += 1
@@ -128,10 +128,10 @@ class PrefixCache:
         n = min(n, n_batch)
         if n < self.min_shared and B > 1:
             n = n_batch
-        return min(n, self.max_tokens)
+        return n
 
     def _store(self, entry: _Entry) -> None:
-        if entry.ids_T.shape[0] > self.max_tokens:
+        if entry.ids_T.shape[0] > self.max_tokens:  # a block beyond the budget is not kept
             return
         self.entries.insert(0, entry)
         while len(self.entries) > MAX_ENTRIES or self.tokens > self.max_tokens:

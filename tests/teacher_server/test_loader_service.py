@@ -150,3 +150,17 @@ def test_cli_serve_needs_exactly_one_source():
         app, ["teacher", "reload", "tcp://127.0.0.1:1", "--model", "m", "--mode", "later"]
     )
     assert isinstance(result.exception, ConfigError) and "drain or abort" in str(result.exception)
+
+
+def test_a_negative_prefix_cache_budget_is_refused_with_the_fix(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "miniverl.teacher_server", "--model", str(tmp_path),
+         "--prefix-cache-tokens", "-1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --prefix-cache-tokens must be >= 0 (got -1); pass 0 to keep no prefix between "
+        "requests"
+    ]

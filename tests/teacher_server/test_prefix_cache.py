@@ -10,7 +10,6 @@ import torch
 
 from miniverl.teacher_server.prefix_cache import MAX_ENTRIES, PrefixCache
 from miniverl.teacher_server.scoring import ScoreRequest, score_requests
-
 from tests.teacher_server.test_scoring import VOCAB, tiny_model
 
 SYSTEM = np.random.default_rng(7).integers(0, VOCAB, 48).astype(np.int32)
@@ -92,14 +91,23 @@ def test_two_environments_keep_their_own_blocks(model):
 
 
 def test_the_token_budget_and_entry_count_hold(model):
-    small = PrefixCache(max_tokens=40)  # less than the 48-token block
+    small = PrefixCache(max_tokens=40)  # less than the 48-token block: never kept
     for seed in range(3):
         (got,) = score_requests(model, [request(seed)], prefix_cache=small)
         assert_same(got, score_requests(model, [request(seed)])[0])
-    assert small.tokens <= 40 and small.hits >= 1  # a 40-token part of the block still helps
+    assert small.entries == [] and small.hits == 0
     off = PrefixCache(max_tokens=0)
-    for seed in range(3):
-        score_requests(model, [request(seed)], prefix_cache=off)
+    batch = [request(seed) for seed in range(3)]
+    shapes = []
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        got = score_requests(model, batch, prefix_cache=off)
+    finally:
+        hook.remove()
+    for g, w in zip(got, score_requests(model, batch), strict=True):
+        assert_same(g, w)
+    assert shapes[0][0] == 1 and shapes[0][1] >= len(SYSTEM)  # still shared within the batch
     assert off.entries == [] and off.hits == 0
     many = PrefixCache()
     rng = np.random.default_rng(1)
