@@ -9,7 +9,8 @@ lines. While training runs it shows prefixed log lines and one progress bar read
 ``metrics.jsonl``. A teacher that dies is restarted at the same endpoint with bounded
 retries and backoff; the student's client re-handshakes and re-sends. Ctrl-C or
 SIGTERM asks the student to checkpoint and stop at the next update boundary, then shuts
-the teacher down; the exit code is then 130, otherwise the student's.
+the teacher down; the exit code is then 130, otherwise the student's. A second Ctrl-C
+does not wait: both children are killed at once (no checkpoint) and the exit code is 130.
 
 With ``--teacher ENDPOINT`` no teacher is started: the student attaches to it.
 
@@ -150,6 +151,7 @@ class Supervisor:
         self.teacher: subprocess.Popen | None = None
         self.teacher_model_dir: Path | None = None
         self._stopping = False
+        self._forced = False
         self._preparing = False
         self._pumps: list[_Pump] = []
 
@@ -312,15 +314,28 @@ class Supervisor:
 
     def _on_signal(self, signum, frame) -> None:
         if self._stopping:
+            self._force_stop()
             return
         self._stopping = True
         if self._preparing:
             # The preparation runs in this process; interrupt it rather than finish it.
             raise KeyboardInterrupt
         self.console.print("[bold]stopping[/bold]: the student checkpoints at the next update "
-                           "boundary, then the teacher shuts down")
+                           "boundary, then the teacher shuts down (Ctrl-C again: stop now, "
+                           "no checkpoint)")
         if self.student is not None and self.student.poll() is None:
             self.student.send_signal(signal.SIGTERM)
+
+    def _force_stop(self) -> None:
+        """The second Ctrl-C: kill both children now; the last checkpoint is what remains."""
+        if self._forced:
+            return
+        self._forced = True
+        self.console.print("[bold red]stopping now[/bold red]: killing the student and the "
+                           "teacher without a checkpoint")
+        for child in (self.student, self.teacher):
+            if child is not None and child.poll() is None:
+                child.kill()
 
     def _watch(self) -> int:
         from miniverl.student.optim import total_optimizer_steps
@@ -365,6 +380,8 @@ class Supervisor:
         code = self.student.returncode
         self.student.pump.join(5)
         self._close_abandoned_run(
+            "a second Ctrl-C killed the student; the last checkpoint is what remains"
+            if self._forced else
             f"the student process exited with code {code} without closing the run")
         if code < 0:  # killed by a signal: report it the way a shell does
             code = 128 - code

@@ -381,3 +381,30 @@ def test_ctrl_c_leaves_nothing_behind(work, models):
     time.sleep(0.2)
     alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
+
+
+def test_a_second_ctrl_c_stops_at_once(work, models):
+    # A student that cannot reach its checkpoint (stopped here with SIGSTOP) would keep
+    # `up` waiting for STOP_GRACE_S (120 s) after one Ctrl-C; a second one kills both
+    # children now: exit 130, the run `interrupted`, nothing left behind.
+    import psutil
+
+    path = write_recipe(work, "sigint2", cycles=200)
+    run = Up(work, path, "sigint2")
+    run.wait_for("a first update", lambda: run.steps() >= 1)
+    children = descendants(run.proc.pid)
+    student = [p for p in children if "miniverl.student" in " ".join(p.cmdline())]
+    assert len(student) == 1, [p.cmdline() for p in children]
+    student[0].suspend()
+    run.proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)  # two signals sent back to back may arrive as one
+    assert run.proc.poll() is None
+    t0 = time.monotonic()
+    run.proc.send_signal(signal.SIGINT)
+    assert run.finish(30) == 130, run.output()
+    assert time.monotonic() - t0 < 20
+    assert run.status() == "interrupted"
+    assert "second Ctrl-C" in run.events("run_interrupted")[-1]["reason"]
+    time.sleep(0.2)
+    alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
