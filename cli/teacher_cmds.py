@@ -172,7 +172,10 @@ def reload(
     endpoint: str = ENDPOINT_ARG,
     model: str = typer.Option(..., "--model", help="Local HF model directory or hub id."),
     revision: str = typer.Option(None, "--revision", help="40-hex commit pinning a hub id."),
-    adapter: str = typer.Option(None, "--adapter", help="PEFT adapter directory to merge."),
+    adapter: str = typer.Option(None, "--adapter", help="PEFT adapter directory or hub id."),
+    adapter_revision: str = typer.Option(
+        None, "--adapter-revision", help="40-hex commit pinning a hub adapter id."
+    ),
     mode: str = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it."),
     timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Seconds to wait."),
     curve_secret_key: str = CURVE_SECRET_OPT,
@@ -185,7 +188,8 @@ def reload(
         raise ConfigError(f"--mode {mode!r} is not drain or abort")
     client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
     try:
-        ok = client.reload(model, revision=revision, adapter=adapter, mode=mode, timeout_s=timeout)
+        ok = client.reload(model, revision=revision, adapter=adapter, mode=mode, timeout_s=timeout,
+                           adapter_revision=adapter_revision)
     finally:
         client.close()
     typer.echo(f"reloaded: gen {ok.gen}, teacher {ok.teacher.name} ({ok.teacher.model})")

@@ -445,8 +445,10 @@ class TeacherClient:
         adapter: str | None = None,
         mode: str = "drain",
         timeout_s: float = 600.0,
+        adapter_revision: str | None = None,
     ) -> ReloadOk:
-        msg = Reload(id=self._new_id(), model=model, revision=revision, adapter=adapter, mode=mode)
+        msg = Reload(id=self._new_id(), model=model, revision=revision, adapter=adapter,
+                     adapter_revision=adapter_revision, mode=mode)
         return await self._call(msg, timeout_s=timeout_s)
 
     async def shutdown(self, mode: str = "drain", timeout_s: float | None = None) -> ShutdownOk:

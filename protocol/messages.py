@@ -250,6 +250,7 @@ class Reload(Message):
     model: Name
     revision: Name | None = None
     adapter: Name | None = None
+    adapter_revision: Name | None = None  # pins a hub adapter id, as revision pins model
     mode: Mode = "drain"
 
 

@@ -117,7 +117,8 @@ class Backend(Protocol):
         """Release the weights (called after a successful reload and at shutdown)."""
 
 
-# loader(None) builds the initial teacher; loader({"model", "revision", "adapter"}) a reload.
+# loader(None) builds the initial teacher; loader({"model", "revision", "adapter",
+# "adapter_revision"}) a reload.
 Loader = Callable[[dict[str, Any] | None], Backend]
 
 
@@ -581,6 +582,7 @@ class TeacherServer:
             model=msg.model,
             revision=msg.revision,
             adapter=msg.adapter,
+            adapter_revision=msg.adapter_revision,
             mode=msg.mode,
         )
         loop = asyncio.get_running_loop()
@@ -598,7 +600,8 @@ class TeacherServer:
                 await self._drained()
             async with self._compute:
                 old = self._backend
-                request = {"model": msg.model, "revision": msg.revision, "adapter": msg.adapter}
+                request = {"model": msg.model, "revision": msg.revision, "adapter": msg.adapter,
+                           "adapter_revision": msg.adapter_revision}
                 # Free the accelerator for the newcomer; the old teacher comes back on failure.
                 await loop.run_in_executor(self._executor, old.park)
                 try:

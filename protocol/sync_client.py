@@ -135,8 +135,10 @@ class SyncTeacherClient:
         adapter: str | None = None,
         mode: str = "drain",
         timeout_s: float = 600.0,
+        adapter_revision: str | None = None,
     ) -> ReloadOk:
-        return self._run(self._core.reload, model, revision, adapter, mode, timeout_s)
+        return self._run(self._core.reload, model, revision, adapter, mode, timeout_s,
+                         adapter_revision)
 
     def shutdown(self, mode: str = "drain", timeout_s: float | None = None) -> ShutdownOk:
         return self._run(self._core.shutdown, mode, timeout_s)

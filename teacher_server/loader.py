@@ -45,12 +45,16 @@ class TeacherSpec:
     offline: bool = False
     name: str | None = None
 
-    def with_model(self, model: str, revision: str | None, adapter: str | None) -> TeacherSpec:
+    def with_model(
+        self, model: str, revision: str | None, adapter: str | None,
+        adapter_revision: str | None = None,
+    ) -> TeacherSpec:
         """The same placement (device, dtype, offline) for another model (used by RELOAD)."""
         return TeacherSpec(
             model=model,
             revision=revision,
             adapter=adapter,
+            adapter_revision=adapter_revision,
             device=self.device,
             dtype=self.dtype,
             quantization=self.quantization,

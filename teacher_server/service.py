@@ -143,7 +143,8 @@ def make_loader(
         chosen = spec
         if request is not None:
             chosen = spec.with_model(
-                request["model"], request.get("revision"), request.get("adapter")
+                request["model"], request.get("revision"), request.get("adapter"),
+                request.get("adapter_revision"),
             )
         backend = factory(
             chosen,

@@ -494,6 +494,23 @@ def test_reload_bumps_gen_and_refuses_another_tokenizer(harness):
     assert status.teacher.name == "second" and status.state == TeacherState.READY
 
 
+def test_reload_passes_every_pin_to_the_loader(harness):
+    requests = []
+
+    def loader(request):
+        requests.append(request)
+        return FakeBackend("first" if request is None else "second")
+
+    h, _ = harness(loader=loader)
+    sock = h.client()
+    hello(sock)
+    pins = {"model": "org/teacher", "revision": "a" * 40, "adapter": "org/lora",
+            "adapter_revision": "b" * 40}
+    ok, _ = call(sock, {"v": 1, "t": "RELOAD", "id": 2, **pins})
+    assert ok.t == "RELOAD_OK"
+    assert requests == [None, pins]
+
+
 def test_reload_abort_fails_queued_requests_retryably(harness):
     gate = threading.Event()
     first = FakeBackend("first", gate=gate)

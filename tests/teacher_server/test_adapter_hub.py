@@ -70,3 +70,16 @@ def test_unpinned_or_missing_hub_adapters_are_refused(hub_cache, toy_dir):
     with pytest.raises(ConfigError, match="missing from the local cache: adapter_model"):
         load_teacher(TeacherSpec(model=str(toy_dir), adapter="org/other-lora",
                                  adapter_revision=REVISION, device="cpu", offline=True))
+
+
+def test_reload_onto_a_pinned_hub_adapter(hub_cache, toy_dir):
+    # RELOAD's request carries adapter_revision to the same loader the start used.
+    from miniverl.teacher_server.service import make_loader
+
+    load = make_loader(TeacherSpec(model=str(toy_dir), device="cpu", offline=True))
+    request = {"model": str(toy_dir), "revision": None, "adapter": "org/teacher-lora",
+               "adapter_revision": REVISION}
+    backend = load(request)
+    assert backend.info["adapter_sha256"] == adapter_sha256(hub_cache)
+    with pytest.raises(ConfigError, match="needs a pinned 40-hex"):
+        load({**request, "adapter_revision": None})

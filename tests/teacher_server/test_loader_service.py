@@ -164,3 +164,28 @@ def test_a_negative_prefix_cache_budget_is_refused_with_the_fix(tmp_path):
         "error: --prefix-cache-tokens must be >= 0 (got -1); pass 0 to keep no prefix between "
         "requests"
     ]
+
+
+def test_cli_reload_sends_the_adapter_revision(monkeypatch):
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import miniverl.cli.teacher_cmds as teacher_cmds
+    from miniverl.cli.app import app
+
+    sent = {}
+
+    class Admin:
+        def reload(self, model, **kw):
+            sent.update(model=model, **kw)
+            return SimpleNamespace(gen=1, teacher=SimpleNamespace(name="t", model=model))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(teacher_cmds, "_admin", lambda *a: Admin())
+    result = CliRunner().invoke(app, ["teacher", "reload", "tcp://127.0.0.1:1", "--model", "m",
+                                      "--adapter", "org/lora", "--adapter-revision", "c" * 40])
+    assert result.exit_code == 0, result.output
+    assert sent["adapter"] == "org/lora" and sent["adapter_revision"] == "c" * 40
