@@ -1,7 +1,7 @@
 """When does the toy student learn to copy? SFT steps until held-out digit accuracy jumps.
 
     python benchmarks/copy_plateau.py [--seeds 1 2 3] [--clip 0.05] [--lr 3e-3]
-        [--batch 16] [--max-steps 600] [--every 25]
+        [--batch 16] [--max-steps 600] [--every 25] [--init-std S] [--rope-theta B]
 
 The student of ``recipes/toy_cpu_opd.yaml`` is trained by SFT on oracle calculator traces
 (one CPU thread), ``--batch`` traces a step in an order drawn from ``--seeds``. Every
@@ -11,7 +11,10 @@ only once the model can copy them from the prompt and the tool result (the plate
 docs/toy-learning.md describes). It prints, per seed, the first step at >= 0.9 and at
 >= 0.98 (it stops there), and writes ``benchmarks/results/copy_plateau.json``.
 
-This script measures; it changes no recipe.
+``--init-std`` re-draws every weight matrix from N(0, S^2) (the toy builder uses
+transformers' 0.02) and ``--rope-theta`` sets the rotary base (the toy's is 10,000), to
+measure how the plateau depends on them. This script measures; it changes no recipe and
+no toy model.
 """
 
 from __future__ import annotations
@@ -28,6 +31,25 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "toy_cpu_opd.yaml"
 
 
+def reshape(model, init_std: float | None, rope_theta: float | None) -> None:
+    """Re-draw the weight matrices and/or change the rotary base of a freshly built model."""
+    import torch
+
+    if init_std is not None:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 2:  # linear layers and the (tied) embedding
+                    param.normal_(0.0, init_std, generator=gen)
+    if rope_theta is not None:
+        for module in model.modules():
+            if hasattr(module, "inv_freq") and "Rotary" in type(module).__name__:
+                dim = 2 * module.inv_freq.shape[0]
+                inv = 1.0 / rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+                module.inv_freq = inv
+                module.original_inv_freq = inv
+
+
 def one_seed(args, seed: int) -> dict:
     import torch
 
@@ -40,6 +62,7 @@ def one_seed(args, seed: int) -> dict:
     torch.manual_seed(0)
     recipe = load_recipe(RECIPE)
     policy = load_policy(recipe)
+    reshape(policy.model, args.init_std, args.rope_theta)
     env = recipe.environment
     tok = policy.tokenizer
 
@@ -84,6 +107,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="Traces per step.")
     parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--every", type=int, default=25, help="Steps between measurements.")
+    parser.add_argument("--init-std", type=float, default=None,
+                        help="Re-draw weight matrices from N(0, S^2) (toy default 0.02).")
+    parser.add_argument("--rope-theta", type=float, default=None,
+                        help="Rotary base (toy default 10000).")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
                         "copy_plateau.json")
     args = parser.parse_args()
