@@ -95,7 +95,10 @@ class ScoreJob:
 
 
 class Backend(Protocol):
-    """What the transport needs from a teacher. All methods run on the worker thread."""
+    """What the transport needs from a teacher. All methods run on the worker thread.
+
+    Optionally ``stats() -> dict``: counters of its own, logged with each batch.
+    """
 
     info: dict[str, Any]  # HELLO_OK ``teacher``: name, model, revision, adapter_sha256
     tokenizer_fp: str
@@ -745,6 +748,8 @@ class TeacherServer:
             jobs=len(live),
             compute_ms=round(compute_ms, 3),
             tokens=sum(j.tokens_N.shape[0] for j in live),
+            # A backend may report its own counters (the built-in one: its prefix cache).
+            **({"backend": backend.stats()} if hasattr(backend, "stats") else {}),
         )
         for job, result in zip(live, results, strict=True):
             if job.aborted:

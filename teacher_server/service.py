@@ -63,6 +63,10 @@ class TorchTeacher:
                 out.append(result)
         return out
 
+    def stats(self) -> dict[str, Any]:
+        """Counters the server logs with each batch (``--log-level debug``)."""
+        return {"prefix_cache": self.prefix_cache.stats()}
+
     def _on_accelerator(self) -> bool:
         return not self.device.startswith("cpu")
 

@@ -95,12 +95,12 @@ class FakeBackend:
 class Harness:
     """A server on a background loop plus raw DEALER clients."""
 
-    def __init__(self, loader, **config):
+    def __init__(self, loader, log=None, **config):
         self.ctx = zmq.asyncio.Context()
         self.sync_ctx = zmq.Context.shadow(self.ctx.underlying)
         self.endpoint = f"inproc://teacher-{uuid.uuid4().hex[:8]}"
         self.server = TeacherServer(
-            ServerConfig(endpoint=self.endpoint, **config), loader, context=self.ctx
+            ServerConfig(endpoint=self.endpoint, **config), loader, context=self.ctx, log=log
         )
         self.result: list = []
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -225,6 +225,21 @@ def test_hello_score_ping_status(harness):
     assert status.counters.requests == 2 and status.counters.positions == 6
     assert status.counters.bytes_received > 0 and status.teacher.name == "fake"
     assert status.memory.device == "cpu"
+
+
+def test_a_backends_own_counters_are_logged_with_each_batch(harness):
+    class Counting(FakeBackend):
+        def stats(self):
+            return {"prefix_cache": {"hits": 7}}
+
+    lines = []
+    h, _ = harness(backend=Counting(), log=lambda level, event, **f: lines.append((event, f)))
+    sock = h.client()
+    hello(sock)
+    call(sock, score_header(2), score_arrays())
+    batches = [f for event, f in lines if event == "batch"]
+    assert batches and batches[0]["backend"] == {"prefix_cache": {"hits": 7}}
+    assert batches[0]["jobs"] == 1
 
 
 def test_loading_state_pings_and_held_hello(harness):

@@ -142,6 +142,7 @@ def test_backend_clears_on_park_and_reload_starts_empty(tmp_path):
                                                  "topk", 4, 1.0)])
         assert reply["ids"].shape == (10, 4)
     assert backend.prefix_cache.hits == 1 and backend.prefix_cache.entries
+    assert backend.stats()["prefix_cache"]["hits"] == 1  # logged with each batch
     backend.park()
     assert backend.prefix_cache.entries == []
     reloaded = load({"model": model_dir, "revision": None, "adapter": None})
