@@ -62,19 +62,28 @@ def decoder_hidden(
     ``lengths`` are the rows' unpadded lengths (``mask_B_T`` is 1 on exactly those).
     Falls back to one plain forward when fewer than ``min_shared`` tokens are shared.
     """
-    import torch
 
     n_shared = shared_prefix_len(ids_B_T, lengths)
     if n_shared < min_shared:
         return decoder(input_ids=ids_B_T, attention_mask=mask_B_T, use_cache=False).last_hidden_state
-    B = ids_B_T.shape[0]
     head = decoder(input_ids=ids_B_T[:1, :n_shared], use_cache=True)
-    cache = output_cache(head)
+    return hidden_on_prefix(decoder, ids_B_T, mask_B_T, head.last_hidden_state, output_cache(head))
+
+
+def hidden_on_prefix(decoder: Any, ids_B_T: Any, mask_B_T: Any, head_1_S_H: Any, cache: Any) -> Any:
+    """``hidden_B_T_H`` of a batch whose first ``S`` tokens were run once (batch 1).
+
+    ``head_1_S_H`` and ``cache`` are that pass's hidden states and KV cache; ``cache`` is
+    repeated over the batch in place and extended by the rows' own tokens.
+    """
+    import torch
+
+    B, S = ids_B_T.shape[0], head_1_S_H.shape[1]
     cache.batch_repeat_interleave(B)
-    # Right padding: every row's own tokens continue at position n_shared, so the default
+    # Right padding: every row's own tokens continue at position S, so the default
     # positions (from the cache length) are the unpadded ones.
     tail = decoder(
-        input_ids=ids_B_T[:, n_shared:], attention_mask=mask_B_T, use_cache=True,
+        input_ids=ids_B_T[:, S:], attention_mask=mask_B_T, use_cache=True,
         **{cache_kwarg(decoder): cache},
     )
-    return torch.cat([head.last_hidden_state.expand(B, -1, -1), tail.last_hidden_state], dim=1)
+    return torch.cat([head_1_S_H.expand(B, -1, -1), tail.last_hidden_state], dim=1)

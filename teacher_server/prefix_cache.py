@@ -28,7 +28,7 @@ from typing import Any
 
 from miniverl.common.shared_prefix import (
     MIN_SHARED_TOKENS,
-    cache_kwarg,
+    hidden_on_prefix,
     output_cache,
     shared_prefix_len,
 )
@@ -78,34 +78,27 @@ class PrefixCache:
         Same contract as :func:`miniverl.common.shared_prefix.decoder_hidden` (inference
         only: the cached tensors carry no graph).
         """
-        import torch
-
         B = ids_B_T.shape[0]
-        limit = min(lengths) - 1  # every row keeps at least one token of its own
         row0 = ids_B_T[0, : lengths[0]]
-        n_batch = shared_prefix_len(ids_B_T, lengths) if B > 1 else max(limit, 0)
+        # Every row keeps at least one token of its own.
+        n_batch = shared_prefix_len(ids_B_T, lengths) if B > 1 else max(lengths[0] - 1, 0)
         entry = self._lookup(row0, n_batch)
-        if entry is None:
+        if entry is not None:
+            self.hits += 1
+            self.tokens_reused += int(entry.ids_T.shape[0]) * B
+        else:
+            self.misses += 1
             n = self._new_prefix_len(row0, n_batch, B)
             self._recent_rows.append(row0.clone())
             if n < self.min_shared:
-                self.misses += 1
                 return decoder(input_ids=ids_B_T, attention_mask=mask_B_T,
                                use_cache=False).last_hidden_state
             head = decoder(input_ids=ids_B_T[:1, :n], use_cache=True)
             entry = _Entry(ids_B_T[0, :n].clone(), head.last_hidden_state, output_cache(head))
             self._store(entry)  # kept only within the budget; this batch uses it anyway
-            self.misses += 1
-        else:
-            self.hits += 1
-            self.tokens_reused += int(entry.ids_T.shape[0]) * B
-        n = int(entry.ids_T.shape[0])
-        kv = copy.deepcopy(entry.kv)  # the tail's forward appends to it
-        kv.batch_repeat_interleave(B)
-        # Right padding: each row's own tokens continue at position n (see shared_prefix).
-        tail = decoder(input_ids=ids_B_T[:, n:], attention_mask=mask_B_T, use_cache=True,
-                       **{cache_kwarg(decoder): kv})
-        return torch.cat([entry.hidden_1_T_H.expand(B, -1, -1), tail.last_hidden_state], dim=1)
+        # The tail's forward repeats and extends the cache: work on a copy.
+        return hidden_on_prefix(decoder, ids_B_T, mask_B_T, entry.hidden_1_T_H,
+                                copy.deepcopy(entry.kv))
 
     def _lookup(self, row0: Any, n_batch: int) -> _Entry | None:
         """The longest cached prefix that every row of the batch starts with."""

@@ -30,10 +30,7 @@ from miniverl.teacher_server.scoring import ScoringBadRequest, ScoringUnsupporte
 class TorchTeacher:
     """A frozen causal LM that scores coalesced jobs (runs on the server's worker thread)."""
 
-    def __init__(
-        self, loaded: LoadedTeacher, *, exact_max_vocab: int, max_batch_tokens: int,
-        prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
-    ):
+    def __init__(self, loaded: LoadedTeacher, *, exact_max_vocab: int, max_batch_tokens: int):
         self.loaded = loaded
         self.model = loaded.model
         self.info = dict(loaded.info)
@@ -42,7 +39,7 @@ class TorchTeacher:
         self.device = loaded.device
         self.exact_max_vocab = exact_max_vocab
         self.max_batch_tokens = max_batch_tokens
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache()  # make_loader sizes it (--prefix-cache-tokens)
         self.parked = False
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict | BackendError]:
