@@ -55,9 +55,9 @@ def one_seed(args, seed: int) -> dict:
 
     from miniverl.common.recipe import load_recipe
     from miniverl.student.environments import make_tasks
-    from miniverl.student.oracle import oracle_trajectories
-    from miniverl.student.policy import hidden_at_positions, load_policy, next_tokens
-    from miniverl.student.updates import sft_step
+    from miniverl.student.rollout.oracle import oracle_trajectories
+    from miniverl.student.train.policy import load_policy
+    from miniverl.student.train.updates import hidden_at_positions, next_tokens, sft_step
 
     torch.manual_seed(0)
     recipe = load_recipe(RECIPE)

@@ -36,8 +36,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -73,37 +71,21 @@ def build_recipe(args, output_dir: Path, pipelining: bool):
     return Recipe.model_validate(data)
 
 
-def start_teacher(model_dir: Path, endpoint: str, log: Path) -> subprocess.Popen:
+def launch_teacher(model_dir: Path, endpoint: str, folder: Path, timeout_s: float):
+    """The teacher child on one CPU thread, READY before the first run trains."""
+    from miniverl.student.teacher_process import start_teacher
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "miniverl.teacher_server", "--model", str(model_dir),
-           "--bind", endpoint, "--threads", "1", "--device", "cpu", "--dtype", "float32",
-           "--log", str(log)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def stop_teacher(proc: subprocess.Popen, endpoint: str) -> None:
-    from miniverl.protocol.client import SyncTeacherClient
-
-    admin = SyncTeacherClient(endpoint, tokenizer_fp=None, vocab_size=0,
-                              request_timeout_s=5, unavailable_timeout_s=10)
-    try:
-        if proc.poll() is None:
-            admin.shutdown(mode="abort")
-    except Exception:  # a teacher that cannot answer is killed below
-        pass
-    finally:
-        admin.close()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    args = ["--model", str(model_dir), "--threads", "1", "--device", "cpu",
+            "--dtype", "float32", "--log", str(folder / "teacher.log")]
+    return start_teacher(args, endpoint=endpoint, log=folder / "teacher.out",
+                         timeout_s=timeout_s, env=env)
 
 
 def one_run(args, root: Path, endpoint: str, pipelining: bool) -> dict:
     """Train one short run; per-cycle wall times (first cycle dropped) and time split."""
-    from miniverl.student.trainer import Trainer
+    from miniverl.student.train.trainer import Trainer
 
     recipe = build_recipe(args, root, pipelining)
     with Trainer(recipe, teacher_endpoint=endpoint, show_progress=False, write_report=False,
@@ -164,12 +146,13 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from miniverl.common.toy import toy_model_dir
+    from miniverl.student.teacher_process import stop_teacher
 
     tmp = Path(tempfile.mkdtemp(prefix="opd-cycle-"))
     endpoint = f"ipc://{tmp}/teacher.sock"
     probe = build_recipe(args, tmp / "runs", True)
     teacher_dir = toy_model_dir(probe.teacher.model.toy)
-    proc = start_teacher(teacher_dir, endpoint, tmp / "teacher.log")
+    proc = launch_teacher(teacher_dir, endpoint, tmp, probe.runtime.teacher_startup_timeout_s)
     arms: dict[str, list[dict]] = {"pipelined": [], "serial": []}
     load_before = os.getloadavg()
     t_start = time.perf_counter()
@@ -181,7 +164,7 @@ def main() -> None:
                 print(f"rep {rep + 1}/{args.reps} {name:9s} cycle s "
                       + " ".join(f"{x:.2f}" for x in run["cycle_s"]), flush=True)
     finally:
-        stop_teacher(proc, endpoint)
+        stop_teacher(proc)
     wall = time.perf_counter() - t_start
     summary = {name: summarise(runs) for name, runs in arms.items()}
     ratio = summary["pipelined"]["cycle_s"] / summary["serial"]["cycle_s"]

@@ -10,7 +10,7 @@ requests are real calculator episodes (oracle traces rendered by the model's cha
 template), 1 and 4 per request, scored at every response position and at every
 position. For ``topk`` (k = 16 and 64) and ``exact`` it times
 :func:`~miniverl.teacher_server.scoring.score_positions` in-process and the same request
-over ipc to a :class:`~miniverl.protocol.server.TeacherServer` in this process, and
+over ipc to a :class:`~miniverl.teacher_server.server.TeacherServer` in this process, and
 records reply bytes per position. Exact replies over 256 MiB are skipped unless
 ``--full``. Writes ``benchmarks/results/real_model_protocol.json`` after every row, so
 a run cut short keeps what it measured.
@@ -41,7 +41,7 @@ def episodes(model_dir: Path, n: int):
     from miniverl.common.modeling import load_tokenizer
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.student.environments import make_tasks
-    from miniverl.student.oracle import oracle_trajectories
+    from miniverl.student.rollout.oracle import oracle_trajectories
 
     tok = load_tokenizer(model_dir)
     tasks = make_tasks("calculator", "train", n, "easy", 0)
@@ -91,7 +91,7 @@ def main() -> None:
     import torch
 
     from miniverl.common.gguf_import import convert_gguf, smollm2_gguf
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
     from miniverl.teacher_server.loader import TeacherSpec, load_teacher
     from miniverl.teacher_server.scoring import score_positions
 

@@ -24,23 +24,18 @@ from pathlib import Path
 
 import torch
 
+from miniverl.common.recipe_sections import RolloutConfig
 from miniverl.common.toy import build_toy_model, build_toy_tokenizer
 from miniverl.student.environments import make_tasks
-from miniverl.student.rollout import RolloutRunner
+from miniverl.student.rollout.runner import RolloutRunner
 
 RESULTS = Path(__file__).parent / "results" / "rollout_throughput.json"
 TOY = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128}
 
 
 def measure(model, tok, tasks, batch_size: int, tokens: int, device) -> dict:
-    rollout = {
-        "max_turns": 1,
-        "max_new_tokens_per_turn": tokens,
-        "max_total_tokens": 4096,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "batch_size": batch_size,
-    }
+    rollout = RolloutConfig(max_turns=1, max_new_tokens_per_turn=tokens, max_total_tokens=4096,
+                            temperature=1.0, top_p=1.0, batch_size=batch_size)
     runner = RolloutRunner(
         model, tok, env_name="calculator", rollout=rollout, tokenizer_fp="bench",
         device=device, ignore_stop=True,

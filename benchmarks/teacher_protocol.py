@@ -7,7 +7,7 @@ random-init Qwen3 with a 151,669-token vocabulary and a small hidden size (so it
 on a CPU) — and for 512 and 4,096 positions with ``topk`` (k = 64) and ``exact``, it
 times :func:`~miniverl.teacher_server.scoring.score_positions` called directly and the
 same request through a :class:`~miniverl.protocol.client.SyncTeacherClient` to a
-:class:`~miniverl.protocol.server.TeacherServer` over ipc and over tcp loopback. It
+:class:`~miniverl.teacher_server.server.TeacherServer` over ipc and over tcp loopback. It
 prints the median latencies, the ratio (over the wire / in-process) and the reply
 bytes per scored position, and writes ``benchmarks/results/teacher_protocol.json``.
 
@@ -86,8 +86,9 @@ def request(positions: int, vocab: int, seed: int = 0):
 
 def start_server(endpoint: str, loaded, exact_max_vocab: int):
     from miniverl.protocol.limits import Limits
-    from miniverl.protocol.server import ServerConfig, TeacherServer
-    from miniverl.teacher_server.service import TorchTeacher
+    from miniverl.teacher_server.server import TeacherServer
+    from miniverl.teacher_server.state import ServerConfig
+    from miniverl.teacher_server.torch_backend import TorchTeacher
 
     backend = TorchTeacher(loaded, exact_max_vocab=exact_max_vocab, max_batch_tokens=8192)
     limits = Limits(max_exact_vocab=exact_max_vocab, max_array_bytes=2**33)
@@ -137,7 +138,7 @@ def timed_score(client, added: list[float], tokens, cu, pos, kind: str):
 
 
 def bench_model(label: str, model_dir: Path, args, tmp: Path, reps: int) -> list[dict]:
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
     from miniverl.teacher_server.loader import TeacherSpec, load_teacher
     from miniverl.teacher_server.scoring import score_positions
 
@@ -250,7 +251,7 @@ def main() -> None:
 
     import torch
 
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
 
     torch.set_num_threads(args.threads)

@@ -12,6 +12,9 @@ HF model (``config.json`` + ``model*.safetensors``). Pickled weights (``*.bin``)
 refused. The tokenizer comes from the checkpoint (or its ``tokenizer/``) when saved
 there, else from the recipe's student model directory.
 
+JSON files are written as they always were (indent 2, UTF-8 kept, ``default=str``, NaN
+allowed) through the atomic writer; ``bundle.py`` and ``importer.py`` do the same.
+
 This module reads runs and copies files; torch, transformers and peft are not imported.
 """
 
@@ -25,8 +28,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from miniverl.bridge.hashing import sha256_file, write_json
+from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import ConfigError, ProvenanceError
+from miniverl.common.hashing import sha256_file
+from miniverl.common.modeling import resolve_model_dir
+from miniverl.common.recipe import Recipe, load_recipe
+from miniverl.common.tokenizer_id import tokenizer_fingerprint
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -53,10 +60,8 @@ class Checkpoint:
     tokenizer_dir: Path | None
 
 
-def load_run_recipe(run: Path):
+def load_run_recipe(run: Path) -> Recipe:
     """The run's resolved recipe (``recipe.resolved.yaml``, else ``recipe.yaml``)."""
-    from miniverl.common.recipe import load_recipe
-
     for name in ("recipe.resolved.yaml", "recipe.yaml"):
         if (run / name).is_file():
             return load_recipe(run / name)
@@ -104,8 +109,6 @@ def latest_checkpoint(run: Path) -> Checkpoint:
 
 def student_model_dir(recipe) -> Path:
     """The local directory of the run's base student model (no download)."""
-    from miniverl.common.modeling import resolve_model_dir
-
     return resolve_model_dir(recipe.student.model, offline=True)
 
 
@@ -179,7 +182,7 @@ def write_adapter_files(ckpt: Checkpoint, out: Path, identity: dict) -> dict:
     config["base_model_name_or_path"] = identity.get("hub_id") or ""
     if identity.get("revision"):
         config["revision"] = identity["revision"]
-    write_json(out / "adapter_config.json", config)
+    atomic_write_json(out / "adapter_config.json", config, default=str, allow_nan=True, shared=True)
     shutil.copyfile(
         ckpt.weights_dir / "adapter_model.safetensors", out / "adapter_model.safetensors"
     )
@@ -232,8 +235,6 @@ def export_adapter(run: Path, out: Path) -> dict:
             raise ProvenanceError(
                 f"tokenizer of {run.name} has no tokenizer.json; cannot export it"
             )
-        from miniverl.common.tokenizer_id import tokenizer_fingerprint
-
         summary = {
             "kind": ckpt.kind,
             "run_id": run.name,
@@ -243,7 +244,7 @@ def export_adapter(run: Path, out: Path) -> dict:
             "tokenizer_fp": tokenizer_fingerprint(tmp),
             "files": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
-        write_json(tmp / "miniverl_export.json", summary)
+        atomic_write_json(tmp / "miniverl_export.json", summary, default=str, allow_nan=True, shared=True)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -38,8 +38,12 @@ from pathlib import Path
 import yaml
 
 from miniverl.bridge import artifacts, parquet, profile
-from miniverl.bridge.hashing import write_json, write_sums
+from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import ConfigError
+from miniverl.common.hashing import write_sums
+from miniverl.common.redact import redact
+from miniverl.common.tokenizer_id import tokenizer_fingerprint
+from miniverl.student.environments import make_tasks
 
 BASE_SENTINEL = "BASE_MODEL_DIR"
 TEACHER_SENTINEL = "TEACHER_MODEL_DIR"
@@ -242,8 +246,6 @@ def _teacher_identity(recipe) -> dict:
 
 
 def _source_run(run: Path) -> dict:
-    from miniverl.common.redact import redact
-
     out: dict = {"run_id": run.name}
     if (run / "manifest.json").is_file():
         out["manifest"] = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
@@ -266,8 +268,6 @@ def _source_run(run: Path) -> dict:
 
 def export_verl(run: Path, out: Path) -> dict:
     """Write the bundle for ``run`` at ``out``; returns provenance/manifest.json's content."""
-    from miniverl.student.environments import make_tasks
-
     run, out = Path(run), Path(out)
     if out.exists():
         raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
@@ -294,12 +294,9 @@ def export_verl(run: Path, out: Path) -> dict:
         artifacts.copy_files(
             artifacts.tokenizer_source(run, ckpt, recipe), tok_dir, artifacts.TOKENIZER_FILES
         )
-        from miniverl.common.tokenizer_id import tokenizer_fingerprint
-
         tokenizer_fp = tokenizer_fingerprint(tok_dir)
-        write_json(
-            tmp / files["base_model"], {**identity, "kind": ckpt.kind, "teacher": teacher_identity}
-        )
+        base = {**identity, "kind": ckpt.kind, "teacher": teacher_identity}
+        atomic_write_json(tmp / files["base_model"], base, default=str, allow_nan=True, shared=True)
 
         # data/
         (tmp / "data").mkdir()
@@ -362,8 +359,9 @@ def export_verl(run: Path, out: Path) -> dict:
             "max_prompt_length": {"value": max_prompt, "rule": prompt_rule},
             "distributed_execution": "not tested",
         }
-        write_json(tmp / files["manifest"], manifest)
-        write_json(tmp / files["source_run"], _source_run(run))
+        atomic_write_json(tmp / files["manifest"], manifest, default=str, allow_nan=True, shared=True)
+        source_run = _source_run(run)
+        atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
         write_sums(tmp)
         os.replace(tmp, out)
     except BaseException:

@@ -15,14 +15,13 @@ from pathlib import Path
 
 from miniverl.bridge import parquet
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import load_recipe
+from miniverl.student.environments import make_tasks
 
 TARGETS = ("verl", "miniverl")
 
 
 def _tasks_from_recipe(path: Path) -> tuple[list[dict], parquet.EnvFacts]:
-    from miniverl.common.recipe import load_recipe
-    from miniverl.student.environments import make_tasks
-
     env_cfg = load_recipe(path).environment
     tasks = []
     for split, n in (

@@ -37,7 +37,10 @@ from pathlib import Path
 import yaml
 
 from miniverl.bridge import parquet, profile
-from miniverl.bridge.hashing import verify_sums
+from miniverl.common.hashing import verify_sums
+from miniverl.common.redact import redact_text
+from miniverl.common.tokenizer_id import tokenizer_fingerprint
+from miniverl.common.toy import toy_model_dir
 
 DOCTOR_SCHEMA_VERSION = 1
 STATUSES = ("pass", "fail", "skip")
@@ -281,8 +284,6 @@ def _check_adapter(bundle: Path):
     base = json.loads((bundle / profile.BUNDLE_FILES["base_model"]).read_text(encoding="utf-8"))
     # Heavy step: torch, transformers and peft are imported here only.
     if base.get("source") == "toy":
-        from miniverl.common.toy import toy_model_dir
-
         base_dir = toy_model_dir(base["toy"])
     elif (
         os.environ.get("BASE_MODEL_DIR")
@@ -309,8 +310,6 @@ def _check_adapter(bundle: Path):
 
 
 def _check_tokenizer(bundle: Path):
-    from miniverl.common.tokenizer_id import tokenizer_fingerprint
-
     tdir = bundle / profile.BUNDLE_FILES["tokenizer_dir"]
     manifest = json.loads((bundle / profile.BUNDLE_FILES["manifest"]).read_text(encoding="utf-8"))
     fp = tokenizer_fingerprint(tdir)
@@ -327,8 +326,6 @@ def _check_tokenizer(bundle: Path):
 
 
 def _check_privacy(bundle: Path):
-    from miniverl.common.redact import redact_text
-
     found = []
     for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
         rel = path.relative_to(bundle).as_posix()

@@ -22,18 +22,16 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from miniverl.bridge.hashing import canonical_json, sha256_json, sha256_text
-from miniverl.common.errors import ConfigError, ProvenanceError
+from miniverl.common.errors import ConfigError, ProvenanceError, require
+from miniverl.common.hashing import canonical_json, prefixed, sha256_json, sha256_text
+from miniverl.student.environments import get_environment
 
 ROW_FORMAT = 1
 DATA_SOURCE_PREFIX = "miniverl/"
 ABILITY = "tool_use"
-TASK_FIELDS = ("id", "split", "difficulty", "prompt", "answer", "data", "seed")
 
 
 def _pa():
-    from miniverl.common.errors import require
-
     return require("pyarrow", "bridge")
 
 
@@ -102,8 +100,6 @@ class EnvFacts:
 
 def env_facts(name: str, params: dict | None = None) -> EnvFacts:
     """Ask the environment registry for the facts a row carries."""
-    from miniverl.student.environments import get_environment
-
     params = dict(params or {})
     try:
         env = get_environment(name, **params)
@@ -153,9 +149,9 @@ def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> 
         "task_id": str(task["id"]),
         "difficulty": str(task.get("difficulty", "")),
         "task_json": task_json,
-        "task_sha256": sha256_text(task_json),
-        "prompt_sha256": sha256_json(messages),
-        "tools_sha256": sha256_json(env.tool_specs),
+        "task_sha256": prefixed(sha256_text(task_json)),
+        "prompt_sha256": prefixed(sha256_json(messages)),
+        "tools_sha256": prefixed(sha256_json(env.tool_specs)),
     }
     return {
         "data_source": DATA_SOURCE_PREFIX + env.name,
@@ -241,13 +237,12 @@ def row_to_task(row: dict, where: str) -> dict:
             "`miniverl convert-dataset --to verl` or `export-verl` convert back"
         )
     task_json = info.get("task_json") or ""
-    if sha256_text(task_json) != info.get("task_sha256"):
+    if prefixed(sha256_text(task_json)) != info.get("task_sha256"):
         raise ProvenanceError(f"{where}: task_json does not match task_sha256; the row was edited")
     task = json.loads(task_json)
     prompt = row.get("prompt") or []
-    if sha256_json(
-        [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
-    ) != info.get("prompt_sha256"):
+    shown = [{"role": m.get("role"), "content": m.get("content")} for m in prompt]
+    if prefixed(sha256_json(shown)) != info.get("prompt_sha256"):
         raise ProvenanceError(f"{where}: prompt does not match prompt_sha256; the row was edited")
     truth = (row.get("reward_model") or {}).get("ground_truth")
     if truth != str(task.get("answer")):

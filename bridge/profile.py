@@ -108,13 +108,18 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
+def set_dotted(tree: dict, dotted: str, value: object) -> None:
+    """Set ``tree[a][b][c] = value`` for ``dotted`` ``"a.b.c"``, making missing levels."""
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
 def unflatten(flat: dict[str, object]) -> dict:
     """Nested mapping from dotted keys (inverse of :func:`flatten`)."""
     tree: dict = {}
     for dotted, value in flat.items():
-        node = tree
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_dotted(tree, dotted, value)
     return tree

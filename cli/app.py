@@ -7,6 +7,7 @@ stderr and exit code 1; a traceback reaches the user only for a real bug.
 
 from __future__ import annotations
 
+# Imports inside functions are deliberate: `miniverl --help` stays fast and torch-free.
 import importlib
 import sys
 
@@ -52,12 +53,6 @@ def _root(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"miniverl.cli.{_name}").register(app)
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print one error line to stderr and return the Exit to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ which ``cli/app.py`` prints as one line with exit code 1. See docs/verl-bridge.m
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 import json
 from pathlib import Path
 

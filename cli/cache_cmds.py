@@ -8,6 +8,7 @@ commands work on the core install. They do not score or rescore anything.
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 from pathlib import Path
 
 import typer

@@ -14,6 +14,7 @@ Torch-free: works on the core install. It does not modify or rescore anything.
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 from collections import Counter
 from pathlib import Path
 from typing import Any

@@ -14,6 +14,7 @@ has no ``recipes/`` folder. This module starts processes; it trains nothing itse
 
 from __future__ import annotations
 
+# Imports inside functions are deliberate: `miniverl --help` stays fast and torch-free.
 import time
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def write_recipes(folder: Path) -> Path:
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
     """The facts the demo prints, read back from the run directory (torch-free)."""
-    from miniverl.student.report import load_run
+    from miniverl.student.report.load import load_run
 
     data = load_run(run_dir)
     before, after = data.success_before_after()

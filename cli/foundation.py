@@ -9,6 +9,7 @@ only when it is installed.
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 import importlib.util
 import json
 import os
@@ -184,11 +185,8 @@ def _print_doctor(report: dict[str, Any]) -> None:
 def _check_environment(recipe: Any) -> None:
     """The environment name and params must build an environment (torch-free)."""
     from miniverl.common.errors import ConfigError
+    from miniverl.student.environments import get_environment, list_environments
 
-    try:
-        from miniverl.student.environments import get_environment, list_environments
-    except ImportError:
-        return
     names = list_environments()
     name = recipe.environment.name
     if name not in names:

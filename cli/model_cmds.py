@@ -9,6 +9,7 @@ download anything.
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 from pathlib import Path
 
 import typer

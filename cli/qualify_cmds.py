@@ -14,6 +14,7 @@ evaluation; it trains nothing and serves nothing.
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 from pathlib import Path
 from typing import Any
 

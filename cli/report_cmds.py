@@ -1,12 +1,13 @@
 """CLI: ``miniverl report``, ``miniverl benchmark`` and ``miniverl export-benchmark``.
 
-Thin wrappers over :mod:`miniverl.student.report`, :mod:`miniverl.student.benchmark`
-and :mod:`miniverl.student.benchmark_export`; all three are torch-free (the default
+Thin wrappers over :mod:`miniverl.student.report`, :mod:`miniverl.student.benchmark.run`
+and :mod:`miniverl.student.benchmark.export`; all three are torch-free (the default
 benchmark cell imports the trainer only when it runs).
 """
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 from pathlib import Path
 
 import typer
@@ -18,7 +19,8 @@ def report(
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write a markdown summary."),
 ) -> None:
     """Write a self-contained offline HTML report of a run."""
-    from miniverl.student.report import build_report, load_run
+    from miniverl.student.report.build import build_report
+    from miniverl.student.report.load import load_run
 
     path = build_report(run, out=out, markdown=markdown)
     problems = load_run(run).problems
@@ -39,7 +41,8 @@ def benchmark(
     ),
 ) -> None:
     """Compare training arms over several seeds under one matched budget."""
-    from miniverl.student.benchmark import run_benchmark, summary_markdown
+    from miniverl.student.benchmark.run import run_benchmark
+    from miniverl.student.benchmark.stats import summary_markdown
 
     def progress(cell) -> None:
         state = cell.result.status
@@ -58,7 +61,7 @@ def export_benchmark(
     out: Path = typer.Option(..., "--out", help="Where to write the shareable JSON."),
 ) -> None:
     """Write a sanitized, schema-validated hardware result that can be shared."""
-    from miniverl.student.benchmark_export import export_benchmark as _export
+    from miniverl.student.benchmark.export import export_benchmark as _export
 
     typer.echo(f"wrote {_export(source, out)} (secrets and local paths redacted)")
 
@@ -68,10 +71,10 @@ def register(app: typer.Typer) -> None:
     from miniverl.cli.foundation import SCHEMAS
 
     SCHEMAS.setdefault(
-        "benchmark", "miniverl.student.benchmark_export:benchmark_result_json_schema"
+        "benchmark", "miniverl.student.benchmark.export:benchmark_result_json_schema"
     )
     SCHEMAS.setdefault(
-        "benchmark-results", "miniverl.student.benchmark:benchmark_results_json_schema"
+        "benchmark-results", "miniverl.student.benchmark.results:benchmark_results_json_schema"
     )
     app.command("report")(report)
     app.command("benchmark")(benchmark)

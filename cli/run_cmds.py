@@ -5,9 +5,16 @@ Each command is one library call; torch is imported inside the bodies only.
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 from pathlib import Path
 
 import typer
+
+# Options `train` and `up` share (the run they start or resume).
+RECIPE_ARG = typer.Argument(..., help="Recipe YAML.")
+RUN_ID_OPT = typer.Option(None, "--run-id", help="Run id (default: name + time).")
+RESUME_OPT = typer.Option(False, "--resume", help="Continue run --run-id.")
+OUTPUT_DIR_OPT = typer.Option(None, "--output-dir", help="Override run.output_dir.")
 
 
 def register(app: typer.Typer) -> None:
@@ -16,13 +23,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def train(
-        recipe: Path = typer.Argument(..., help="Recipe YAML."),
+        recipe: Path = RECIPE_ARG,
         teacher: str = typer.Option(None, "--teacher", help="Teacher endpoint to attach to."),
-        run_id: str = typer.Option(None, "--run-id", help="Run id (default: name + time)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue run --run-id."),
+        run_id: str = RUN_ID_OPT,
+        resume: bool = RESUME_OPT,
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan."),
         offline: bool = typer.Option(False, "--offline", help="Never touch the network."),
-        output_dir: str = typer.Option(None, "--output-dir", help="Override run.output_dir."),
+        output_dir: str = OUTPUT_DIR_OPT,
     ) -> None:
         """Run the student process alone (opd, replay and offline_kd need --teacher)."""
         from miniverl.common.errors import ConfigError
@@ -102,11 +109,11 @@ def register_up(app: typer.Typer) -> None:
 
     @app.command()
     def up(
-        recipe: Path = typer.Argument(..., help="Recipe YAML."),
+        recipe: Path = RECIPE_ARG,
         teacher: str = typer.Option(None, "--teacher", help="Attach to this teacher endpoint."),
-        run_id: str = typer.Option(None, "--run-id", help="Run id (default: name + time)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue run --run-id."),
-        output_dir: str = typer.Option(None, "--output-dir", help="Override run.output_dir."),
+        run_id: str = RUN_ID_OPT,
+        resume: bool = RESUME_OPT,
+        output_dir: str = OUTPUT_DIR_OPT,
         quiet: bool = typer.Option(False, "--quiet", help="No child log lines, no progress."),
     ) -> None:
         """Start the teacher and the student, keep them alive, stop them together."""

@@ -35,16 +35,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.rundir import RunDir, new_run_id
+from miniverl.student.teacher_process import StudentExited, teacher_command, wait_until_ready
 
 TEACHER_RESTARTS = 3
-
-
-class StudentExited(MiniverlError):
-    """The student process ended while the supervisor was still starting the teacher."""
-
-    def __init__(self, code: int):
-        super().__init__(f"the student process exited with code {code} during start-up")
-        self.code = code
+TEACHER_OUTPUT = "teacher.stderr.log"  # the teacher's stdout and stderr, under logs/
 STOP_GRACE_S = 120.0
 START_FAILED_GRACE_S = 10.0
 
@@ -53,46 +47,6 @@ def threads_per_process(recipe: Recipe) -> int:
     """Divide the cores between the two processes: one each on a machine of <= 2 cores."""
     cores = os.cpu_count() or 1
     return max(1, min(recipe.runtime.cpu_threads, cores // 2))
-
-
-def ping_until_ready(endpoint: str, proc: subprocess.Popen | None, timeout_s: float,
-                     also_watch: subprocess.Popen | None = None) -> dict:
-    """PING ``endpoint`` until ``PONG`` says READY; fail fast if ``proc`` exits.
-
-    ``also_watch`` (the student) ends the wait too: there is no point in a teacher
-    for a student that already failed.
-    """
-    import zmq
-
-    from miniverl.protocol.codec import decode, encode
-    from miniverl.protocol.messages import Ping, Pong
-
-    ctx = zmq.Context.instance()
-    deadline = time.monotonic() + timeout_s
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    rid = 1
-    try:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise TeacherUnavailable(
-                    f"the teacher process exited with code {proc.returncode} while loading"
-                )
-            if also_watch is not None and also_watch.poll() is not None:
-                raise StudentExited(also_watch.returncode)
-            sock.send_multipart(encode(Ping(id=rid)))
-            if sock.poll(500):
-                msg, _ = decode(sock.recv_multipart())
-                if isinstance(msg, Pong) and msg.state.value == "READY":
-                    return msg.model_dump(mode="json")
-            rid += 1
-        raise TeacherUnavailable(
-            f"the teacher at {endpoint} was not READY within {timeout_s:g} s "
-            "(runtime.teacher_startup_timeout_s)"
-        )
-    finally:
-        sock.close()
 
 
 class _Pump(threading.Thread):
@@ -188,33 +142,33 @@ class Supervisor:
         self.student = self._spawn(cmd, "[student]", "student.log")
 
     def _teacher_cmd(self) -> list[str]:
-        cmd = [sys.executable, "-m", "miniverl.teacher_server", "--bind", self.endpoint,
-               "--log", str(self.run.logs_dir / "teacher.log"),
-               "--threads", str(threads_per_process(self.recipe)),
-               "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms)]
+        args = ["--bind", self.endpoint, "--log", str(self.run.logs_dir / "teacher.log"),
+                "--threads", str(threads_per_process(self.recipe)),
+                "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms)]
         if self.teacher_model_dir is not None:
-            cmd += ["--model", str(self.teacher_model_dir)]
+            args += ["--model", str(self.teacher_model_dir)]
             if not (self.teacher_model_dir / "config.json").is_file():
                 # Still being prepared: the teacher imports its libraries meanwhile.
-                cmd += ["--wait-for-model", str(self.recipe.runtime.teacher_startup_timeout_s)]
+                args += ["--wait-for-model", str(self.recipe.runtime.teacher_startup_timeout_s)]
             teacher = self.recipe.teacher
             if teacher.scorer != "causal_lm":  # --recipe reads these itself
-                cmd += ["--scorer", teacher.scorer]
+                args += ["--scorer", teacher.scorer]
                 for key, value in teacher.scorer_options.items():
-                    cmd += ["--scorer-option", f"{key}={value}"]
+                    args += ["--scorer-option", f"{key}={value}"]
         else:
-            cmd += ["--recipe", str(self.recipe_path)]
-        return cmd
+            args += ["--recipe", str(self.recipe_path)]
+        return teacher_command(args)
 
     def _spawn_teacher(self) -> None:
-        self.teacher = self._spawn(self._teacher_cmd(), "[teacher]", "teacher.stderr.log")
+        self.teacher = self._spawn(self._teacher_cmd(), "[teacher]", TEACHER_OUTPUT)
 
     def _start_teacher(self) -> None:
         if self.teacher is None or self.teacher.poll() is not None:
             self._spawn_teacher()
         try:
-            ping_until_ready(self.endpoint, self.teacher,
-                             self.recipe.runtime.teacher_startup_timeout_s, self.student)
+            wait_until_ready(self.endpoint, self.teacher,
+                             self.recipe.runtime.teacher_startup_timeout_s,
+                             log=self.run.logs_dir / TEACHER_OUTPUT, also_watch=self.student)
         except TeacherUnavailable as exc:
             self.teacher.pump.join(2)
             tail = self._teacher_tail()
@@ -338,7 +292,7 @@ class Supervisor:
                 child.kill()
 
     def _watch(self) -> int:
-        from miniverl.student.optim import total_optimizer_steps
+        from miniverl.student.train.optim import total_optimizer_steps
 
         total = self._planned_total = total_optimizer_steps(self.recipe)
         restarts = 0

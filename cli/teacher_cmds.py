@@ -11,8 +11,10 @@ teachers over its control socket. Other modules may add commands to :data:`teach
 
 from __future__ import annotations
 
+# Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
+import contextlib
 import json
-from typing import Any
+from collections.abc import Iterator
 
 import typer
 
@@ -28,6 +30,7 @@ ENDPOINT_ARG = typer.Argument(..., help="Teacher endpoint, e.g. tcp://127.0.0.1:
 TIMEOUT_OPT = typer.Option(30.0, "--timeout", min=0.1, help="Give up after this many seconds.")
 CURVE_SECRET_OPT = typer.Option(None, "--curve-secret-key", help="Client CURVE secret key file.")
 CURVE_SERVER_OPT = typer.Option(None, "--curve-server-key", help="Server CURVE public key file.")
+MODE_OPT = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it.")
 
 
 @teacher_app.command("serve")
@@ -99,19 +102,24 @@ def serve(
         raise typer.Exit(code)
 
 
-def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | None):
-    """An admin-only client (no HELLO: status, reload, shutdown need no tokenizer)."""
-    from miniverl.protocol.client import SyncTeacherClient
+@contextlib.contextmanager
+def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | None,
+           mode: str | None = None) -> Iterator:
+    """An admin-only client, closed on exit (no HELLO: status, reload, shutdown need no
+    tokenizer); ``mode``, when given, must be drain or abort."""
+    from miniverl.common.errors import ConfigError
+    from miniverl.protocol.sync_client import SyncTeacherClient
 
+    if mode is not None and mode not in ("drain", "abort"):
+        raise ConfigError(f"--mode {mode!r} is not drain or abort")
     curve = None
     if secret or server_key:
-        from miniverl.common.errors import ConfigError
         from miniverl.protocol.endpoints import load_curve_client_keys
 
         if not (secret and server_key):
             raise ConfigError("CURVE needs both --curve-secret-key and --curve-server-key")
         curve = load_curve_client_keys(secret, server_key)
-    return SyncTeacherClient(
+    client = SyncTeacherClient(
         endpoint,
         tokenizer_fp=None,
         vocab_size=1,
@@ -120,12 +128,10 @@ def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | 
         unavailable_timeout_s=timeout,
         curve=curve,
     )
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    return value
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @teacher_app.command("status")
@@ -137,11 +143,8 @@ def status(
     curve_server_key: str = CURVE_SERVER_OPT,
 ) -> None:
     """State, identity, counters and device memory of a running teacher."""
-    client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
-    try:
-        info = _plain(client.status())
-    finally:
-        client.close()
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key) as client:
+        info = client.status()
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
@@ -176,43 +179,29 @@ def reload(
     adapter_revision: str = typer.Option(
         None, "--adapter-revision", help="40-hex commit pinning a hub adapter id."
     ),
-    mode: str = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it."),
+    mode: str = MODE_OPT,
     timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Seconds to wait."),
     curve_secret_key: str = CURVE_SECRET_OPT,
     curve_server_key: str = CURVE_SERVER_OPT,
 ) -> None:
     """Swap the served weights in place (same tokenizer only); gen += 1."""
-    if mode not in ("drain", "abort"):
-        from miniverl.common.errors import ConfigError
-
-        raise ConfigError(f"--mode {mode!r} is not drain or abort")
-    client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
-    try:
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode) as client:
         ok = client.reload(model, revision=revision, adapter=adapter, mode=mode, timeout_s=timeout,
                            adapter_revision=adapter_revision)
-    finally:
-        client.close()
     typer.echo(f"reloaded: gen {ok.gen}, teacher {ok.teacher.name} ({ok.teacher.model})")
 
 
 @teacher_app.command("shutdown")
 def shutdown(
     endpoint: str = ENDPOINT_ARG,
-    mode: str = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it."),
+    mode: str = MODE_OPT,
     timeout: float = TIMEOUT_OPT,
     curve_secret_key: str = CURVE_SECRET_OPT,
     curve_server_key: str = CURVE_SERVER_OPT,
 ) -> None:
     """Stop a running teacher (drain finishes open requests first)."""
-    if mode not in ("drain", "abort"):
-        from miniverl.common.errors import ConfigError
-
-        raise ConfigError(f"--mode {mode!r} is not drain or abort")
-    client = _admin(endpoint, timeout, curve_secret_key, curve_server_key)
-    try:
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode) as client:
         client.shutdown(mode=mode, timeout_s=timeout)
-    finally:
-        client.close()
     typer.echo(f"{endpoint}: shut down ({mode})")
 
 

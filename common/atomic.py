@@ -1,7 +1,10 @@
 """Atomic file writes: write a temporary file beside the target, fsync, rename.
 
 A reader sees either the old file or the new one, never half of one, even if the
-writer is killed mid-write. This module does not lock; callers that need mutual
+writer is killed mid-write. Files are private to their owner by default (``0o600``:
+run directories may hold endpoints, paths and tokens); ``shared=True`` gives the
+permissions a plain ``open(path, "w")`` would (``0o666`` less the umask), for exports
+that are meant to be handed to other people. This module does not lock; callers that need mutual
 exclusion hold the run lock (:mod:`miniverl.common.rundir`).
 """
 
@@ -10,16 +13,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+def atomic_write_bytes(path: str | Path, data: bytes, *, shared: bool = False) -> Path:
     """Replace ``path`` with ``data`` atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    # O_EXCL on a random name, like mkstemp; the umask still applies to 0o666.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if shared else 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -34,12 +40,26 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+def atomic_write_text(
+    path: str | Path, text: str, encoding: str = "utf-8", *, shared: bool = False
+) -> Path:
     """Replace ``path`` with ``text`` atomically."""
-    return atomic_write_bytes(path, text.encode(encoding))
+    return atomic_write_bytes(path, text.encode(encoding), shared=shared)
 
 
-def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
-    """Replace ``path`` with ``obj`` as JSON (sorted keys off, trailing newline)."""
-    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
-    return atomic_write_text(path, text + "\n")
+def atomic_write_json(
+    path: str | Path,
+    obj: Any,
+    indent: int | None = 2,
+    *,
+    default: Callable[[Any], Any] | None = None,
+    allow_nan: bool = False,
+    shared: bool = False,
+) -> Path:
+    """Replace ``path`` with ``obj`` as JSON (sorted keys off, UTF-8 kept, trailing newline).
+
+    ``default`` and ``allow_nan`` are :func:`json.dumps`'s: by default a value JSON cannot
+    hold (an object, NaN) raises instead of being written.
+    """
+    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=allow_nan, default=default)
+    return atomic_write_text(path, text + "\n", shared=shared)

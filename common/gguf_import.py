@@ -24,7 +24,6 @@ train or serve; torch and transformers are imported inside the functions.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -33,7 +32,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from .errors import ConfigError, MissingExtraError
+from .hashing import sha256_file
+from .toy import cache_root
 
 CONVERTER_VERSION = 1
 RECORD_FILE = "miniverl_gguf.json"
@@ -76,14 +79,6 @@ _SMOLLM2_WITH_TOOLS = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def smollm2_gguf() -> Path:
@@ -130,10 +125,8 @@ def convert_gguf(
     src = Path(gguf_file).expanduser()
     if not src.is_file():
         raise ConfigError(f"GGUF file {str(src)!r} does not exist; pass the path to a .gguf file")
-    sha = _sha256(src)
+    sha = sha256_file(src)
     if out_dir is None:
-        from .toy import cache_root
-
         out = cache_root() / "gguf" / f"{src.stem}-{sha[:12]}"
     else:
         out = Path(out_dir).expanduser()
@@ -148,7 +141,6 @@ def convert_gguf(
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         raise MissingExtraError("gguf", "real") from exc
-    from filelock import FileLock
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out.parent / f".{out.name}.lock")):

@@ -1,16 +1,19 @@
-"""sha256 helpers for bytes, files and directory trees.
+"""sha256 helpers for bytes, files, directory trees, canonical JSON and ``SHA256SUMS``.
 
 Digests are lowercase hex without a prefix; callers that store them in manifests
-write ``"sha256:" + hex`` (:func:`prefixed`). This module does not decide what a
-digest means or when to check it.
+write ``"sha256:" + hex`` (:func:`prefixed`). ``SHA256SUMS`` uses the coreutils format
+(``<hex>  <relative path>``), so ``sha256sum -c SHA256SUMS`` checks a bundle without
+miniverl. This module does not decide what a digest means or when to check it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 CHUNK = 1 << 20
+SUMS_NAME = "SHA256SUMS"
 
 
 def sha256_bytes(data: bytes | bytearray | memoryview) -> str:
@@ -57,3 +60,56 @@ def file_digests(path: str | Path) -> dict[str, str]:
 
 def prefixed(hex_digest: str) -> str:
     return hex_digest if hex_digest.startswith("sha256:") else f"sha256:{hex_digest}"
+
+
+def canonical_json(obj: object) -> str:
+    """One stable text for a JSON value: sorted keys, no spaces, UTF-8 kept as is."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_json(obj: object) -> str:
+    """Digest of :func:`canonical_json` of ``obj``."""
+    return sha256_text(canonical_json(obj))
+
+
+def write_sums(root: str | Path) -> Path:
+    """Hash every file under ``root`` (except the sums file) into ``root/SHA256SUMS``."""
+    root = Path(root)
+    lines = [
+        f"{digest}  {rel}\n" for rel, digest in file_digests(root).items() if rel != SUMS_NAME
+    ]
+    out = root / SUMS_NAME
+    out.write_text("".join(lines), encoding="utf-8")
+    return out
+
+
+def verify_sums(root: str | Path) -> list[str]:
+    """Problems found by recomputing ``root/SHA256SUMS``: changed, missing and unlisted files.
+
+    An empty list means every file matches and nothing was added or removed.
+    """
+    root = Path(root)
+    sums_path = root / SUMS_NAME
+    if not sums_path.is_file():
+        return [f"{SUMS_NAME} is missing"]
+    problems: list[str] = []
+    listed: set[str] = set()
+    for lineno, line in enumerate(sums_path.read_text(encoding="utf-8").splitlines(), 1):
+        hexdigest, sep, rel = line.partition("  ")
+        if not sep or len(hexdigest) != 64 or not rel:
+            problems.append(f"{SUMS_NAME}:{lineno}: malformed line")
+            continue
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            problems.append(f"{SUMS_NAME}:{lineno}: path escapes the bundle: {rel}")
+            continue
+        listed.add(rel)
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{rel}: listed but missing")
+        elif sha256_file(path) != hexdigest:
+            problems.append(f"{rel}: sha256 differs from {SUMS_NAME}")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel != SUMS_NAME and rel not in listed:
+            problems.append(f"{rel}: present but not listed in {SUMS_NAME}")
+    return problems

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_write_json
+from .clock import utc_now_ms
+from .recipe import Recipe, recipe_digest
 
 MANIFEST_VERSION = 1
 PACKAGES = (
@@ -112,15 +114,12 @@ def _model_entry(placement: Any) -> dict[str, Any] | None:
     return entry
 
 
-def build_manifest(recipe: Any, run_id: str, **extra: Any) -> dict[str, Any]:
+def build_manifest(recipe: Recipe, run_id: str, **extra: Any) -> dict[str, Any]:
     """A fresh manifest for ``recipe``; ``extra`` keys are added at the top level."""
-    from .recipe import recipe_digest
-    from .rundir import now_iso
-
     manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
         "run_id": run_id,
-        "created_at": now_iso(),
+        "created_at": utc_now_ms(),
         "mode": recipe.run.mode,
         "on_policy": recipe.on_policy,
         "recipe_digest": recipe_digest(recipe),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, MissingExtraError
+from .toy import toy_model_dir
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "nf4", "int8")
@@ -42,8 +43,6 @@ def resolve_model_dir(source: Any, offline: bool = False) -> Path:
             "'toy', 'path' or 'hub_id' (+ 'revision')"
         )
     if toy is not None:
-        from .toy import toy_model_dir
-
         return toy_model_dir(toy)
     if path:
         p = Path(path).expanduser()

@@ -1,12 +1,15 @@
 """Reading recipe YAML and reporting every error with its ``file:line:col``.
 
 The YAML is composed into a node tree (which keeps marks) and loaded with the safe
-loader (no tags that build Python objects, no interpolation). Validation errors from
-:class:`~miniverl.common.recipe.Recipe` are mapped back to the node of their field,
-so the user sees ``recipe.yaml:14:3: train.max_lag: ...`` for each problem, all in one
+loader (no tags that build Python objects, no interpolation). Validation errors of the
+schema (the pydantic model passed in, :class:`~miniverl.common.recipe.Recipe`) are
+mapped back to the node of their field, so the user sees
+``recipe.yaml:14:3: train.max_lag: ...`` for each problem, all in one
 :class:`ConfigError` with one line per error.
 
-This module does not define the schema; :mod:`miniverl.common.recipe` does.
+This module does not define the schema; :mod:`miniverl.common.recipe` does, and calls
+:func:`load_yaml_model` with it (the schema is a parameter, so the two modules do not
+import each other).
 """
 
 from __future__ import annotations
@@ -14,21 +17,15 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import recipe as recipe_module
 from .errors import ConfigError
-from .recipe import Recipe
 
 Loc = tuple[str | int, ...]
-_MODEL_NAMES = frozenset(
-    name
-    for name, obj in vars(recipe_module).items()
-    if isinstance(obj, type) and issubclass(obj, BaseModel)
-)
+M = TypeVar("M", bound=BaseModel)
 
 
 def _mark(node: yaml.Node) -> tuple[int, int]:
@@ -82,19 +79,34 @@ def _duplicate_keys(node: yaml.Node | None, path: Loc = ()) -> list[tuple[Loc, y
     return found
 
 
-def _model_at(loc: Loc) -> type[BaseModel] | None:
+def _field_models(annotation: Any) -> list[type[BaseModel]]:
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    return [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+
+
+def _model_names(schema: type[BaseModel]) -> frozenset[str]:
+    """Class names of ``schema`` and every model reachable through its fields."""
+    seen: dict[str, type[BaseModel]] = {}
+    todo = [schema]
+    while todo:
+        model = todo.pop()
+        if model.__name__ not in seen:
+            seen[model.__name__] = model
+            for field in model.model_fields.values():
+                todo.extend(_field_models(field.annotation))
+    return frozenset(seen)
+
+
+def _model_at(schema: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
     """The pydantic model that owns the field at ``loc`` (for did-you-mean hints)."""
-    model: Any = Recipe
+    model: Any = schema
     for part in loc:
         if not isinstance(part, str):
             return None
         field = model.model_fields.get(part)
         if field is None:
             return None
-        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
-        model = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
+        model = next(iter(_field_models(field.annotation)), None)
         if model is None:
             return None
     return model
@@ -105,7 +117,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _describe(err: dict[str, Any]) -> list[tuple[Loc, str]]:
+def _describe(schema: type[BaseModel], err: dict[str, Any]) -> list[tuple[Loc, str]]:
     """One or more (location, message) pairs for a pydantic error dict."""
     loc: Loc = tuple(err["loc"])
     kind = err["type"]
@@ -114,7 +126,7 @@ def _describe(err: dict[str, Any]) -> list[tuple[Loc, str]]:
         return [((*loc, *sub), msg) for sub, msg, _ in ctx["issues"]]
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        owner = _model_at(loc[:-1])
+        owner = _model_at(schema, loc[:-1])
         hint = ""
         if owner is not None:
             close = difflib.get_close_matches(key, list(owner.model_fields), n=1)
@@ -141,14 +153,16 @@ def _dotted(loc: Loc) -> str:
     return out or "<recipe>"
 
 
-def _strip_union_tags(loc: Loc) -> Loc:
+def _strip_union_tags(loc: Loc, names: frozenset[str]) -> Loc:
     # A union of models adds the member's class name (e.g. "TeacherConfig") to the loc;
     # user keys are never dropped, so `Run:` is still reported as an unknown field.
-    return tuple(p for p in loc if not (isinstance(p, str) and p in _MODEL_NAMES))
+    return tuple(p for p in loc if not (isinstance(p, str) and p in names))
 
 
-def _rule_involves_removed(err: dict[str, Any], sub: list, involves: list, removed: set) -> bool:
-    base = _strip_union_tags(tuple(err["loc"]))
+def _rule_involves_removed(
+    err: dict[str, Any], sub: list, involves: list, removed: set, names: frozenset[str]
+) -> bool:
+    base = _strip_union_tags(tuple(err["loc"]), names)
     paths = [(*base, *sub), *((*base, name) for name in involves)]
     return any(path[: i + 1] in removed for path in paths for i in range(len(path)))
 
@@ -167,7 +181,9 @@ def _delete(data: Any, loc: Loc) -> bool:
     return False
 
 
-def _validate_all(data: dict[str, Any]) -> tuple[Recipe | None, list[tuple[Loc, str]]]:
+def _validate_all(
+    schema: type[M], data: dict[str, Any]
+) -> tuple[M | None, list[tuple[Loc, str]]]:
     """Validate, then re-validate with the broken fields removed to surface later errors.
 
     Pydantic stops a section at its first broken field, so a rule of that section (say
@@ -175,13 +191,14 @@ def _validate_all(data: dict[str, Any]) -> tuple[Recipe | None, list[tuple[Loc, 
     fixed the typo. Removing reported fields and validating again shows both at once;
     a rule that reads a removed field is skipped, since it would judge a default.
     """
+    names = _model_names(schema)
     work = copy.deepcopy(data)
     removed: set[Loc] = set()
     problems: list[tuple[Loc, str]] = []
     seen: set[tuple[Loc, str]] = set()
     for _ in range(4):
         try:
-            recipe = Recipe.model_validate(work)
+            recipe = schema.model_validate(work)
         except ValidationError as exc:
             progress = False
             for err in exc.errors(include_url=False):
@@ -189,17 +206,17 @@ def _validate_all(data: dict[str, Any]) -> tuple[Recipe | None, list[tuple[Loc, 
                 if err["type"] == "miniverl_rule" and "issues" in ctx:
                     pairs = []
                     for sub, msg, involves in ctx["issues"]:
-                        if not _rule_involves_removed(err, sub, involves, removed):
+                        if not _rule_involves_removed(err, sub, involves, removed, names):
                             pairs.append(((*tuple(err["loc"]), *sub), msg))
                 else:
-                    pairs = _describe(err)
+                    pairs = _describe(schema, err)
                 for loc, message in pairs:
-                    loc = _strip_union_tags(loc)
+                    loc = _strip_union_tags(loc, names)
                     if (loc, message) in seen or loc in removed:
                         continue
                     seen.add((loc, message))
                     problems.append((loc, message))
-                loc = _strip_union_tags(tuple(err["loc"]))
+                loc = _strip_union_tags(tuple(err["loc"]), names)
                 repairable = err["type"] not in ("miniverl_rule", "missing")
                 if repairable and loc not in removed and _delete(work, loc):
                     removed.add(loc)
@@ -211,8 +228,8 @@ def _validate_all(data: dict[str, Any]) -> tuple[Recipe | None, list[tuple[Loc, 
     return None, problems
 
 
-def loads_recipe(text: str, source: str = "<string>") -> Recipe:
-    """Validate recipe YAML text; raise one ConfigError with a line per problem."""
+def loads_yaml_model(text: str, source: str, schema: type[M]) -> M:
+    """Validate recipe YAML text against ``schema``; raise one ConfigError, a line per problem."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -229,7 +246,7 @@ def loads_recipe(text: str, source: str = "<string>") -> Recipe:
     problems: list[tuple[Loc, str]] = [
         (path, f"duplicate key {path[-1]!r}; keep one") for path, _ in _duplicate_keys(root)
     ]
-    recipe, errors = _validate_all(data)
+    recipe, errors = _validate_all(schema, data)
     problems.extend(errors)
     if problems:
         located = [(_locate(root, loc) or (0, 0), loc, message) for loc, message in problems]
@@ -243,8 +260,8 @@ def loads_recipe(text: str, source: str = "<string>") -> Recipe:
     return recipe
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a recipe file (see :func:`loads_recipe`)."""
+def load_yaml_model(path: str | Path, schema: type[M]) -> M:
+    """Read and validate a recipe file against ``schema`` (see :func:`loads_yaml_model`)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -252,4 +269,4 @@ def load_recipe(path: str | Path) -> Recipe:
         raise ConfigError(f"recipe {path} does not exist; check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"recipe {path} cannot be read: {exc}") from None
-    return loads_recipe(text, str(path))
+    return loads_yaml_model(text, str(path), schema)

@@ -17,17 +17,20 @@ This module does not train, score or render anything; it only owns the layout.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
 import socket
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_write_json, atomic_write_text
+from .clock import utc_now_ms
 from .errors import ConfigError, RunLockedError
+from .manifest import build_manifest, write_manifest
+from .recipe import Recipe, dump_resolved, load_recipe
 
 STATUSES = ("ready", "running", "completed", "failed", "interrupted")
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -38,11 +41,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "completed": frozenset(),
 }
 SUBDIRS = ("eval", "targets", "checkpoints", "logs")
-
-
-def now_iso() -> str:
-    """UTC timestamp with milliseconds, e.g. ``2025-01-31T12:00:00.123Z``."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def new_run_id(name: str) -> str:
@@ -108,14 +106,11 @@ class RunDir:
     def create(
         cls,
         output_dir: str | Path,
-        recipe: Any,
+        recipe: Recipe,
         recipe_text: str | None = None,
         run_id: str | None = None,
     ) -> RunDir:
         """Make a fresh run directory with the recipe, resolved recipe, manifest and status."""
-        from .manifest import build_manifest, write_manifest
-        from .recipe import dump_resolved
-
         run_id = run_id or new_run_id(recipe.run.name)
         path = Path(output_dir) / run_id
         try:
@@ -132,7 +127,7 @@ class RunDir:
         atomic_write_text(run.resolved_recipe_path, resolved)
         write_manifest(run, build_manifest(recipe, run_id))
         atomic_write_json(
-            run.status_path, {"status": "ready", "updated_at": now_iso(), "reason": None}
+            run.status_path, {"status": "ready", "updated_at": utc_now_ms(), "reason": None}
         )
         return run
 
@@ -147,10 +142,8 @@ class RunDir:
             )
         return run
 
-    def recipe(self):
+    def recipe(self) -> Recipe:
         """The resolved recipe this run was created with."""
-        from .recipe import load_recipe
-
         return load_recipe(self.resolved_recipe_path)
 
     # -- lock --------------------------------------------------------------------------
@@ -165,8 +158,6 @@ class RunDir:
 
     def lock(self) -> _RunLock:
         """Take the run's exclusive lock now; use as ``with run.lock(): ...``."""
-        import fcntl
-
         if self._lock_fd is not None:
             return _RunLock(self)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -184,7 +175,7 @@ class RunDir:
                 f"run {self.id} is locked by {who}; stop it first (miniverl stop "
                 f"{self.path}) or wait for it to finish"
             ) from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso()}
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now_ms()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
         self._lock_fd = fd
@@ -192,8 +183,6 @@ class RunDir:
 
     def release(self) -> None:
         """Drop the lock (no-op when not held)."""
-        import fcntl
-
         if self._lock_fd is None:
             return
         fd, self._lock_fd = self._lock_fd, None
@@ -227,7 +216,7 @@ class RunDir:
                 f"run {self.id} cannot go from {current!r} to {status!r}; from {current!r} it "
                 f"may go to {allowed}"
             )
-        record = {"status": status, "updated_at": now_iso(), "reason": reason}
+        record = {"status": status, "updated_at": utc_now_ms(), "reason": reason}
         atomic_write_json(self.status_path, record)
         return record
 
@@ -235,13 +224,13 @@ class RunDir:
 
     def event(self, name: str, **fields: Any) -> dict[str, Any]:
         """Append ``{"ts", "event": name, **fields}`` to events.jsonl."""
-        record = {"ts": now_iso(), "event": name, **fields}
+        record = {"ts": utc_now_ms(), "event": name, **fields}
         _append_line(self.events_path, record)
         return record
 
     def metric(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append a metrics row (with ``ts``) to metrics.jsonl."""
-        record = {"ts": now_iso(), **row}
+        record = {"ts": utc_now_ms(), **row}
         _append_line(self.metrics_path, record)
         return record
 
@@ -263,15 +252,3 @@ class RunDir:
 
     def metrics(self) -> list[dict[str, Any]]:
         return self.read_jsonl("metrics.jsonl")
-
-
-def wait_for_status(run: RunDir, statuses: tuple[str, ...], timeout_s: float) -> str | None:
-    """Poll until the run reaches one of ``statuses``; the status, or None on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = run.status
-        if status in statuses:
-            return status
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 
+from .errors import ConfigError
+
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def apply_cpu_threads(n: int) -> int:
     """Use ``n`` CPU threads in this process (and children via the environment)."""
-    from .errors import ConfigError
-
     if not isinstance(n, int) or n < 1:
         raise ConfigError(
             f"cpu_threads must be an integer >= 1 (got {n!r}); set runtime.cpu_threads"

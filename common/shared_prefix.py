@@ -5,7 +5,7 @@ calculator episode). A plain batched forward computes that block once per row; t
 module computes it once, repeats its KV cache over the batch and runs only each row's
 own tokens on top. The result equals the plain forward (same hidden states to float
 rounding, same gradients: the repeated cache is differentiable, so every row's gradient
-flows back into the one prefix pass). Training (``student.policy``) and teacher scoring
+flows back into the one prefix pass). Training (``student.train.updates``) and teacher scoring
 (``teacher_server.scoring``) both use it.
 
 This module does not pad, select positions or apply the LM head. torch is imported by

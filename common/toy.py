@@ -24,6 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+from filelock import FileLock
+
+from .errors import ConfigError
+
 # Bump when the tokenizer, the template or the model construction changes: cached
 # directories built by an older layout must not be reused silently.
 TOY_FORMAT_VERSION = 2
@@ -147,8 +152,6 @@ def _spec_dict(spec: Any) -> dict[str, Any]:
     }
     unknown = sorted(set(data) - set(defaults))
     if unknown:
-        from .errors import ConfigError
-
         raise ConfigError(
             f"toy spec has unknown fields {unknown}; allowed: {sorted(defaults)}"
         )
@@ -166,8 +169,6 @@ def build_toy_model(spec: Any, tokenizer=None):
     """A freshly initialised ``Qwen3ForCausalLM`` for a toy spec; deterministic in ``seed``."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from .errors import ConfigError
 
     s = _spec_dict(spec)
     tok = tokenizer if tokenizer is not None else build_toy_tokenizer()
@@ -205,8 +206,6 @@ def cache_root() -> Path:
     env = os.environ.get("MINIVERL_CACHE")
     if env:
         return Path(env).expanduser()
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("miniverl"))
 
 
@@ -216,8 +215,6 @@ def toy_model_dir(spec: Any) -> Path:
     Safe under concurrency: a file lock serialises builders, and the directory is
     written under a temporary name and renamed, so a reader never sees half of it.
     """
-    from filelock import FileLock
-
     root = cache_root() / "toy"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"qwen3-toy-{toy_spec_hash(spec)}"

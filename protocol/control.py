@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miniverl.common.errors import MiniverlError, ProtocolError, TeacherUnavailable
@@ -131,8 +132,6 @@ _ids = itertools.count(1)
 
 def control_request(endpoint: str, request: _Control, timeout_s: float = 5.0) -> _Control:
     """Send one control request and wait for its reply; ERROR replies raise."""
-    import zmq
-
     check_endpoint(endpoint)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)

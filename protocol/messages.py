@@ -8,8 +8,8 @@ the error code the server answers with. :func:`expected_arrays` says which array
 (name, dtype, ndim) each message must carry; :func:`validate_score` checks a
 decoded SCORE's arrays against the teacher's vocabulary and limits.
 
-This module does not touch bytes (see ``codec.py``) or sockets (``client.py``,
-``server.py``).
+This module does not touch bytes (see ``codec.py``) or sockets (``link.py``,
+the teacher server in ``teacher_server/``).
 """
 
 from __future__ import annotations
@@ -71,11 +71,6 @@ class ProtocolViolation(ProtocolError):
         super().__init__(message)
         self.code = ErrorCode(code)
         self.ref_id = ref_id
-
-
-def error_code_of(exc: BaseException) -> ErrorCode:
-    """The wire error code for an exception raised while decoding (BAD_REQUEST by default)."""
-    return getattr(exc, "code", ErrorCode.BAD_REQUEST)
 
 
 # Annotated scalar types shared by the models. Enum fields are not strict so a plain
@@ -218,28 +213,29 @@ class Ping(Message):
     t: Literal["PING"] = "PING"
 
 
-class Pong(Message):
-    t: Literal["PONG"] = "PONG"
+class _Liveness(Message):
+    """Fields ``PONG`` and ``STATUS_OK`` share (``t`` is declared here to keep it third
+    on the wire, before these fields: msgpack keeps the order of the map)."""
+
+    t: str
     instance: Name
     gen: Count
     state: State
     inflight: Count
     queue_depth: Count
     last_progress_ms: float = Field(ge=0)
+
+
+class Pong(_Liveness):
+    t: Literal["PONG"] = "PONG"
 
 
 class Status(Message):
     t: Literal["STATUS"] = "STATUS"
 
 
-class StatusOk(Message):
+class StatusOk(_Liveness):
     t: Literal["STATUS_OK"] = "STATUS_OK"
-    instance: Name
-    gen: Count
-    state: State
-    inflight: Count
-    queue_depth: Count
-    last_progress_ms: float = Field(ge=0)
     teacher: TeacherInfo | None = None
     counters: Counters = Field(default_factory=Counters)
     memory: DeviceMemory | None = None

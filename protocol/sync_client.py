@@ -2,8 +2,8 @@
 
 The training loop is synchronous; :class:`SyncTeacherClient` runs the async client on its
 own event-loop thread (anyio blocking portal, asyncio backend) and exposes the same
-methods as plain calls. It adds no behaviour of its own: the staleness rule, liveness
-and retries all live in ``protocol/client.py``.
+methods as plain calls. It adds no behaviour of its own: the staleness rule lives in
+``pending.py``/``client.py``, liveness and retries in ``link.py``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from typing import Any
 
 import anyio
 
-from miniverl.protocol.client import Identity, ScoreResult, TeacherClient
-from miniverl.protocol.endpoints import CurveClientKeys
-from miniverl.protocol.limits import Limits
+from miniverl.protocol.client import ScoreResult, TeacherClient
 from miniverl.protocol.messages import (
     HelloOk,
     ParkOk,
@@ -25,7 +23,7 @@ from miniverl.protocol.messages import (
     ShutdownOk,
     WakeOk,
 )
-from miniverl.protocol.transport import TransportFactory
+from miniverl.protocol.pending import Identity
 
 
 class SyncTeacherClient:
@@ -35,32 +33,9 @@ class SyncTeacherClient:
     asyncio backend). Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        tokenizer_fp: str | None,
-        vocab_size: int,
-        client_name: str = "student",
-        heartbeat_ms: int = 1000,
-        request_timeout_s: float = 30.0,
-        unavailable_timeout_s: float = 60.0,
-        curve: CurveClientKeys | None = None,
-        transport_factory: TransportFactory | None = None,
-        limits: Limits | None = None,
-    ):
-        self._core = TeacherClient(
-            endpoint,
-            tokenizer_fp=tokenizer_fp,
-            vocab_size=vocab_size,
-            client_name=client_name,
-            heartbeat_ms=heartbeat_ms,
-            request_timeout_s=request_timeout_s,
-            unavailable_timeout_s=unavailable_timeout_s,
-            curve=curve,
-            transport_factory=transport_factory,
-            limits=limits,
-        )
+    def __init__(self, endpoint: str, **settings: Any):
+        """``settings`` as for :class:`TeacherClient` (``LinkSettings`` fields)."""
+        self._core = TeacherClient(endpoint, **settings)
         self._portal_cm = None
         self._portal = None
         self._client_cm = None
@@ -73,21 +48,11 @@ class SyncTeacherClient:
             self._client_cm.__enter__()
         return self._portal.call(functools.partial(fn, *args, **kwargs))
 
-    @property
-    def endpoint(self) -> str:
-        return self._core.endpoint
-
-    @property
-    def hello(self) -> HelloOk | None:
-        return self._core.hello
-
-    @property
-    def counters(self) -> dict[str, int]:
-        return self._core.counters
-
-    @property
-    def bound(self) -> Identity | None:
-        return self._core.bound
+    # Read-only views of the async core's state.
+    endpoint = property(lambda self: self._core.endpoint, doc="The teacher endpoint in use.")
+    hello = property(lambda self: self._core.hello, doc="The validated HELLO_OK, or None.")
+    counters = property(lambda self: self._core.counters, doc="TeacherClient.counters.")
+    bound = property(lambda self: self._core.bound, doc="The bound (instance, gen), or None.")
 
     def connect(self, timeout_s: float | None = None) -> HelloOk | None:
         return self._run(self._core.connect, timeout_s)
@@ -128,17 +93,9 @@ class SyncTeacherClient:
     def wake(self) -> WakeOk:
         return self._run(self._core.wake)
 
-    def reload(
-        self,
-        model: str,
-        revision: str | None = None,
-        adapter: str | None = None,
-        mode: str = "drain",
-        timeout_s: float = 600.0,
-        adapter_revision: str | None = None,
-    ) -> ReloadOk:
-        return self._run(self._core.reload, model, revision, adapter, mode, timeout_s,
-                         adapter_revision)
+    def reload(self, model: str, *args: Any, **kwargs: Any) -> ReloadOk:
+        """Arguments as :meth:`TeacherClient.reload` (revision, adapter, mode, timeout_s, ...)."""
+        return self._run(self._core.reload, model, *args, **kwargs)
 
     def shutdown(self, mode: str = "drain", timeout_s: float | None = None) -> ShutdownOk:
         return self._run(self._core.shutdown, mode, timeout_s)

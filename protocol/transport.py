@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import zmq
+import zmq.asyncio
+
 from miniverl.protocol.endpoints import CurveClientKeys, apply_curve_client, check_endpoint
 
 
@@ -38,9 +41,6 @@ class ZmqTransport:
     """
 
     def __init__(self, endpoint: str, curve: CurveClientKeys | None = None):
-        import zmq
-        import zmq.asyncio
-
         check_endpoint(endpoint)
         self.endpoint = endpoint
         self._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from miniverl.common.errors import MiniverlError
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miniverl.student")
@@ -24,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from miniverl.common.errors import MiniverlError
+    # start-up: --help and argument errors answer before torch and the trainer load.
     from miniverl.student.api import graceful_stop, summary_lines, train_from_file
 
     stop = graceful_stop()

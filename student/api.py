@@ -2,7 +2,8 @@
 ``python -m miniverl.student``: load a recipe, build a :class:`Trainer`, run it, print a
 summary. Also ``eval_run`` for ``miniverl eval``.
 
-This module parses nothing from the command line; the CLI does that.
+This module parses nothing from the command line; the CLI does that (and imports this
+module inside its command bodies, so ``miniverl --help`` never loads torch).
 """
 
 from __future__ import annotations
@@ -11,8 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import load_recipe
 from miniverl.common.rundir import RunDir
+from miniverl.student.checkpoint import latest as latest_checkpoint
+from miniverl.student.checkpoint import load as load_checkpoint
+from miniverl.student.control import ControlServer
+from miniverl.student.eval import evaluate
+from miniverl.student.train.policy import load_policy
+from miniverl.student.train.trainer import Trainer
 
 
 def train_from_file(
@@ -28,8 +38,6 @@ def train_from_file(
     control: bool = False,
 ):
     """Run the recipe at ``recipe_path``; returns the :class:`TrainResult`."""
-    from miniverl.student.trainer import Trainer
-
     recipe = load_recipe(recipe_path)
     if output_dir is not None:
         recipe = recipe.model_copy(
@@ -41,8 +49,6 @@ def train_from_file(
         recipe_text=text, show_progress=show_progress, stop_event=stop_event,
     ) as trainer:
         if control:
-            from miniverl.student.control import ControlServer
-
             with ControlServer(trainer):
                 return trainer.train()
         return trainer.train()
@@ -98,14 +104,6 @@ def summary_lines(result) -> list[str]:
 def eval_run(run_path: str | Path, *, split: str | None = None,
              checkpoint: str | None = None) -> dict[str, Any]:
     """Evaluate a run's latest (or a named) checkpoint on a split; returns the summary."""
-    import torch
-
-    from miniverl.common.errors import ConfigError
-    from miniverl.student.checkpoint import latest as latest_checkpoint
-    from miniverl.student.checkpoint import load as load_checkpoint
-    from miniverl.student.eval import evaluate
-    from miniverl.student.policy import load_policy
-
     run = RunDir.open(run_path)
     recipe = run.recipe()
     ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run.checkpoints_dir)

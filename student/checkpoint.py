@@ -33,7 +33,6 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.common.hashing import sha256_file
+from miniverl.common.recipe import diff_recipes
 
 FORMAT = "miniverl-checkpoint/1"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -311,7 +312,7 @@ def save(
             "recipe_digest": recipe_digest,
             "extra": extra or {},
             "weights": weights,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": utc_now(timespec="seconds"),
             "torch": torch.__version__,
             "files": files,
         }
@@ -438,8 +439,6 @@ def check_recipe_digest(
         return
     detail = ""
     if saved_recipe is not None and current_recipe is not None:
-        from miniverl.common.recipe import diff_recipes
-
         fields = diff_recipes(saved_recipe, current_recipe)
         if fields:
             detail = f"; differing fields: {', '.join(fields)}"

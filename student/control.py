@@ -15,12 +15,15 @@ import json
 import logging
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import MiniverlError, TeacherUnavailable
-from miniverl.protocol.codec import encode
+from miniverl.protocol.codec import decode, encode
 from miniverl.protocol.control import (
     REQUESTS,
     SOCKETS_FILE,
@@ -33,7 +36,8 @@ from miniverl.protocol.control import (
     parse_control,
 )
 from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
-from miniverl.student.optim import planned_cycles
+from miniverl.protocol.messages import Ping, Pong
+from miniverl.student.train.optim import planned_cycles
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +65,14 @@ def record_socket(run_dir: Path, role: str, endpoint: str) -> None:
 
 def status_snapshot(trainer: Any) -> dict[str, Any]:
     recipe = trainer.recipe
-    last = {k: trainer.last_metrics.get(k) for k in (
+    state = trainer.state  # None until the trainer has built it
+    metrics = state.last_metrics if state is not None else {}
+    last = {k: metrics.get(k) for k in (
         "loss", "divergence", "train_success", "positions_per_s", "stale_dropped",
         "time_rollout_s", "time_teacher_wait_s", "time_update_s",
-    ) if k in trainer.last_metrics}
-    counters = trainer._counters() if trainer.client is not None else {}
+    ) if k in metrics}
+    side = trainer.teacher
+    counters = side.counters()
     return dict(
         run_id=trainer.run.id,
         status=trainer.run.status,
@@ -73,11 +80,11 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
         on_policy=recipe.on_policy,
         step=trainer.step,
         version=trainer.version,
-        cycle=trainer.cycle,
+        cycle=state.cycle if state is not None else 0,
         cycles=planned_cycles(recipe),
-        wall_s=trainer._wall(),
-        teacher=getattr(trainer, "teacher", None),
-        endpoint=trainer.endpoint,
+        wall_s=time.perf_counter() - trainer.started,
+        teacher=side.identity or None,
+        endpoint=side.endpoint,
         counters={k: int(v) for k, v in counters.items()},
         last=json.loads(json.dumps(last, default=float)),
     )
@@ -85,11 +92,6 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
 
 def probe_teacher(endpoint: str, timeout_s: float) -> None:
     """PING ``endpoint`` once; raise ``TeacherUnavailable`` unless a teacher answers."""
-    import zmq
-
-    from miniverl.protocol.codec import decode
-    from miniverl.protocol.messages import Ping, Pong
-
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
@@ -133,8 +135,6 @@ class ControlServer:
         self._thread.join(5)
 
     def _serve(self) -> None:
-        import zmq
-
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)

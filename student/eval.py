@@ -1,7 +1,7 @@
 """Evaluation: success rate of the current policy on a held-out split.
 
 ``evaluate`` makes the split's tasks (``make_tasks`` with the recipe's environment,
-difficulty and split seed), plays them with :class:`~miniverl.student.rollout.RolloutRunner`
+difficulty and split seed), plays them with :class:`~miniverl.student.rollout.runner.RolloutRunner`
 (greedy unless ``recipe.eval.greedy`` is false), and returns an :class:`EvalSummary`
 with the success rate, a per-difficulty breakdown and the stop reasons. With
 ``out_dir`` it also writes ``<split>-v<version>.trajectories.jsonl`` and
@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.common.atomic import atomic_write_json
+from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.environments import make_tasks
-from miniverl.student.rollout import RolloutRunner
+from miniverl.student.rollout.runner import RolloutRunner
 
 # Eval seeds are fixed and disjoint from training seeds (which derive from run.seed),
 # so sampled (non-greedy) evals are comparable across versions.
@@ -101,8 +102,6 @@ def evaluate(
         env_cfg.name, split, n, env_cfg.difficulty, env_cfg.split_seed, params=env_cfg.params
     )
     if tokenizer_fp is None:
-        from miniverl.common.tokenizer_id import fingerprint_tokenizer
-
         tokenizer_fp = fingerprint_tokenizer(tokenizer)
     runner = RolloutRunner(
         model,

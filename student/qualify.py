@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.common.atomic import atomic_write_json
+from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_dir, sha256_text
+from miniverl.common.toy import cache_root
 
 RECORD_KIND = "miniverl.teacher_qualification"
 RECORD_FILE = "miniverl_qualification.json"  # beside a prepared teacher
@@ -52,8 +54,6 @@ class TeacherNotQualified(ConfigError):
 
 def qualifications_dir() -> Path:
     """``<cache>/qualifications`` (``$MINIVERL_CACHE`` or the per-user cache)."""
-    from miniverl.common.toy import cache_root
-
     return cache_root() / "qualifications"
 
 
@@ -124,6 +124,8 @@ def measure(
     """Greedy success of ``model`` (the teacher) on ``split``; returns the record."""
     import torch
 
+    # Eval loads the rollout runner and torch, which only measuring needs; the CLI
+    # reads and records qualifications through this module without them (start-up).
     from miniverl.student.eval import evaluate
 
     if split not in ("eval", "test"):
@@ -161,7 +163,7 @@ def record_from_eval(
         "by_difficulty": summary["by_difficulty"],
         "stop_reasons": summary["stop_reasons"],
         "mean_tool_calls": summary.get("mean_tool_calls", 0.0),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": utc_now(timespec="seconds"),
         "miniverl_version": _version(),
     }
 

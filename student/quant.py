@@ -98,6 +98,6 @@ def check_trainable_grads(model: Any) -> None:
             f"{len(missing)} trainable parameters got no gradient (first: {missing[0]}); "
             + (f"4-bit layers are packed for inference ({packed[0]}, ...); " if packed else "")
             + "a quantized base layer stopped backpropagation. Load the student with "
-            "miniverl.student.policy.load_policy (it guards 4-bit layers) or use "
+            "miniverl.student.train.policy.load_policy (it guards 4-bit layers) or use "
             "quantization: none"
         )

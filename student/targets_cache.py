@@ -37,8 +37,6 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -47,77 +45,23 @@ import safetensors.numpy
 from safetensors import safe_open
 
 from miniverl.common.atomic import atomic_write_bytes, atomic_write_json
+from miniverl.common.clock import utc_now
 from miniverl.common.errors import ProvenanceError, StaleTargetError
 from miniverl.common.hashing import sha256_file
+from miniverl.protocol.pending import within_lag
+from miniverl.student.targets_entries import (
+    KINDS,
+    CacheIdentity,
+    EntryKey,
+    canonical,
+    check_entry_arrays,
+    check_identity,
+    entry_sha256,
+)
 
 FORMAT = "miniverl-targets/1"
 INDEX_NAME = "index.json"
 SHARD_DIR = "shards"
-KINDS = ("topk", "exact")
-
-
-@dataclass(frozen=True)
-class CacheIdentity:
-    """What a cache's targets were made for; all of it must match to reuse them."""
-
-    tokenizer_fp: str
-    vocab_size: int
-    kind: str
-    k: int
-    objective: str
-    temperature: float
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CacheIdentity:
-        return cls(
-            tokenizer_fp=str(data["tokenizer_fp"]),
-            vocab_size=int(data["vocab_size"]),
-            kind=str(data["kind"]),
-            k=int(data["k"]),
-            objective=str(data["objective"]),
-            temperature=float(data["temperature"]),
-        )
-
-
-@dataclass(frozen=True, order=True)
-class EntryKey:
-    """Which trajectory, scored for which student version, by which teacher process."""
-
-    trajectory_id: str
-    student_version: int
-    teacher: str
-    instance: str
-    gen: int
-
-    def token(self) -> str:
-        # JSON, not a joined string: trajectory ids may contain any separator.
-        return json.dumps(
-            [self.trajectory_id, self.student_version, self.teacher, self.instance, self.gen]
-        )
-
-
-def entry_sha256(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 over names, dtypes, shapes and little-endian bytes, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(arrays):
-        arr = _canonical(arrays[name])
-        digest.update(f"{name}\0{arr.dtype.str}\0{list(arr.shape)}\0".encode())
-        digest.update(arr.tobytes())
-    return digest.hexdigest()
-
-
-def _canonical(arr: np.ndarray) -> np.ndarray:
-    arr = np.asarray(arr)
-    if arr.dtype.byteorder == ">":
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(arr)
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -151,7 +95,7 @@ class TargetsCache:
             self._index = self._read_index()
             stored = CacheIdentity.from_json(self._index["identity"])
             if identity is not None:
-                _check_identity(self.root, stored, identity)
+                check_identity(self.root, stored, identity)
             self.identity = stored
         elif identity is None:
             raise ProvenanceError(
@@ -165,7 +109,7 @@ class TargetsCache:
             self._index = {
                 "format": FORMAT,
                 "identity": identity.to_json(),
-                "created": _now(),
+                "created": utc_now(timespec="seconds"),
                 "next_shard": 1,
                 "shards": {},
                 "entries": [],
@@ -196,7 +140,7 @@ class TargetsCache:
         return index
 
     def _publish(self) -> None:
-        self._index["updated"] = _now()
+        self._index["updated"] = utc_now(timespec="seconds")
         atomic_write_json(self.index_path, self._index, indent=1)
         _fsync_dir(self.root)
 
@@ -216,37 +160,6 @@ class TargetsCache:
         self._entries = {self._key_of(e): e for e in self._index["entries"]}
 
     # -- writing ----------------------------------------------------------------------------
-
-    def _check_arrays(self, key: EntryKey, arrays: dict[str, np.ndarray]) -> None:
-        ident = self.identity
-        last_dim = ident.k if ident.kind == "topk" else ident.vocab_size
-        wanted = (
-            {"ids": 2, "logprobs": 2, "tail_logmass": 1, "target_logprobs": 1}
-            if ident.kind == "topk"
-            else {"logprobs": 2, "target_logprobs": 1}
-        )
-        rows = None
-        for name, ndim in wanted.items():
-            if name not in arrays:
-                raise ProvenanceError(
-                    f"entry {key.trajectory_id!r}: {ident.kind} targets need array {name!r}; "
-                    f"got {sorted(arrays)}"
-                )
-            arr = np.asarray(arrays[name])
-            if arr.ndim != ndim or (ndim == 2 and arr.shape[1] != last_dim):
-                expect = "[P, k]" if ident.kind == "topk" else "[P, V]"
-                raise ProvenanceError(
-                    f"entry {key.trajectory_id!r}: array {name!r} has shape {list(arr.shape)}, "
-                    f"but this cache holds {ident.kind} targets with "
-                    f"{'k' if ident.kind == 'topk' else 'vocab_size'}={last_dim} "
-                    f"(shape {expect}); use a cache made for these targets"
-                )
-            if rows is not None and arr.shape[0] != rows:
-                raise ProvenanceError(
-                    f"entry {key.trajectory_id!r}: arrays disagree on the number of positions "
-                    f"({rows} vs {arr.shape[0]} in {name!r})"
-                )
-            rows = arr.shape[0]
 
     def put(self, key: EntryKey, arrays: dict[str, np.ndarray]) -> None:
         """Store one entry (its own shard); see :meth:`put_many`."""
@@ -268,8 +181,8 @@ class TargetsCache:
             if key in seen:
                 raise ProvenanceError(f"entry {key.token()} appears twice in one write")
             seen.add(key)
-            self._check_arrays(key, arrays)
-            canon = {name: _canonical(arr) for name, arr in arrays.items()}
+            check_entry_arrays(self.identity, key, arrays)
+            canon = {name: canonical(arr) for name, arr in arrays.items()}
             prefix = f"e{i}"
             for name, arr in canon.items():
                 tensors[f"{prefix}/{name}"] = arr
@@ -281,7 +194,7 @@ class TargetsCache:
                     "arrays": {n: [a.dtype.str, list(a.shape)] for n, a in canon.items()},
                     "sha256": entry_sha256(canon),
                     "bytes": int(sum(a.nbytes for a in canon.values())),
-                    "created": _now(),
+                    "created": utc_now(timespec="seconds"),
                 }
             )
         number = int(self._index["next_shard"])
@@ -299,7 +212,7 @@ class TargetsCache:
             self._index["shards"][shard_name] = {
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "bytes": len(data),
-                "created": _now(),
+                "created": utc_now(timespec="seconds"),
             }
             self._index["next_shard"] = number + 1
             self._index["entries"] = list(self._entries.values())
@@ -387,8 +300,9 @@ class TargetsCache:
         if teacher is not None:
             usable = [k for k in usable if (k.teacher, k.instance, k.gen) == tuple(teacher)]
         if student_version is not None:
-            low = -(10**18) if max_lag is None else student_version - max_lag
-            usable = [k for k in usable if low <= k.student_version <= student_version]
+            # The protocol's staleness rule (DESIGN §3), applied to stored targets.
+            lag = 10**18 if max_lag is None else max_lag
+            usable = [k for k in usable if within_lag(student_version, k.student_version, lag)]
         if not usable:
             have = sorted({(k.student_version, k.teacher, k.gen) for k in candidates})
             described = ", ".join(f"v{v} from {t} gen {g}" for v, t, g in have)
@@ -514,7 +428,7 @@ class TargetsCache:
             if entry_sha256(arrays) != record["sha256"]:
                 problems.append(f"{where}: sha256 differs from the index (modified or corrupted)")
             try:
-                self._check_arrays(key, arrays)
+                check_entry_arrays(self.identity, key, arrays)
             except ProvenanceError as exc:
                 problems.append(f"{where}: {exc}")
         if self.shard_dir.is_dir():
@@ -525,24 +439,3 @@ class TargetsCache:
                         f"write or prune); safe to delete"
                     )
         return problems
-
-
-_IDENTITY_WHAT = {
-    "tokenizer_fp": "tokenizer",
-    "vocab_size": "vocabulary",
-    "kind": "target kind (topk or exact)",
-    "k": "top-k",
-    "objective": "loss objective",
-    "temperature": "temperature",
-}
-
-
-def _check_identity(root: Path, stored: CacheIdentity, wanted: CacheIdentity) -> None:
-    for field in dataclasses.fields(CacheIdentity):
-        have, want = getattr(stored, field.name), getattr(wanted, field.name)
-        if have != want:
-            raise ProvenanceError(
-                f"targets cache {root}: {field.name} is {have!r} in the cache but {want!r} now; "
-                f"its targets were made for another {_IDENTITY_WHAT[field.name]}. Point "
-                f"cache.dir at a new directory or delete {root}"
-            )

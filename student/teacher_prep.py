@@ -23,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, load_recipe, recipe_digest
 from miniverl.common.toy import cache_root
+from miniverl.student.qualify import record_from_eval, save_record
 
 PREPARED_FILE = "miniverl_prepared.json"
 
@@ -69,8 +72,6 @@ def prepare_teacher(
     recipe: Recipe, prep_path: str | Path, *, show_progress: bool = True
 ) -> PreparedTeacher:
     """Train (or fetch from cache) the teacher named by ``recipe.teacher.prepare``."""
-    from filelock import FileLock
-
     prep = load_recipe(prep_path)
     if prep.run.mode != "sft":
         raise ConfigError(
@@ -94,7 +95,9 @@ def prepare_teacher(
 
 
 def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> dict[str, Any]:
-    from miniverl.student.trainer import Trainer
+    # The trainer loads torch; `miniverl up` imports this module for its recipe paths
+    # only, so the supervisor process stays torch-free (start-up).
+    from miniverl.student.train.trainer import Trainer
 
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
@@ -107,12 +110,12 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
                      checkpoints=False) as trainer:
             result = trainer.train()
             out = work / "model"
-            model = trainer.policy.model
+            model = trainer.state.policy.model
             if hasattr(model, "merge_and_unload"):
                 # A LoRA-trained teacher is served as plain weights: merge the adapter.
                 model = model.merge_and_unload()
             model.save_pretrained(out)
-            trainer.policy.tokenizer.save_pretrained(out)
+            trainer.state.policy.tokenizer.save_pretrained(out)
         record = {
             "prep_recipe": str(prep_path),
             "prep_digest": recipe_digest(prep),
@@ -124,7 +127,7 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)
-        _qualify(prep, final, result.eval, trainer.policy.tokenizer_fp)
+        _qualify(prep, final, result.eval, trainer.state.policy.tokenizer_fp)
         return record
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -135,8 +138,6 @@ def _qualify(prep: Recipe, final: Path, summary: dict[str, Any] | None, tokenize
     (student/qualify.py), so ``teacher.min_success`` can gate a prepared teacher."""
     if summary is None or not prep.eval.greedy:
         return
-    from miniverl.student.qualify import record_from_eval, save_record
-
     identity = {"name": final.name, "model": str(final), "revision": None,
                 "adapter_sha256": None}
     record = record_from_eval(summary, prep, identity=identity, model_dir=final,

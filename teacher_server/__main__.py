@@ -17,9 +17,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from pathlib import Path
 
+from miniverl.common.errors import ConfigError, MiniverlError
+from miniverl.common.recipe import load_recipe
+from miniverl.common.runtime import THREAD_ENV_VARS
 from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT
+from miniverl.protocol.limits import Limits
+from miniverl.teacher_server.jsonlog import JsonLog
+from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
 from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS
+from miniverl.teacher_server.scorers import DEFAULT_SCORER, make_loader, parse_options
+from miniverl.teacher_server.server import TeacherServer, run_server
+from miniverl.teacher_server.state import ServerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,23 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> int:
     """Build the server from parsed arguments and run it; returns the exit code."""
-    from miniverl.common.errors import ConfigError
-    from miniverl.common.runtime import THREAD_ENV_VARS
-    from miniverl.protocol.limits import Limits
-    from miniverl.protocol.server import ServerConfig, TeacherServer, run_server
-    from miniverl.teacher_server.jsonlog import JsonLog
-    from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
-    from miniverl.teacher_server.scorers import DEFAULT_SCORER, parse_options
-    from miniverl.teacher_server.service import make_loader
-
     if bool(args.model) == bool(args.recipe):
         raise ConfigError("pass exactly one of --model DIR|ID or --recipe FILE")
     threads = args.threads
     scorer = args.scorer or DEFAULT_SCORER
     scorer_options = parse_options(args.scorer_option)
     if args.recipe:
-        from miniverl.common.recipe import load_recipe
-
         recipe = load_recipe(args.recipe)  # validate now: a bad recipe fails before binding
         if recipe.teacher is None:
             raise ConfigError(f"recipe {args.recipe!r} has no teacher section; add one")
@@ -177,10 +177,6 @@ def _waiting_spec(spec, model_dir: str, timeout_s: float):
     Runs on the loader's worker thread after the bind: the imports overlap whatever is
     still producing the directory, and PING answers LOADING meanwhile.
     """
-    import time
-    from pathlib import Path
-
-    from miniverl.common.errors import ConfigError
 
     def wait():
         # transformers imports a model's code on first use: 4 s for Qwen3 here, on the
@@ -203,8 +199,6 @@ def _waiting_spec(spec, model_dir: str, timeout_s: float):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from miniverl.common.errors import MiniverlError
-
     args = build_parser().parse_args(argv)
     try:
         code = serve(args)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
+
+from miniverl.common.clock import utc_now
+from miniverl.common.errors import ConfigError
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 RESERVED = ("ts", "level", "event")
@@ -24,8 +26,6 @@ class JsonLog:
 
     def __init__(self, path: str | Path | None = None, level: str = "info"):
         if level not in LEVELS:
-            from miniverl.common.errors import ConfigError
-
             raise ConfigError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
         self.threshold = LEVELS[level]
         self._lock = threading.Lock()
@@ -38,7 +38,7 @@ class JsonLog:
         if LEVELS.get(level, 20) < self.threshold:
             return
         record: dict[str, Any] = {
-            "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "ts": utc_now(timespec="milliseconds"),
             "level": level,
             "event": event,
         }

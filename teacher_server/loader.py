@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.modeling import load_causal_lm, resolve_model_dir
+from miniverl.common.recipe import load_recipe
+from miniverl.common.tokenizer_id import tokenizer_fingerprint
+from miniverl.common.toy import toy_model_dir
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -49,16 +53,13 @@ class TeacherSpec:
         self, model: str, revision: str | None, adapter: str | None,
         adapter_revision: str | None = None,
     ) -> TeacherSpec:
-        """The same placement (device, dtype, offline) for another model (used by RELOAD)."""
-        return TeacherSpec(
-            model=model,
-            revision=revision,
-            adapter=adapter,
-            adapter_revision=adapter_revision,
-            device=self.device,
-            dtype=self.dtype,
-            quantization=self.quantization,
-            offline=self.offline,
+        """The same placement (device, dtype, quantization, offline) for another model (RELOAD).
+
+        ``name`` is not kept: it named the previous model.
+        """
+        return replace(
+            self, model=model, revision=revision, adapter=adapter,
+            adapter_revision=adapter_revision, name=None,
         )
 
 
@@ -78,8 +79,6 @@ class LoadedTeacher:
 
 def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
     """The teacher section of a recipe as a :class:`TeacherSpec` (a toy spec is built now)."""
-    from miniverl.common.recipe import load_recipe
-
     recipe = load_recipe(path)
     teacher = recipe.teacher
     if teacher is None:
@@ -88,23 +87,15 @@ def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
         )
     source = teacher.model
     if source.toy is not None:
-        from miniverl.common.toy import toy_model_dir
-
         model, revision, name = str(toy_model_dir(source.toy)), None, "toy-teacher"
     elif source.path is not None:
         model, revision, name = source.path, None, None
     else:
         model, revision, name = source.hub_id, source.revision, None
     return TeacherSpec(
-        model=model,
-        revision=revision,
-        adapter=teacher.adapter,
-        adapter_revision=teacher.adapter_revision,
-        device=teacher.device,
-        dtype=teacher.dtype,
-        quantization=teacher.quantization,
-        offline=offline,
-        name=name,
+        model=model, revision=revision, adapter=teacher.adapter,
+        adapter_revision=teacher.adapter_revision, device=teacher.device, dtype=teacher.dtype,
+        quantization=teacher.quantization, offline=offline, name=name,
     )
 
 
@@ -146,8 +137,6 @@ def resolve_dir(ref: str, revision: str | None, offline: bool, *, what: str = "m
                 f"cache: {', '.join(missing)}; download it once online "
                 f"(huggingface-cli download {ref} --revision {revision}) or drop --offline"
             )
-    from miniverl.common.modeling import resolve_model_dir
-
     if what == "adapter":
         from huggingface_hub import snapshot_download
 
@@ -180,9 +169,6 @@ def adapter_sha256(adapter_dir: Path) -> str:
 def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
     """Resolve, load, merge the adapter, freeze. Raises :class:`ConfigError` on bad input."""
     import torch
-
-    from miniverl.common.modeling import load_causal_lm
-    from miniverl.common.tokenizer_id import tokenizer_fingerprint
 
     model_dir = resolve_dir(spec.model, spec.revision, spec.offline)
     if not (model_dir / "config.json").is_file():

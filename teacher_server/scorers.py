@@ -5,9 +5,9 @@ A scorer is a factory, looked up by name::
     factory(spec: TeacherSpec, *, exact_max_vocab: int, max_batch_tokens: int,
             options: dict[str, Any]) -> Backend
 
-where ``Backend`` is :class:`miniverl.protocol.server.Backend` (``info``,
+where ``Backend`` is :class:`miniverl.teacher_server.backend.Backend` (``info``,
 ``tokenizer_fp``, ``vocab_size``, ``score_batch``, ``park``, ``wake``, ``memory``,
-``close``). The built-in ``causal_lm`` loads the spec's model (plus its PEFT
+``stats``, ``close``). The built-in ``causal_lm`` loads the spec's model (plus its PEFT
 adapter) and scores with :mod:`~miniverl.teacher_server.scoring`. Other scorers come
 from installed packages through the ``miniverl.scorers`` entry-point group::
 
@@ -19,7 +19,10 @@ a temperature). A scorer should change ``info["name"]`` so runs record which sco
 produced their targets. Select one with ``--scorer NAME`` (and ``--scorer-option
 KEY=VALUE``) or the recipe's ``teacher.scorer`` / ``teacher.scorer_options``.
 
-This module only finds factories; it does not load or score anything itself.
+:func:`make_loader` turns a spec and a scorer name into the loader the server calls at
+start (``None``) and on ``RELOAD`` (the request's model, revision and adapter with the
+same device, dtype and offline setting). This module finds factories and builds that
+loader; it does not score anything itself, and importing it does not import torch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from importlib import metadata
 from typing import Any
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.runtime import apply_cpu_threads
+from miniverl.teacher_server.backend import Loader
+from miniverl.teacher_server.loader import TeacherSpec, load_teacher
+from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
+from miniverl.teacher_server.torch_backend import TorchTeacher
 
 ENTRY_POINT_GROUP = "miniverl.scorers"
 DEFAULT_SCORER = "causal_lm"
@@ -40,9 +48,6 @@ def causal_lm(
     spec: Any, *, exact_max_vocab: int, max_batch_tokens: int, options: dict[str, Any]
 ) -> Any:
     """The default scorer: the spec's causal LM (+ merged adapter), frozen."""
-    from miniverl.teacher_server.loader import load_teacher
-    from miniverl.teacher_server.service import TorchTeacher
-
     if options:
         raise ConfigError(
             f"scorer {DEFAULT_SCORER!r} takes no options (got {sorted(options)}); drop "
@@ -82,6 +87,53 @@ def get_scorer(name: str) -> ScorerFactory:
     if not callable(factory):
         raise ConfigError(f"scorer {name!r} ({matches[0].value}) is not callable")
     return factory
+
+
+def make_loader(
+    spec: TeacherSpec | Callable[[], TeacherSpec],
+    *,
+    exact_max_vocab: int = 262144,
+    max_batch_tokens: int = 8192,
+    threads: int | None = None,
+    scorer: str = DEFAULT_SCORER,
+    scorer_options: dict[str, Any] | None = None,
+    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+) -> Loader:
+    """The loader a :class:`~miniverl.teacher_server.server.TeacherServer` calls (worker thread).
+
+    ``spec`` may be a callable, resolved on the worker thread at the first load: a
+    recipe's toy teacher is then built after the socket is bound, not before.
+    ``threads`` is applied on the worker thread (where every forward pass runs) at
+    the first load, so importing torch never delays the bind. ``scorer`` names the
+    factory that builds the backend (the default is the causal LM itself),
+    ``scorer_options`` its keyword options. ``prefix_cache_tokens`` sizes the built-in
+    backend's prefix cache (``teacher_server/prefix_cache.py``).
+    """
+    factory = get_scorer(scorer)  # an unknown scorer fails before the bind
+
+    def load(request: dict[str, Any] | None) -> TorchTeacher:
+        nonlocal spec
+        if request is None and threads is not None:
+            apply_cpu_threads(threads)
+        if callable(spec):
+            spec = spec()
+        chosen = spec
+        if request is not None:
+            chosen = spec.with_model(
+                request["model"], request.get("revision"), request.get("adapter"),
+                request.get("adapter_revision"),
+            )
+        backend = factory(
+            chosen,
+            exact_max_vocab=exact_max_vocab,
+            max_batch_tokens=max_batch_tokens,
+            options=dict(scorer_options or {}),
+        )
+        if isinstance(backend, TorchTeacher):  # a plug-in scorer manages its own
+            backend.prefix_cache = PrefixCache(prefix_cache_tokens)
+        return backend
+
+    return load
 
 
 def parse_options(pairs: list[str] | None) -> dict[str, Any]:

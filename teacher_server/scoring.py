@@ -20,7 +20,7 @@ How a request is computed:
    whole ``[P, V]`` row, only when ``V <= exact_max_vocab``.
 
 It does not parse the wire, queue requests or know about clients: that is
-``protocol/server.py`` and ``teacher_server/service.py``.
+``teacher_server/server.py``, ``batcher.py`` and ``torch_backend.py``.
 """
 
 from __future__ import annotations

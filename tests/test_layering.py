@@ -6,6 +6,12 @@
   wire, not a Python import);
 - bridge/ imports only miniverl.common and miniverl.student.environments;
 - student/environments/ is torch-free everywhere (verl reward functions import it);
+- no arrow from a lower layer up to a higher one (common < protocol < student,
+  teacher_server, bridge < cli);
+- no import circle, counting imports inside functions too;
+- a function-local import is for a heavy optional dependency, or (cli/, or a line
+  commented "start-up") a measured start-up cost; never to hide a circle;
+- no module over 500 lines, median module at most 200 (STYLE rule 1);
 - `miniverl --help` and importing common/protocol do not load torch.
 """
 
@@ -30,6 +36,15 @@ PACKAGES = {
     "cli": "miniverl.cli",
 }
 HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "accelerate")
+# Optional dependencies a module may import inside a function, so that the module still
+# imports (and `miniverl --help` stays fast) where they are missing or slow to load.
+OPTIONAL = (*HEAVY, "pyarrow", "gguf", "safetensors", "tokenizers", "huggingface_hub",
+            "zmq.auth", "chromium")
+LAYER = {"miniverl.common": 0, "miniverl.protocol": 1, "miniverl.student.environments": 1,
+         "miniverl.teacher_server": 2, "miniverl.student": 2, "miniverl.bridge": 2,
+         "miniverl.cli": 3}
+MAX_LINES = 500
+MAX_MEDIAN_LINES = 200
 
 
 @dataclass
@@ -180,3 +195,128 @@ def test_help_and_core_imports_do_not_load_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    best = max((p for p in LAYER if is_under(module, p)), key=len, default=None)
+    return None if best is None else (best, LAYER[best])
+
+
+def test_no_import_points_up_a_layer():
+    bad = []
+    for folder in PACKAGES:
+        for f in files(folder):
+            here = layer_of(module_name(f))
+            for i in imports_of(f):
+                there = layer_of(i.module)
+                if here and there and there[0] != here[0] and there[1] >= here[1]:
+                    bad.append(f"{where(i)} ({here[0]} may not import {there[0]})")
+    assert not bad, "\n".join(bad)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(f): f for folder in PACKAGES for f in files(folder)}
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The miniverl module an import names (``a.b.Name`` -> ``a.b``)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for i in imports_of(path):
+            target = resolve(i.module, modules)
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_cycle_finder_finds_a_circle():
+    # Guards the checker: a two-module circle through a function-local import counts.
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_no_import_circles_even_inside_functions():
+    # A circle hidden by a function-local import still couples the two modules: neither
+    # can be read, tested or moved without the other.
+    found = cycles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_function_local_imports_are_for_optional_dependencies_or_start_up():
+    stdlib = sys.stdlib_module_names
+    bad = []
+    for folder in PACKAGES:
+        if folder == "cli":
+            continue  # command bodies import lazily so `miniverl --help` stays fast (STYLE 5)
+        for f in files(folder):
+            if f.parent.name == "templates":
+                # Bundle payloads run inside verl's workers: a missing miniverl must
+                # give a zero score there, so the import sits inside the scoring try.
+                continue
+            lines = f.read_text(encoding="utf-8").splitlines()
+            for i in imports_of(f):
+                if i.top_level or i.module.split(".")[0] in stdlib:
+                    continue
+                if any(is_under(i.module, o) for o in OPTIONAL):
+                    continue
+                context = " ".join(lines[max(0, i.line - 2): i.line]).lower()
+                if "start-up" in context:
+                    continue
+                bad.append(where(i))
+    assert not bad, (
+        "function-local imports that are neither an optional dependency nor commented "
+        "as a start-up cost:\n" + "\n".join(bad)
+    )
+
+
+def test_modules_stay_small():
+    sizes = {f.relative_to(ROOT).as_posix(): len(f.read_text(encoding="utf-8").splitlines())
+             for folder in PACKAGES for f in files(folder)}
+    big = sorted(f"{name}: {n} lines" for name, n in sizes.items() if n > MAX_LINES)
+    assert not big, f"modules over {MAX_LINES} lines:\n" + "\n".join(big)
+    ordered = sorted(sizes.values())
+    median = ordered[len(ordered) // 2]
+    assert median <= MAX_MEDIAN_LINES, f"median module is {median} lines"

@@ -14,7 +14,7 @@ Built-ins: ``calculator``, ``jsonnav``, ``sqlite``. Plugins come from :func:`reg
 or the ``miniverl.environments`` entry-point group. See docs/environments.md.
 
 This package is torch-free: the bridge and verl reward functions import it. It does
-not render chat messages or run models (that is ``miniverl.student.rollout``).
+not render chat messages or run models (that is ``miniverl.student.rollout.runner``).
 """
 
 from .base import (

@@ -13,35 +13,19 @@ from pathlib import Path
 
 import pytest
 
+# Student and teacher are the same tiny shape, initialised from different seeds.
+TOY = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
 RECIPE = {
     "schema_version": 1,
     "run": {"name": "toy-bridge", "mode": "opd", "seed": 3},
     "student": {
-        "model": {
-            "toy": {
-                "hidden": 32,
-                "layers": 1,
-                "heads": 2,
-                "kv_heads": 1,
-                "intermediate": 64,
-                "seed": 0,
-            }
-        },
+        "model": {"toy": {**TOY, "seed": 0}},
         "dtype": "float32",
         "device": "cpu",
         "lora": {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]},
     },
     "teacher": {
-        "model": {
-            "toy": {
-                "hidden": 32,
-                "layers": 1,
-                "heads": 2,
-                "kv_heads": 1,
-                "intermediate": 64,
-                "seed": 1,
-            }
-        },
+        "model": {"toy": {**TOY, "seed": 1}},
         "dtype": "float32",
         "device": "cpu",
     },

@@ -12,8 +12,8 @@ import yaml
 
 from miniverl.bridge import profile
 from miniverl.bridge.doctor import STATUSES, doctor
-from miniverl.bridge.hashing import verify_sums
 from miniverl.common.errors import ConfigError
+from miniverl.common.hashing import verify_sums
 
 
 def test_export_adapter_loads_with_peft(toy_run, tmp_path):
@@ -155,7 +155,7 @@ def test_doctor_flags_a_leaked_path_and_bad_override(toy_bundle, tmp_path):
     over = bundle / "recipe/verl-overrides.yaml"
     over.write_text(over.read_text().replace("lora_rank: 4", "lora_rank: 0"))
     (bundle / "provenance/notes.txt").write_text("weights at /home/alice/models/qwen\n")
-    from miniverl.bridge.hashing import write_sums
+    from miniverl.common.hashing import write_sums
 
     write_sums(bundle)  # re-sign so only the content checks can catch it
     result = doctor(bundle)

@@ -7,7 +7,8 @@ import json
 import pytest
 import yaml
 
-from miniverl.bridge.importer import WHITELIST, import_config, import_verl
+from miniverl.bridge.import_fields import WHITELIST
+from miniverl.bridge.importer import import_config, import_verl
 from miniverl.common.errors import ConfigError
 
 REV = "c1899de289a04d12100db370d81485cdf75e47ca"

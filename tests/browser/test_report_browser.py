@@ -8,7 +8,6 @@ anything would log a failed load, which the console check catches.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -20,15 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from miniverl.student.report import build_report
+from miniverl.student.report.build import build_report
+from tests.student.report import report_runs
 
 pytestmark = pytest.mark.browser
-
-_spec = importlib.util.spec_from_file_location(
-    "report_runs", Path(__file__).parents[1] / "student" / "report_runs.py"
-)
-report_runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report_runs)
 
 CONSOLE = re.compile(r":CONSOLE[:(]")
 

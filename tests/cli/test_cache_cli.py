@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from miniverl.cli.app import app, main
-from miniverl.student.targets_cache import CacheIdentity, EntryKey, TargetsCache
+from miniverl.student.targets_cache import TargetsCache
+from miniverl.student.targets_entries import CacheIdentity, EntryKey
 
 IDENT = CacheIdentity("sha256:abc", 64, "topk", 2, "bucketed_topk_tail", 1.0)
 runner = CliRunner()

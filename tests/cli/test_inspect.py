@@ -16,7 +16,7 @@ from miniverl.common.errors import ProvenanceError  # noqa: E402
 from miniverl.common.toy import build_toy_tokenizer  # noqa: E402
 from miniverl.common.trajectory import write_trajectories  # noqa: E402
 from miniverl.student.environments import make_tasks  # noqa: E402
-from miniverl.student.oracle import oracle_trajectories  # noqa: E402
+from miniverl.student.rollout.oracle import oracle_trajectories  # noqa: E402
 
 runner = CliRunner()
 

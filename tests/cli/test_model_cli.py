@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from miniverl.cli.app import app
 from miniverl.common.errors import ConfigError
-from miniverl.common.gguf_import import CONVERTER_VERSION, RECORD_FILE, _sha256
+from miniverl.common.gguf_import import CONVERTER_VERSION, RECORD_FILE
+from miniverl.common.hashing import sha256_file
 
 runner = CliRunner()
 
@@ -32,7 +33,7 @@ def test_convert_gguf_returns_an_existing_conversion_without_work(tmp_path):
     out = tmp_path / "m-hf"
     out.mkdir()
     (out / RECORD_FILE).write_text(
-        json.dumps({"sha256": _sha256(src), "converter": CONVERTER_VERSION})
+        json.dumps({"sha256": sha256_file(src), "converter": CONVERTER_VERSION})
     )
     result = runner.invoke(app, ["convert-gguf", str(src), "--out", str(out)])
     assert result.exit_code == 0, result.output

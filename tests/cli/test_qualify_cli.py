@@ -22,7 +22,7 @@ def test_qualify_a_prepared_teacher(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from miniverl.cli.app import app
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
     from miniverl.student import qualify, teacher_prep
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,14 +12,9 @@ from typer.testing import CliRunner
 
 from miniverl.cli.app import app
 from miniverl.common.errors import ConfigError, MiniverlError
-from miniverl.student import benchmark as benchmark_mod
-from miniverl.student.benchmark import BenchmarkResults, CellResult
-
-_spec = importlib.util.spec_from_file_location(
-    "report_runs", Path(__file__).parents[1] / "student" / "report_runs.py"
-)
-report_runs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report_runs)
+from miniverl.student.benchmark import run as benchmark_run
+from miniverl.student.benchmark.results import BenchmarkResults, CellResult
+from tests.student.report import report_runs
 
 runner = CliRunner()
 
@@ -88,7 +82,7 @@ def test_benchmark_with_a_fake_trainer_and_resume(tmp_path: Path, monkeypatch) -
         def close(self):
             pass
 
-    monkeypatch.setattr(benchmark_mod, "TrainerCells", FakeCells)
+    monkeypatch.setattr(benchmark_run, "TrainerCells", FakeCells)
     out = tmp_path / "out"
     result = runner.invoke(app, ["benchmark", str(config), "--output-dir", str(out)])
     assert result.exit_code == 1  # one failed cell: the benchmark is incomplete

@@ -9,7 +9,7 @@ from rich.progress import Progress
 
 from miniverl.cli.supervisor import Supervisor
 from miniverl.common.recipe import Recipe
-from miniverl.student.optim import total_optimizer_steps
+from miniverl.student.train.optim import total_optimizer_steps
 
 
 def _recipe(**train) -> Recipe:

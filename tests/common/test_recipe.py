@@ -33,13 +33,11 @@ def base() -> dict:
 
 
 def with_(**sections) -> dict:
+    """``base()`` with ``section__field=value`` overrides, e.g. ``with_(train__lr=1e-3)``."""
     data = base()
     for dotted, value in sections.items():
-        node = data
-        *parents, leaf = dotted.split("__")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        section, field = dotted.split("__")
+        data.setdefault(section, {})[field] = value
     return data
 
 
@@ -87,6 +85,28 @@ def test_replay_needs_lag_and_opd_allows_none():
     data["train"]["max_lag"] = 2
     Recipe.model_validate(data)
     assert "applies only to replay" in rule_error(with_(train__max_lag=1))
+
+
+def test_replay_lag_covers_every_update_of_a_batch():
+    # A user relies on `validate` catching what once failed only at Trainer start: with
+    # 3 updates per batch the last one trains on targets 2 versions old, so max_lag 1
+    # would silently drop (or, worse, train on) targets older than the recipe allows.
+    data = with_(train__updates_per_batch=3, train__max_lag=1)
+    data["run"]["mode"] = "replay"
+    msg = rule_error(data)
+    assert "r.yaml:" in msg and "train.updates_per_batch: updates_per_batch 3 with max_lag 1" in msg
+    assert "2 versions old; raise max_lag to at least 2 or lower updates_per_batch" in msg
+    data["train"]["max_lag"] = 2
+    assert Recipe.model_validate(data).train.updates_per_batch == 3
+
+
+def test_replay_lag_rule_is_reported_with_the_other_errors():
+    data = with_(train__updates_per_batch=4, train__max_lag=1, train__lr=-1)
+    data["run"]["mode"] = "replay"
+    lines = rule_error(data).splitlines()
+    assert len(lines) == 2
+    assert any("train.lr" in line for line in lines)
+    assert any("raise max_lag to at least 3" in line for line in lines)
 
 
 @pytest.mark.parametrize("mode", ["opd", "replay", "offline_kd", "dpo"])

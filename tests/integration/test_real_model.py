@@ -77,9 +77,9 @@ def _recipe(model_dir, out_dir):
 def test_smollm2_teacher_scores_the_real_vocabulary(smollm2_dir, teacher):
     from miniverl.common.modeling import load_tokenizer
     from miniverl.common.tokenizer_id import fingerprint_tokenizer, tokenizer_fingerprint
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
     from miniverl.student.environments import make_tasks
-    from miniverl.student.oracle import oracle_trajectory
+    from miniverl.student.rollout.oracle import oracle_trajectory
 
     tok = load_tokenizer(smollm2_dir)
     fp = fingerprint_tokenizer(tok)
@@ -111,15 +111,15 @@ def test_smollm2_teacher_scores_the_real_vocabulary(smollm2_dir, teacher):
 
 def test_lora_student_runs_strict_opd_against_the_smollm2_teacher(smollm2_dir, teacher,
                                                                   tmp_path):
-    from miniverl.student.trainer import Trainer
+    from miniverl.student.train.trainer import Trainer
 
     recipe = _recipe(smollm2_dir, tmp_path / "runs")
     t0 = time.perf_counter()
     with Trainer(recipe, teacher_endpoint=teacher, show_progress=False, write_report=False,
                  checkpoints=False) as trainer:
         result = trainer.train()
-        assert trainer.client.hello.tokenizer_fp == trainer.policy.tokenizer_fp
-        assert trainer.policy.vocab_size == SMOLLM2_VOCAB and trainer.policy.lora
+        assert trainer.teacher.client.hello.tokenizer_fp == trainer.state.policy.tokenizer_fp
+        assert trainer.state.policy.vocab_size == SMOLLM2_VOCAB and trainer.state.policy.lora
     print(f"\nSmolLM2 strict OPD, 2 updates: {time.perf_counter() - t0:.1f} s")
     assert result.status == "completed" and result.final_version == 2
     rows = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]

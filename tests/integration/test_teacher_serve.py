@@ -32,7 +32,7 @@ SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64
 @pytest.fixture(scope="module")
 def toy_dirs(tmp_path_factory):
     """Teacher A, teacher B (same tokenizer, other weights), and an alien tokenizer."""
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
 
     first = toy_model_dir(ToySpec(**SPEC, seed=0))
@@ -226,7 +226,7 @@ def test_hand_written_hello_and_score(ipc_teacher, toy_dirs):
 
 
 def test_topk_and_exact_equal_the_in_process_reference(ipc_teacher, toy_dirs):
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
 
     endpoint, _, _ = ipc_teacher
     fp, vocab = fingerprint(toy_dirs["first"])
@@ -262,7 +262,7 @@ def test_cli_status(ipc_teacher):
 def test_reload_bumps_gen_and_refuses_another_tokenizer(ipc_teacher, toy_dirs):
     # Runs last on the ipc teacher: it changes the served model.
     from miniverl.common.errors import TeacherError
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
 
     endpoint, proc, log = ipc_teacher
     fp, vocab = fingerprint(toy_dirs["first"])
@@ -287,7 +287,7 @@ def test_reload_bumps_gen_and_refuses_another_tokenizer(ipc_teacher, toy_dirs):
 
 def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy_dirs, teachers):
     # Users rely on: a crashed teacher costs a re-handshake, not the training run.
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
 
     endpoint, first, _ = teachers["tcp"]
     fp, vocab = fingerprint(toy_dirs["first"])

@@ -64,7 +64,8 @@ class InProcessTeacher:
     """The real TeacherServer on its own event loop thread, bound to ``endpoint``."""
 
     def __init__(self, endpoint: str, loader):
-        from miniverl.protocol.server import ServerConfig, TeacherServer
+        from miniverl.teacher_server.server import TeacherServer
+        from miniverl.teacher_server.state import ServerConfig
 
         self.server = TeacherServer(ServerConfig(endpoint=endpoint, heartbeat_ms=200), loader)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
@@ -82,7 +83,7 @@ class InProcessTeacher:
 
 
 def train(recipe, endpoint: str):
-    from miniverl.student.trainer import Trainer
+    from miniverl.student.train.trainer import Trainer
 
     with Trainer(recipe, teacher_endpoint=endpoint, show_progress=False,
                  write_report=False) as trainer:
@@ -123,12 +124,13 @@ def test_adapter_identity_and_gate_end_to_end(tmp_path):
 
     from miniverl.cli.app import app
     from miniverl.common.errors import MiniverlError
-    from miniverl.common.recipe import Recipe, ToySpec
+    from miniverl.common.recipe import Recipe
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
     from miniverl.student.qualify import TeacherNotQualified
     from miniverl.student.targets_cache import TargetsCache
     from miniverl.teacher_server.loader import adapter_sha256, spec_from_recipe
-    from miniverl.teacher_server.service import make_loader
+    from miniverl.teacher_server.scorers import make_loader
 
     adapter = make_adapter(toy_model_dir(ToySpec(**TEACHER)), tmp_path / "adapter")
     digest = adapter_sha256(adapter)
@@ -184,7 +186,7 @@ def read_json_yaml(path: Path) -> dict:
 def test_student_trains_against_the_sharpen_scorer(tmp_path, monkeypatch):
     from miniverl.common.recipe import Recipe
     from miniverl.teacher_server.loader import spec_from_recipe
-    from miniverl.teacher_server.service import make_loader
+    from miniverl.teacher_server.scorers import make_loader
 
     site = tmp_path / "site" / "miniverl_sharpen_teacher-0.1.0.dist-info"
     site.mkdir(parents=True)
@@ -255,7 +257,7 @@ def toy_vocab():
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, toy_vocab):
     from miniverl.student.environments import make_tasks
-    from miniverl.student.oracle import oracle_trajectories
+    from miniverl.student.rollout.oracle import oracle_trajectories
 
     tok, fp, _ = toy_vocab
     trajs = oracle_trajectories("calculator", make_tasks("calculator", "train", 16, "easy", 0),
@@ -312,7 +314,7 @@ def test_standalone_teacher_wire_behaviour(tmp_path, toy_vocab, corpus):
     import zmq
 
     from miniverl.common.errors import TokenizerMismatch
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
 
     _, fp, vocab = toy_vocab
     endpoint = f"ipc://{tmp_path}/wire.sock"

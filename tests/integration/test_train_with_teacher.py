@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 torch.set_num_threads(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student" / "train"))
 
 from trainer_kit import (  # noqa: E402
     TEACHER,
@@ -36,9 +36,9 @@ from trainer_kit import (  # noqa: E402
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     """``(endpoint, process)`` of one toy teacher serving over ipc."""
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
-    from miniverl.protocol.client import SyncTeacherClient
+    from miniverl.protocol.sync_client import SyncTeacherClient
 
     root = tmp_path_factory.mktemp("teacher")
     endpoint = f"ipc://{root}/teacher.sock"
@@ -77,7 +77,7 @@ def toy():
 
 
 def train(recipe, endpoint, monkeypatch):
-    from miniverl.student.trainer import Trainer
+    from miniverl.student.train.trainer import Trainer
 
     trainer = Trainer(recipe, teacher_endpoint=endpoint, show_progress=False,
                       write_report=False)

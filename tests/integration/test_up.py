@@ -78,7 +78,7 @@ def work():
 @pytest.fixture(scope="module")
 def models(work):
     """Build the toy models once, before any process races to build them."""
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
 
     dirs = {name: toy_model_dir(ToySpec(**spec))
@@ -113,10 +113,10 @@ def serve(work: Path, model_dir: Path, name: str) -> tuple[str, subprocess.Popen
     return endpoint, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
-def ready(endpoint: str, proc: subprocess.Popen) -> None:
-    from miniverl.cli.supervisor import ping_until_ready
+def ready(endpoint: str, proc: subprocess.Popen, log: Path) -> None:
+    from miniverl.student.teacher_process import wait_until_ready
 
-    ping_until_ready(endpoint, proc, WAIT_S)
+    wait_until_ready(endpoint, proc, WAIT_S, log=log)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def teacher_b(work, models):
     """A shared ``miniverl teacher serve`` of the recipe's own teacher weights."""
     endpoint, proc = serve(work, models["teacher"], "b")
     try:
-        ready(endpoint, proc)
+        ready(endpoint, proc, work / "b.out")
         yield endpoint, proc
     finally:
         stop_process(proc)
@@ -307,7 +307,7 @@ def test_live_teacher_operations(work, models, teacher_b):
     path = write_recipe(work, "live", cycles=60)
     run = Up(work, path, "live")
     try:
-        ready(c_endpoint, alien)
+        ready(c_endpoint, alien, work / "c.out")
         run.wait_for("a first update", lambda: run.steps() >= 1)
         own = json.loads((run.run_dir / "sockets.json").read_text())["teacher"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student" / "train"))
 
 from fake_teacher import FakeTeacherClient  # noqa: E402
 
@@ -47,7 +47,7 @@ def make_recipe(output_dir: Path, cycles: int):
 @pytest.fixture(scope="module")
 def teacher_model():
     from miniverl.common.modeling import load_causal_lm, load_tokenizer
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.common.toy import toy_model_dir
 
@@ -59,11 +59,11 @@ def teacher_model():
 
 
 def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypatch):
-    import miniverl.student.trainer as trainer_module
-    from miniverl.student.trainer import Trainer
+    import miniverl.student.train.modes.opd as opd_module
+    from miniverl.student.train.trainer import Trainer
 
     client = FakeTeacherClient(*teacher_model)
-    real_step = trainer_module.distill_step
+    real_step = opd_module.distill_step
     live: dict = {}
 
     def step_then_change(*args, **kwargs):
@@ -77,7 +77,7 @@ def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypat
             trainer.request_retarget("tcp://127.0.0.1:5556")  # applied at the boundary
         return stats
 
-    monkeypatch.setattr(trainer_module, "distill_step", step_then_change)
+    monkeypatch.setattr(opd_module, "distill_step", step_then_change)
     with Trainer(make_recipe(tmp_path, cycles=5), client=client, show_progress=False,
                  write_report=False, checkpoints=False) as trainer:
         live["trainer"] = trainer

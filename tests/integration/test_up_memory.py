@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student" / "train"))
 
 from fake_teacher import FakeTeacherClient  # noqa: E402
 
@@ -70,7 +70,7 @@ def make_recipe(memory: str, output_dir: Path):
 @pytest.fixture(scope="module")
 def teacher_model():
     from miniverl.common.modeling import load_causal_lm, load_tokenizer
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.common.toy import toy_model_dir
 
@@ -82,13 +82,13 @@ def teacher_model():
 
 
 def train(memory: str, tmp_path: Path, teacher_model) -> tuple[list[Any], ParkingTeacher, Path]:
-    from miniverl.student.trainer import Trainer
+    from miniverl.student.train.trainer import Trainer
 
     client = ParkingTeacher(*teacher_model)
     with Trainer(make_recipe(memory, tmp_path), client=client, show_progress=False,
                  write_report=False, checkpoints=False) as trainer:
         result = trainer.train()
-        params = [p.detach().clone() for p in trainer.policy.model.parameters()]
+        params = [p.detach().clone() for p in trainer.state.policy.model.parameters()]
     assert result.status == "completed"
     return params, client, result.run_dir
 

@@ -72,18 +72,13 @@ class FakeTeacher:
         self.instance, self.gen, self.known = instance, 0, set()
 
     # -- replies
+    def liveness(self) -> dict[str, Any]:
+        """The fields PONG and STATUS_OK share: an idle, ready teacher."""
+        return dict(instance=self.instance, gen=self.gen, state="READY", inflight=0,
+                    queue_depth=0, last_progress_ms=0.0)
+
     def pong(self, rid: int) -> list:
-        return encode(
-            m.Pong(
-                id=rid,
-                instance=self.instance,
-                gen=self.gen,
-                state="READY",
-                inflight=0,
-                queue_depth=0,
-                last_progress_ms=0.0,
-            )
-        )
+        return encode(m.Pong(id=rid, **self.liveness()))
 
     def error(self, rid: int | None, code: m.ErrorCode, retryable: bool = False) -> list:
         msg = m.ErrorReply(
@@ -164,20 +159,8 @@ class FakeTeacher:
                     return scripted
             return [self.score_ok(msg, arrays)]
         if isinstance(msg, m.Status):
-            return [
-                encode(
-                    m.StatusOk(
-                        id=msg.id,
-                        instance=self.instance,
-                        gen=self.gen,
-                        state="READY",
-                        inflight=0,
-                        queue_depth=0,
-                        last_progress_ms=0.0,
-                        teacher={"name": "fake", "model": "fake/model"},
-                    )
-                )
-            ]
+            teacher = {"name": "fake", "model": "fake/model"}
+            return [encode(m.StatusOk(id=msg.id, teacher=teacher, **self.liveness()))]
         if isinstance(msg, m.Park):
             return [encode(m.ParkOk(id=msg.id, state="PARKED"))]
         if isinstance(msg, m.Wake):

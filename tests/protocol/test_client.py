@@ -21,7 +21,8 @@ from miniverl.common.errors import (
     TokenizerMismatch,
 )
 from miniverl.protocol import messages as m
-from miniverl.protocol.client import SyncTeacherClient, TeacherChanged, TeacherClient
+from miniverl.protocol.client import TeacherChanged, TeacherClient
+from miniverl.protocol.sync_client import SyncTeacherClient
 
 TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
 CU = np.array([0, 5, 9], np.int32)
@@ -85,36 +86,28 @@ def test_several_requests_in_flight_matched_by_id():
     run(body)
 
 
-def test_wrong_student_version_reply_is_dropped_and_counted():
-    # A reply echoing another student version must never be trained on.
-    def reply(conn, msg, arrays):
-        wrong = teacher.score_ok(msg, arrays, student_version=msg.student_version + 1)
-        return [wrong, teacher.score_ok(msg, arrays)]
-
+@pytest.mark.parametrize(
+    "stray",
+    [
+        # A reply echoing another student version must never be trained on.
+        lambda msg: {"student_version": msg.student_version + 1},
+        # A reply for an id nobody is waiting for is dropped, not matched to another.
+        lambda msg: {"id": msg.id + 1000},
+    ],
+    ids=["wrong_student_version", "unknown_id"],
+)
+def test_stray_reply_is_dropped_and_counted(stray):
     teacher = FakeTeacher()
-    teacher.on_score = reply
+    teacher.on_score = lambda conn, msg, arrays: [
+        teacher.score_ok(msg, arrays, **stray(msg)),
+        teacher.score_ok(msg, arrays),
+    ]
 
     async def body(client, teacher):
         await client.connect()
         client.set_version(3)
         result = await client.score(TOKENS, CU, POS, k=4)
         assert result.student_version == 3
-        assert client.counters["stale_dropped"] == 1
-
-    run(body, teacher)
-
-
-def test_reply_for_unknown_id_is_dropped():
-    def reply(conn, msg, arrays):
-        stray = teacher.score_ok(msg, arrays, id=msg.id + 1000)
-        return [stray, teacher.score_ok(msg, arrays)]
-
-    teacher = FakeTeacher()
-    teacher.on_score = reply
-
-    async def body(client, teacher):
-        await client.connect()
-        await client.score(TOKENS, CU, POS, k=4)
         assert client.counters["stale_dropped"] == 1
 
     run(body, teacher)

@@ -14,9 +14,10 @@ import torch
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
 from miniverl.student.environments import make_tasks
-from miniverl.student.oracle import oracle_trajectory
-from miniverl.student.policy import hidden_at_positions, load_policy
 from miniverl.student.quant import LoraGradientError, check_trainable_grads, packed_layers
+from miniverl.student.rollout.oracle import oracle_trajectory
+from miniverl.student.train.policy import load_policy
+from miniverl.student.train.updates import hidden_at_positions
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -127,15 +128,11 @@ def test_a_missing_lora_gradient_is_an_error_not_a_silent_step(tmp_path):
 
 
 def test_swap_memory_with_a_quantized_student_is_refused(tmp_path):
-    from miniverl.student.trainer import Trainer
+    from miniverl.student.train.teacher import memory_strategy
 
     recipe = _recipe(tmp_path, memory="swap")
-    trainer = Trainer(recipe, client=object(), show_progress=False, write_report=False)
-    try:
-        with pytest.raises(ConfigError, match="swap.*nf4 quantized student"):
-            trainer._choose_memory()
-    finally:
-        trainer.run.release()
+    with pytest.raises(ConfigError, match="swap.*nf4 quantized student"):
+        memory_strategy(recipe, torch.device("cpu"))
 
 
 def test_trainer_runs_strict_opd_with_an_nf4_student(tmp_path):
@@ -144,10 +141,10 @@ def test_trainer_runs_strict_opd_with_an_nf4_student(tmp_path):
     import json
 
     from miniverl.common.modeling import load_causal_lm
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
-    from miniverl.student.trainer import Trainer
-    from tests.student.fake_teacher import FakeTeacherClient
+    from miniverl.student.train.trainer import Trainer
+    from tests.student.train.fake_teacher import FakeTeacherClient
 
     recipe = _recipe(tmp_path)
     probe = load_policy(recipe)
@@ -156,7 +153,7 @@ def test_trainer_runs_strict_opd_with_an_nf4_student(tmp_path):
     with Trainer(recipe, client=client, show_progress=False, write_report=False,
                  checkpoints=False) as trainer:
         result = trainer.train()
-        assert packed_layers(trainer.policy.model) == []
+        assert packed_layers(trainer.state.policy.model) == []
     assert result.status == "completed" and result.final_version == 1
     [row] = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert row["on_policy"] is True and row["grad_norm"] > 0

@@ -11,7 +11,8 @@ import pytest
 
 from miniverl.common.errors import ProvenanceError, StaleTargetError
 from miniverl.student import targets_cache as tc
-from miniverl.student.targets_cache import CacheIdentity, EntryKey, TargetsCache
+from miniverl.student.targets_cache import TargetsCache
+from miniverl.student.targets_entries import CacheIdentity, EntryKey
 
 IDENT = CacheIdentity(
     tokenizer_fp="sha256:abc",

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainer_kit import recipe_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "train"))
+
+from trainer_kit import recipe_dict  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -74,7 +74,7 @@ def test_unpinned_or_missing_hub_adapters_are_refused(hub_cache, toy_dir):
 
 def test_reload_onto_a_pinned_hub_adapter(hub_cache, toy_dir):
     # RELOAD's request carries adapter_revision to the same loader the start used.
-    from miniverl.teacher_server.service import make_loader
+    from miniverl.teacher_server.scorers import make_loader
 
     load = make_loader(TeacherSpec(model=str(toy_dir), device="cpu", offline=True))
     request = {"model": str(toy_dir), "revision": None, "adapter": "org/teacher-lora",

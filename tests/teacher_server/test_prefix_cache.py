@@ -121,11 +121,11 @@ def test_the_token_budget_and_entry_count_hold(model):
 
 
 def test_backend_clears_on_park_and_reload_starts_empty(tmp_path):
-    from miniverl.common.recipe import ToySpec
+    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
-    from miniverl.protocol.server import ScoreJob
+    from miniverl.teacher_server.backend import ScoreJob
     from miniverl.teacher_server.loader import TeacherSpec
-    from miniverl.teacher_server.service import make_loader
+    from miniverl.teacher_server.scorers import make_loader
 
     spec = ToySpec(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
     model_dir = str(toy_model_dir(spec))

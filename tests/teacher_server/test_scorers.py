@@ -17,17 +17,17 @@ import pytest
 pytest.importorskip("torch")
 
 from miniverl.common.errors import ConfigError  # noqa: E402
-from miniverl.protocol.server import ScoreJob  # noqa: E402
+from miniverl.teacher_server.backend import ScoreJob  # noqa: E402
 from miniverl.teacher_server.loader import TeacherSpec  # noqa: E402
 from miniverl.teacher_server.scorers import (  # noqa: E402
     DEFAULT_SCORER,
     causal_lm,
     get_scorer,
     list_scorers,
+    make_loader,
     parse_options,
 )
 from miniverl.teacher_server.scoring import score_positions  # noqa: E402
-from miniverl.teacher_server.service import make_loader  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_teacher"
 SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 3}

@@ -47,6 +47,9 @@ class SharpenedTeacher:
     def memory(self) -> dict[str, Any]:
         return self.base.memory()
 
+    def stats(self) -> dict[str, Any]:
+        return {}  # no counters of its own (the server logs none)
+
     def close(self) -> None:
         self.base.close()
 

@@ -1,0 +1,214 @@
+"""The recipe's student and teacher sections: which weights, and where they run.
+
+:class:`ModelSource` names the weights (a local Hugging Face directory, a hub id pinned
+to a 40-hex revision, or a :class:`ToySpec` built from config); :class:`Placement` adds
+dtype, device and quantization; :class:`StudentConfig` adds LoRA and
+:class:`TeacherConfig` the adapter, endpoint, memory strategy and scorer.
+
+This module does not load models (:mod:`miniverl.common.modeling` does) or read YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .recipe_sections import Section, raise_issue, raise_issues
+
+HEX40 = r"^[0-9a-f]{40}$"
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Quantization = Literal["none", "nf4", "int8"]
+
+
+class ToySpec(Section):
+    """A tiny Qwen3-architecture model built from config (no download, no GPU)."""
+
+    hidden: int = Field(64, ge=8, le=4096, description="Hidden size.")
+    layers: int = Field(2, ge=1, le=64, description="Number of decoder layers.")
+    heads: int = Field(4, ge=1, le=64, description="Attention heads.")
+    kv_heads: int = Field(2, ge=1, le=64, description="Key/value heads (grouped-query attention).")
+    intermediate: int = Field(128, ge=8, le=16384, description="MLP intermediate size.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Initialisation seed.")
+    max_positions: int = Field(1024, ge=16, le=131072, description="Maximum sequence length.")
+
+    @model_validator(mode="after")
+    def _shapes(self) -> ToySpec:
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        if self.hidden % self.heads:
+            issues.append(
+                (
+                    ("heads",),
+                    f"hidden {self.hidden} is not divisible by heads {self.heads}; "
+                    "pick heads that divide hidden",
+                )
+            )
+        if self.heads % self.kv_heads:
+            issues.append(
+                (
+                    ("kv_heads",),
+                    f"heads {self.heads} is not divisible by kv_heads "
+                    f"{self.kv_heads}; pick kv_heads that divide heads",
+                )
+            )
+        raise_issues(issues, {"heads": ("hidden", "heads"), "kv_heads": ("heads", "kv_heads")})
+        return self
+
+
+class ModelSource(Section):
+    """Where weights come from: exactly one of a local HF dir, a pinned hub id, or a toy spec."""
+
+    path: str | None = Field(None, min_length=1, description="Local Hugging Face model directory.")
+    hub_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$",
+        description="Hugging Face hub id, e.g. Qwen/Qwen3-0.6B; needs a pinned revision.",
+    )
+    revision: str | None = Field(
+        None, pattern=HEX40, description="40-hex commit sha pinning hub_id (branches drift)."
+    )
+    toy: ToySpec | None = Field(None, description="Build a tiny model from this spec.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        given = [name for name in ("path", "hub_id", "toy") if getattr(self, name) is not None]
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        if len(given) != 1:
+            issues.append(
+                (
+                    (),
+                    f"model needs exactly one of path, hub_id or toy (got "
+                    f"{', '.join(given) or 'none'}); keep one",
+                )
+            )
+        if self.hub_id is not None and self.revision is None:
+            issues.append(
+                (
+                    ("hub_id",),
+                    f"hub_id {self.hub_id!r} needs a pinned revision; add "
+                    "revision: <40-hex commit sha> from the model page's commit history",
+                )
+            )
+        if self.revision is not None and self.hub_id is None:
+            issues.append((("revision",), "revision applies only to hub_id; remove it"))
+        raise_issues(
+            issues,
+            {"": ("path", "hub_id", "toy"), "hub_id": ("revision",), "revision": ("hub_id",)},
+        )
+        return self
+
+    def describe(self) -> str:
+        """A short human label: the hub id@rev, the path, or the toy shape."""
+        if self.hub_id:
+            return f"{self.hub_id}@{(self.revision or '')[:8]}"
+        if self.path:
+            return self.path
+        assert self.toy is not None
+        t = self.toy
+        return f"toy(hidden={t.hidden}, layers={t.layers}, heads={t.heads})"
+
+
+class LoraConfig(Section):
+    r: int = Field(16, ge=1, le=1024, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, le=4096, description="LoRA scaling alpha.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout probability.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        min_length=1,
+        description="Module names that get adapters.",
+    )
+
+
+class Placement(Section):
+    model: ModelSource = Field(description="Where the weights come from.")
+    dtype: Dtype = Field(
+        "auto", description="Weight dtype; auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N.")
+    quantization: Quantization = Field(
+        "none", description="Load weights in 4-bit nf4 or int8 (bitsandbytes, CUDA)."
+    )
+    allow_cpu_quantization: bool = Field(
+        False, description="Permit quantization on a non-CUDA device (slow; for tests)."
+    )
+
+    @model_validator(mode="after")
+    def _quantization_device(self) -> Placement:
+        if (
+            self.quantization != "none"
+            and not self.device.startswith("cuda")
+            and not self.allow_cpu_quantization
+        ):
+            raise_issue(
+                "quantization",
+                f"quantization {self.quantization} needs device cuda or cuda:N (got "
+                f"{self.device!r}); set device: cuda, quantization: none, or "
+                "allow_cpu_quantization: true",
+                involves=("device", "allow_cpu_quantization"),
+            )
+        return self
+
+
+class StudentConfig(Placement):
+    lora: LoraConfig | None = Field(
+        default_factory=LoraConfig, description="LoRA adapter; null = full fine-tune."
+    )
+
+
+class TeacherConfig(Placement):
+    adapter: str | None = Field(None, min_length=1, description="PEFT adapter dir or hub id.")
+    adapter_revision: str | None = Field(
+        None, pattern=HEX40, description="40-hex revision for a hub adapter."
+    )
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^(tcp|ipc)://.+$",
+        description="Existing teacher endpoint (tcp://host:port or ipc://path); null = launched by up.",
+    )
+    mode: Literal["standard", "privileged_context"] = Field(
+        "standard", description="privileged_context shows the teacher the task's hidden facts."
+    )
+    memory: Literal["resident", "swap", "auto"] = Field(
+        "auto", description="resident: stays on GPU; swap: parked during updates; auto: measured."
+    )
+    min_success: float | None = Field(
+        None, ge=0.0, le=1.0, description="Refuse a teacher whose eval success is below this."
+    )
+    prepare: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "An sft recipe (path relative to this recipe) that trains the teacher before it "
+            "serves; `up` and `demo` run it once and reuse the cached result. Its student.model "
+            "must equal teacher.model."
+        ),
+    )
+
+    scorer: str = Field(
+        "causal_lm",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+        max_length=100,
+        description=(
+            "Scorer the teacher server runs: causal_lm (the model itself) or an installed "
+            "entry point of group miniverl.scorers."
+        ),
+    )
+    scorer_options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Keyword options passed to the scorer."
+    )
+
+    @model_validator(mode="after")
+    def _adapter_revision(self) -> TeacherConfig:
+        if self.adapter_revision is not None and self.adapter is None:
+            raise_issue("adapter_revision", "adapter_revision needs adapter; set both or neither")
+        return self

@@ -1,0 +1,291 @@
+"""The recipe's sections other than the models: run, environment, rollout, loss, train,
+cache, eval, dpo and runtime, plus the base every section shares.
+
+Each section is a pydantic model with ``extra="forbid"``, bounds on every field and
+rules that read only its own fields; :func:`raise_issues` reports several broken rules
+of one section at once, each at its own field. Rules that read two sections (a mode
+and its training options, a rollout length and a toy model's positions) live on
+:class:`~miniverl.common.recipe.Recipe`; the student and teacher sections live in
+:mod:`miniverl.common.recipe_models`.
+
+This module does not read YAML (:mod:`miniverl.common.recipe_io`) or know which
+environments exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+Mode = Literal["sft", "offline_kd", "opd", "replay", "dpo"]
+
+
+def raise_issues(issues: list[tuple], involves: dict[str, tuple[str, ...]] | None = None) -> None:
+    """Raise one pydantic error carrying several ``(sub-location, message)`` issues.
+
+    ``load_recipe`` expands them into one line each with a precise location; a plain
+    ``model_validate`` shows them joined by ``"; "``. ``involves`` maps a sub-location's
+    first part to the sibling fields the rule reads, so a rule is not re-reported with a
+    default value once one of those fields was reported broken.
+    """
+    if issues:
+        involves = involves or {}
+        raise PydanticCustomError(
+            "miniverl_rule",
+            "; ".join(msg for _, msg in issues),
+            {
+                "issues": [
+                    (list(loc), msg, list(involves.get(str(loc[0]) if loc else "", ())))
+                    for loc, msg in issues
+                ]
+            },
+        )
+
+
+def raise_issue(field: str, message: str, involves: tuple[str, ...] = ()) -> None:
+    """:func:`raise_issues` for one rule reported at one field of the section."""
+    raise_issues([((field,), message)], {field: involves} if involves else None)
+
+
+class Section(BaseModel):
+    """Base of every recipe section: unknown keys are errors, defaults are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+
+class EnvironmentConfig(Section):
+    name: str = Field(
+        "calculator", pattern=r"^[a-z][a-z0-9_]*$", description="Registered environment name."
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="Environment parameters.")
+    difficulty: Literal["easy", "medium", "hard", "mixed"] = Field(
+        "easy", description="Task difficulty; mixed draws all three."
+    )
+    train_tasks: int = Field(256, ge=1, le=10_000_000, description="Training tasks generated.")
+    eval_tasks: int = Field(64, ge=1, le=1_000_000, description="Held-out tasks for eval.")
+    test_tasks: int = Field(
+        64, ge=0, le=1_000_000, description="Held-out tasks for the final test."
+    )
+    split_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the train/eval/test split.")
+
+
+class RolloutConfig(Section):
+    max_turns: int = Field(6, ge=1, le=64, description="Assistant turns per episode.")
+    max_new_tokens_per_turn: int = Field(
+        128, ge=1, le=32768, description="Sampled tokens per assistant turn."
+    )
+    max_total_tokens: int = Field(
+        1024, ge=2, le=131072, description="Episode length cap, context included."
+    )
+    temperature: float = Field(
+        1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy)."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1.0 = off.")
+    batch_size: int = Field(8, ge=1, le=4096, description="Episodes sampled together.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> RolloutConfig:
+        if self.max_total_tokens <= self.max_new_tokens_per_turn:
+            raise_issue(
+                "max_total_tokens",
+                f"max_total_tokens {self.max_total_tokens} must exceed max_new_tokens_per_turn "
+                f"{self.max_new_tokens_per_turn} (the prompt needs room); raise it",
+                involves=("max_new_tokens_per_turn",),
+            )
+        return self
+
+
+class LossConfig(Section):
+    objective: Literal["exact_full_vocab", "bucketed_topk_tail"] = Field(
+        "bucketed_topk_tail",
+        description="exact: teacher sends all V log-probs; bucketed: top-k plus one tail bucket.",
+    )
+    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = Field(
+        "forward_kl", description="KL(teacher||student), KL(student||teacher) or beta-JSD."
+    )
+    jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="JSD mixing weight (jsd only).")
+    top_k: int = Field(16, ge=1, le=4096, description="Teacher top-k ids per position (bucketed).")
+    temperature: float = Field(
+        1.0, gt=0.0, le=10.0, description="Softmax temperature of both sides."
+    )
+    tail_epsilon: float = Field(
+        1e-6, gt=0.0, le=0.1, description="Floor on the tail bucket mass (avoids log 0)."
+    )
+    chunk_size: int = Field(
+        1024, ge=1, le=1_048_576, description="Positions per loss chunk ([P, V] never whole)."
+    )
+    exact_max_vocab: int = Field(
+        65536, ge=2, le=1_048_576, description="Largest vocab allowed for exact_full_vocab."
+    )
+    positions: Literal["all", "tool_call_and_final", "uniform"] = Field(
+        "all", description="Which model positions are scored and trained."
+    )
+    position_ratio: float = Field(
+        1.0, gt=0.0, le=1.0, description="Fraction kept by positions: uniform."
+    )
+    estimator: Literal["full", "sampled_token"] = Field(
+        "full", description="full distribution, or the sampled-token reverse-KL estimate."
+    )
+
+    @model_validator(mode="after")
+    def _combinations(self) -> LossConfig:
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        if self.position_ratio != 1.0 and self.positions != "uniform":
+            issues.append(
+                (
+                    ("position_ratio",),
+                    f"position_ratio {self.position_ratio} applies only to "
+                    f"positions: uniform (got {self.positions!r}); set positions: uniform or "
+                    "position_ratio: 1.0",
+                )
+            )
+        if self.estimator == "sampled_token" and self.divergence != "reverse_kl":
+            issues.append(
+                (
+                    ("estimator",),
+                    f"estimator sampled_token estimates reverse KL only (got "
+                    f"divergence {self.divergence!r}); set divergence: reverse_kl or estimator: full",
+                )
+            )
+        raise_issues(issues, {"position_ratio": ("positions",), "estimator": ("divergence",)})
+        return self
+
+
+class TrainConfig(Section):
+    cycles: int = Field(10, ge=1, le=1_000_000, description="Rollout -> score -> update cycles.")
+    rollouts_per_cycle: int = Field(8, ge=1, le=100_000, description="Episodes per cycle.")
+    updates_per_batch: int = Field(
+        1, ge=1, le=64, description="Optimizer steps per rollout batch (strict OPD: 1)."
+    )
+    grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step.")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate schedule after warmup."
+    )
+    warmup_steps: int = Field(0, ge=0, le=1_000_000, description="Linear warmup steps.")
+    optimizer: Literal["adamw", "adamw8bit"] = Field(
+        "adamw", description="adamw8bit needs bitsandbytes (cuda extra)."
+    )
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="Gradient clipping norm.")
+    sft_warmup_steps: int = Field(
+        0, ge=0, le=1_000_000, description="SFT steps on oracle traces before distilling."
+    )
+    sft_warmup_lr: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Peak lr of the SFT warm-up; set = each phase has its own schedule.",
+    )
+    sft_warmup_until_loss: float | None = Field(
+        None,
+        gt=0.0,
+        le=100.0,
+        description="End the warm-up once its last 10 losses average at most this.",
+    )
+    sft_epochs: int | None = Field(
+        None, ge=1, le=10_000, description="Epochs over oracle traces in sft mode; null = cycles."
+    )
+    max_lag: int = Field(
+        0, ge=0, le=10_000, description="Replay: oldest policy version allowed behind current."
+    )
+    save_every: int = Field(
+        0, ge=0, le=1_000_000, description="Checkpoint every N cycles; 0 = end only."
+    )
+    eval_every: int = Field(
+        0, ge=0, le=1_000_000, description="Evaluate every N cycles; 0 = end only."
+    )
+    max_wall_s: float | None = Field(
+        None, gt=0.0, description="Wall-time budget in seconds; stop cleanly when reached."
+    )
+    pipelining: bool = Field(
+        True, description="Score finished episodes while the rest are still sampling."
+    )
+    trajectories: str | None = Field(
+        None, min_length=1, description="offline_kd: trajectories.jsonl to distill on."
+    )
+
+    @model_validator(mode="after")
+    def _warmup_options(self) -> TrainConfig:
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        if self.sft_warmup_steps == 0:
+            for name in ("sft_warmup_lr", "sft_warmup_until_loss"):
+                if getattr(self, name) is not None:
+                    issues.append(
+                        (
+                            (name,),
+                            f"{name} {getattr(self, name)} applies only to SFT warm-up "
+                            f"steps (sft_warmup_steps is 0); set sft_warmup_steps or remove "
+                            f"{name}",
+                        )
+                    )
+        raise_issues(
+            issues,
+            {"sft_warmup_lr": ("sft_warmup_steps",),
+             "sft_warmup_until_loss": ("sft_warmup_steps",)},
+        )
+        return self
+
+
+class CacheConfig(Section):
+    enabled: bool = Field(True, description="Cache teacher targets on disk.")
+    dir: str | None = Field(
+        None, min_length=1, description="Cache directory; null = <run>/targets."
+    )
+    max_bytes: int = Field(
+        10 * 2**30, ge=0, le=2**50, description="Evict oldest shards beyond this size."
+    )
+
+
+class EvalConfig(Section):
+    split: Literal["eval", "test"] = Field("eval", description="Held-out split to evaluate on.")
+    greedy: bool = Field(True, description="Greedy decoding during eval.")
+    max_tasks: int | None = Field(None, ge=1, le=1_000_000, description="Cap on evaluated tasks.")
+
+
+class DpoConfig(Section):
+    beta: float = Field(0.1, gt=0.0, le=10.0, description="DPO inverse temperature.")
+    group_size: int = Field(
+        4, ge=2, le=64,
+        description="Rollouts per task per cycle; a success and a failure of one task make a pair.",
+    )
+
+
+class RuntimeConfig(Section):
+    cpu_threads: int = Field(
+        1, ge=1, le=512, description="Torch/OpenMP threads per process (1 is fastest for toys)."
+    )
+    teacher_startup_timeout_s: float = Field(
+        600.0, gt=0.0, le=86400.0, description="Wait this long for the teacher to be READY."
+    )
+    heartbeat_ms: int = Field(1000, ge=50, le=60000, description="PING interval while idle.")
+    request_timeout_s: float = Field(60.0, gt=0.0, le=86400.0, description="Per-request timeout.")
+    unavailable_timeout_s: float = Field(
+        120.0, gt=0.0, le=86400.0, description="Give up on an unreachable teacher after this."
+    )
+
+    @model_validator(mode="after")
+    def _liveness(self) -> RuntimeConfig:
+        if self.unavailable_timeout_s * 1000 < 3 * self.heartbeat_ms:
+            raise_issue(
+                "unavailable_timeout_s",
+                f"unavailable_timeout_s {self.unavailable_timeout_s} is shorter than three "
+                f"heartbeats ({3 * self.heartbeat_ms} ms); raise it or lower heartbeat_ms",
+                involves=("heartbeat_ms",),
+            )
+        return self
+
+
+class RunConfig(Section):
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=64,
+        description="Run name; the run id starts with it.",
+    )
+    mode: Mode = Field(description="sft, offline_kd, opd (strict on-policy), replay or dpo.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Global seed.")
+    output_dir: str = Field("runs", min_length=1, description="Parent directory of run dirs.")
+    deterministic: bool = Field(False, description="Deterministic kernels (slower).")

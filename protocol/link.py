@@ -1,0 +1,491 @@
+"""The client's connection to one teacher: socket, handshake, heartbeat, reconnect.
+
+:class:`Link` keeps one DEALER (through a ``transport.py`` factory) up and talking:
+HELLO on connect and a check of ``HELLO_OK`` (tokenizer fingerprint and vocabulary
+must match — :class:`TokenizerMismatch` is fatal), a PING whenever the teacher has
+been silent for ``heartbeat_ms`` (three misses: close, reconnect with backoff, HELLO
+again), a resend of the same id after ``request_timeout_s`` or a retryable ERROR,
+NEED_HELLO and a new ``instance`` answered by a fresh handshake and a resend of what
+is pending, and :class:`TeacherUnavailable` once the teacher has been silent for
+``unavailable_timeout_s``. Control requests (PING, STATUS, admin) go through
+:meth:`Link.call`.
+
+The link sends the rows of the pending table (``pending.py``) but never decides
+whether a SCORE_OK may be trained on: it hands each one to ``on_score_ok`` (the
+client, ``client.py``, which applies the staleness rule) and reports every teacher
+``(instance, gen)`` it sees to ``on_identity``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+
+from miniverl.common.errors import (
+    ProtocolError,
+    TeacherError,
+    TeacherUnavailable,
+    TokenizerMismatch,
+)
+from miniverl.protocol.codec import decode, encode
+from miniverl.protocol.endpoints import CurveClientKeys, check_endpoint
+from miniverl.protocol.limits import Limits
+from miniverl.protocol.messages import (
+    ErrorCode,
+    ErrorReply,
+    Hello,
+    HelloOk,
+    Message,
+    Ping,
+    Pong,
+    ReloadOk,
+    ScoreOk,
+    StatusOk,
+)
+from miniverl.protocol.pending import REPLY_TO, RETRYABLE_CODES, Identity, PendingTable, Request
+from miniverl.protocol.transport import Transport, TransportFactory, frame_nbytes
+from miniverl.protocol.transport import zmq_transport_factory as _zmq_factory
+
+MISSED_PINGS = 3
+BACKOFF_START_S = 0.05
+BACKOFF_MAX_S = 2.0
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    """Where the teacher is and how patiently to talk to it.
+
+    ``tokenizer_fp=None`` makes an admin-only link (no HELLO, no SCORE). ``curve``
+    keys go to the default ZeroMQ transport; ``transport_factory`` replaces it
+    (tests). ``limits`` are this side's before ``HELLO_OK`` tightens them.
+    """
+
+    endpoint: str
+    tokenizer_fp: str | None
+    vocab_size: int
+    client_name: str = "student"
+    heartbeat_ms: int = 1000
+    request_timeout_s: float = 30.0
+    unavailable_timeout_s: float = 60.0
+    curve: CurveClientKeys | None = None
+    transport_factory: TransportFactory | None = None
+    limits: Limits | None = None
+
+
+class Link:
+    """One kept-alive connection, opened by :class:`~miniverl.protocol.client.TeacherClient`.
+
+    ``on_score_ok`` gets every decoded SCORE_OK (the staleness rule lives there);
+    ``on_identity`` hears of every new teacher ``(instance, gen)``.
+    """
+
+    def __init__(
+        self,
+        settings: LinkSettings,
+        *,
+        on_score_ok: Callable[[ScoreOk, dict[str, np.ndarray]], None],
+        on_identity: Callable[[Identity], None],
+    ):
+        self.settings = settings
+        self.endpoint = check_endpoint(settings.endpoint)
+        self.tokenizer_fp = settings.tokenizer_fp
+        self.vocab_size = settings.vocab_size
+        self.heartbeat_s = settings.heartbeat_ms / 1000.0
+        self.request_timeout_s = settings.request_timeout_s
+        self.unavailable_timeout_s = settings.unavailable_timeout_s
+        self.factory = settings.transport_factory or _zmq_factory(settings.curve)
+        self._base_limits = settings.limits or Limits()
+        self.limits = self._base_limits
+        self._on_score_ok = on_score_ok
+        self._on_identity = on_identity
+        self.hello: HelloOk | None = None
+        self.tick = max(0.002, min(0.05, self.heartbeat_s / 5, self.request_timeout_s / 5))
+        self.table = PendingTable()
+        self.identity: Identity | None = None  # the teacher last seen on the wire
+        self.retargeting = False
+        self._transport: Transport | None = None
+        self._reader_scope: anyio.CancelScope | None = None
+        self._state = "down"  # down -> hello -> up; closed, fatal
+        self._state_wake = anyio.Event()
+        self._fatal: BaseException | None = None
+        self._unavailable: TeacherUnavailable | None = None
+        self._last_recv = time.monotonic()
+        self._last_ping = 0.0
+        self._pings_out = 0
+        self._failures = 0
+        self._resend_on_up = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._started = False
+
+    # ----------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> Link:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._started = True
+        self._tg.start_soon(self._ticker)
+        self._tg.start_soon(self._keeper)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool | None:
+        await self.aclose()
+        self._tg.cancel_scope.cancel()
+        if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # The background tasks never fail on their own; let the caller's error
+            # propagate as itself rather than wrapped in an ExceptionGroup.
+            await self._tg.__aexit__(None, None, None)
+            return False
+        return await self._tg.__aexit__(exc_type, exc, tb)
+
+    async def aclose(self) -> None:
+        """Close the connection; pending requests fail with :class:`TeacherUnavailable`."""
+        self._close_transport()
+        self._state = "closed"
+        self.table.fail_all(TeacherUnavailable(f"client for {self.endpoint} was closed"))
+
+    async def connect(self, timeout_s: float | None = None) -> HelloOk | None:
+        """Open the link and handshake; returns the validated ``HELLO_OK``."""
+        self.require_started()
+        if isinstance(self._fatal, TeacherUnavailable):
+            self._fatal = None
+        if self._state == "closed":
+            self._state = "down"
+        self._unavailable = None
+        self._last_recv = time.monotonic()
+        self._wake_keeper()
+        await self.until_up(timeout_s)
+        return self.hello
+
+    async def switch(self, endpoint: str) -> HelloOk:
+        """Drop the socket and bring the link up again at ``endpoint`` (a retarget)."""
+        self.endpoint = endpoint
+        self.retargeting = True
+        self._failures = 0
+        self._down()
+        await self.until_up(None)
+        return self.hello
+
+    async def rehello(self) -> None:
+        """Handshake again on the same socket (a new gen of the same process)."""
+        self._need_hello(resend=False)
+        await self.until_up(None)
+
+    # ----------------------------------------------------------------- helpers
+    def require_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("use TeacherClient as 'async with TeacherClient(...) as client'")
+
+    def raise_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._unavailable is not None:
+            raise self._unavailable
+
+    async def until_up(self, timeout_s: float | None) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            progress = self.table.progress
+            self.raise_fatal()
+            if self._state == "up":
+                return
+            if self._state == "closed":
+                raise TeacherUnavailable(f"client for {self.endpoint} is closed")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TeacherUnavailable(
+                    f"no handshake with the teacher at {self.endpoint} within {timeout_s} s"
+                )
+            with anyio.move_on_after(self.tick):
+                await progress.wait()
+
+    # ----------------------------------------------------------------- sending
+    async def _send(self, frames: Sequence[Any]) -> bool:
+        transport = self._transport
+        if transport is None:
+            return False
+        try:
+            await transport.send_multipart(frames)
+        except Exception:
+            if transport is self._transport:
+                self._down()
+            return False
+        self.table.counts["sent"] += 1
+        self.table.counts["bytes_sent"] += sum(frame_nbytes(f) for f in frames)
+        return True
+
+    def _can_send(self, req: Request) -> bool:
+        if self._state == "up":
+            return True
+        return self._state == "hello" and req.t != "SCORE"
+
+    async def pump(self) -> None:
+        """Send what is due from the pending table."""
+        await self.table.pump(
+            self._send,
+            self._can_send,
+            max_inflight=self.limits.max_inflight,
+            request_timeout_s=self.request_timeout_s,
+        )
+
+    async def call(self, msg: Message, timeout_s: float | None = None) -> Any:
+        """Send one control request and return its reply (ERROR -> TeacherError)."""
+        self.require_started()
+        if self._fatal is not None:
+            raise self._fatal
+        req = Request(id=msg.id, t=msg.t, frames=encode(msg))
+        self.table.rows[req.id] = req
+        deadline = time.monotonic() + (timeout_s or self.unavailable_timeout_s)
+        try:
+            if self._state in ("down", "closed"):
+                self._state = "down" if self._state == "closed" else self._state
+                self._wake_keeper()
+            await self.pump()
+            while not req.done.is_set():
+                if time.monotonic() >= deadline:
+                    raise TeacherUnavailable(
+                        f"no answer to {msg.t} from {self.endpoint} within "
+                        f"{timeout_s or self.unavailable_timeout_s} s"
+                    )
+                with anyio.move_on_after(self.tick):
+                    await req.done.wait()
+        finally:
+            self.table.rows.pop(req.id, None)
+        if req.error is not None:
+            raise req.error
+        if isinstance(req.result, ErrorReply):
+            reply = req.result
+            raise TeacherError(f"teacher refused {msg.t}: {reply.code.value}: {reply.message}")
+        return req.result
+
+    # ----------------------------------------------------------------- keeping it up
+    async def _ticker(self) -> None:
+        while True:
+            await anyio.sleep(self.tick)
+            try:
+                await self._tick_once()
+            except Exception as exc:  # keep the loop alive; surface the error to callers
+                self._fatal = exc
+                self.table.notify()
+
+    async def _tick_once(self) -> None:
+        now = time.monotonic()
+        if self._state in ("closed", "fatal"):
+            return
+        silent = now - self._last_recv
+        busy = self._state != "up" or self.table.busy()
+        if busy and silent >= self.unavailable_timeout_s and self._unavailable is None:
+            self._unavailable = TeacherUnavailable(
+                f"the teacher at {self.endpoint} has not answered for {silent:.1f} s "
+                f"(unavailable_timeout_s={self.unavailable_timeout_s}); check that it runs "
+                "('miniverl teacher status ENDPOINT')"
+            )
+            self.table.fail_all(self._unavailable)
+        if self._transport is not None and self._state in ("up", "hello"):
+            if silent >= self.heartbeat_s and now - self._last_ping >= self.heartbeat_s:
+                if self._pings_out >= MISSED_PINGS and self._state == "up":
+                    self._down()  # MISSED_PINGS heartbeats missed
+                else:
+                    self._pings_out += 1
+                    self._last_ping = now
+                    await self._send(encode(Ping(id=self.table.new_id())))
+            await self.pump()
+
+    def _wake_keeper(self) -> None:
+        self._state_wake.set()
+        self._state_wake = anyio.Event()
+
+    def _down(self) -> None:
+        if self._state in ("closed", "fatal"):
+            return
+        self._state = "down"
+        self._resend_on_up = True
+        self._wake_keeper()
+        self.table.notify()
+
+    def _need_hello(self, resend: bool) -> None:
+        """Handshake again on the same socket; ``resend`` when the teacher may have lost
+        our requests (a new instance, NEED_HELLO), not for a new gen of the same process."""
+        self._resend_on_up = self._resend_on_up or resend
+        if self._state == "up" and self.tokenizer_fp is not None:
+            self._state = "hello"
+            self._wake_keeper()
+
+    def _close_transport(self) -> None:
+        if self._reader_scope is not None:
+            self._reader_scope.cancel()
+            self._reader_scope = None
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            with contextlib.suppress(Exception):  # a broken socket must not mask the reason
+                transport.close()
+
+    async def _keeper(self) -> None:
+        """Bring the link up whenever it is down: (re)connect with backoff, then HELLO."""
+        opened_before = False
+        while True:
+            wake = self._state_wake
+            if self._state not in ("down", "hello"):
+                await wake.wait()
+                continue
+            try:
+                if self._state == "down":
+                    if opened_before:
+                        self.table.counts["reconnects"] += 1
+                        delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2**self._failures)
+                        self._failures += 1
+                        self._close_transport()
+                        await anyio.sleep(delay)
+                    opened_before = True
+                    self._transport = self.factory(self.endpoint)
+                    self._pings_out = 0
+                    self._reader_scope = await self._tg.start(self._reader, self._transport)
+                    self._state = "hello"
+                if self.tokenizer_fp is None:
+                    self._up()
+                    continue
+                if await self._handshake():
+                    self._up()
+                elif self._state == "hello":
+                    self._down()  # the handshake timed out
+            except (TokenizerMismatch, TeacherError) as exc:
+                self._fatal, self._state = exc, "fatal"
+                self._close_transport()
+                self.table.fail_all(exc)
+            except Exception:  # a broken factory or transport: retry with backoff
+                self._resend_on_up = True
+                if self._state not in ("closed", "fatal"):
+                    self._state = "down"
+                await anyio.sleep(self.tick)
+
+    def _up(self) -> None:
+        self._state = "up"
+        self._failures = 0
+        self._unavailable = None
+        self.retargeting = False
+        if self._resend_on_up:
+            self._resend_on_up = False
+            self.table.resend_scores()  # the same ids: what is pending goes out again
+        self.table.notify()
+        self._tg.start_soon(self.pump)
+
+    async def _handshake(self) -> bool:
+        """HELLO until validated (True) or the socket looks dead (False: reconnect)."""
+        while True:
+            reply = await self._hello_once()
+            if reply is None:
+                return False
+            if isinstance(reply, HelloOk):
+                break
+            if reply.code == ErrorCode.TOKENIZER_MISMATCH:
+                raise TokenizerMismatch(reply.message)
+            if not (reply.retryable or reply.code in RETRYABLE_CODES):
+                raise TeacherError(f"teacher refused HELLO: {reply.code.value}: {reply.message}")
+            await anyio.sleep(min(BACKOFF_MAX_S, max(self.tick, self.heartbeat_s)))
+            if self._state != "hello":
+                return False
+        if reply.tokenizer_fp != self.tokenizer_fp or reply.vocab_size != self.vocab_size:
+            raise TokenizerMismatch(
+                f"student tokenizer {self.tokenizer_fp} (vocab {self.vocab_size}) differs from "
+                f"teacher tokenizer {reply.tokenizer_fp} (vocab {reply.vocab_size}); "
+                "cross-tokenizer distillation is refused: use a teacher with the same tokenizer"
+            )
+        self.hello = reply
+        self.limits = Limits.from_hello(reply, self._base_limits)
+        self._observe(reply.instance, reply.gen, rehello=False)
+        return True
+
+    async def _hello_once(self) -> HelloOk | ErrorReply | None:
+        """Send one HELLO; its reply, or None when the socket went silent."""
+        hello = Hello(
+            id=self.table.new_id(),
+            client=self.settings.client_name,
+            tokenizer_fp=self.tokenizer_fp,
+            vocab_size=self.vocab_size,
+        )
+        req = Request(id=hello.id, t="HELLO", frames=encode(hello))
+        self.table.rows[req.id] = req
+        try:
+            await self.pump()
+            while not req.done.is_set():
+                # Give up on this socket only when the teacher is silent (a loading
+                # teacher answers PING and keeps the attempt alive).
+                with anyio.move_on_after(self.tick):
+                    await req.done.wait()
+                if self._state != "hello" or self._pings_out >= MISSED_PINGS:
+                    return None
+        finally:
+            self.table.rows.pop(req.id, None)
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    def _observe(self, instance: str | None, gen: int | None, rehello: bool = True) -> None:
+        """Track the teacher identity seen on the wire: a new instance needs a fresh
+        HELLO and a resend, a new gen only a fresh HELLO_OK; the client hears of both."""
+        if instance is None or gen is None:
+            return
+        new = (instance, gen)
+        old, self.identity = self.identity, new
+        if old == new:
+            return
+        if rehello and old is not None:
+            self._need_hello(resend=old[0] != instance)
+        self._on_identity(new)
+
+    # ----------------------------------------------------------------- receiving
+    async def _reader(self, transport: Transport, *, task_status=anyio.TASK_STATUS_IGNORED):
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            while True:
+                try:
+                    frames = await transport.recv_multipart()
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception:
+                    if transport is self._transport:
+                        self._down()  # the receive failed
+                    return
+                if transport is not self._transport:
+                    return
+                await self._on_frames(frames)
+
+    async def _on_frames(self, frames: list[Any]) -> None:
+        self.table.counts["bytes_received"] += sum(frame_nbytes(f) for f in frames)
+        self._last_recv = time.monotonic()
+        self._pings_out = 0
+        try:
+            msg, arrays = decode(frames, self.limits)
+        except ProtocolError:
+            self.table.counts["malformed"] += 1
+            return
+        self.table.counts["received"] += 1
+        if isinstance(msg, ScoreOk):
+            self._on_score_ok(msg, arrays)
+            self._observe(msg.instance, msg.gen)
+        elif isinstance(msg, ErrorReply):
+            self._on_error(msg)
+        elif type(msg) in REPLY_TO.values():
+            self._on_control_reply(msg)
+        else:
+            self.table.counts["malformed"] += 1
+        self.table.notify()
+
+    def _on_error(self, msg: ErrorReply) -> None:
+        self._observe(msg.instance, msg.gen)
+        if msg.code == ErrorCode.NEED_HELLO:
+            self._need_hello(resend=True)
+        fatal = self.table.on_error(msg, retry_after_s=min(BACKOFF_MAX_S, self.heartbeat_s))
+        if fatal is not None:
+            self._fatal, self._state = fatal, "fatal"
+            self.table.fail_all(fatal)
+
+    def _on_control_reply(self, msg: Message) -> None:
+        if isinstance(msg, (Pong, StatusOk)):
+            self._observe(msg.instance, msg.gen)
+        elif isinstance(msg, ReloadOk) and self.identity is not None:
+            self._observe(self.identity[0], msg.gen)
+        self.table.on_control_reply(msg)

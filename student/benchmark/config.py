@@ -1,0 +1,185 @@
+"""A benchmark config: the arms, seeds and matched budget, and the recipe of each cell.
+
+A benchmark config (YAML, :class:`BenchmarkConfig`) names a base recipe, the arms
+(``sft``, ``offline_kd``, ``opd``, ``replay``; pipelined or serial), the seeds and
+one budget that every cell gets: the same number of optimizer updates, or the same
+wall time. :func:`load_benchmark_config` validates it and reads the base recipe;
+:func:`cell_recipe` builds one arm × seed cell's recipe from them.
+
+This module runs nothing and imports no torch (:mod:`~miniverl.student.benchmark.run`
+runs the cells).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from miniverl.common.errors import ConfigError
+from miniverl.common.hashing import sha256_text
+
+ArmMode = Literal["sft", "offline_kd", "opd", "replay"]
+Metric = Literal["success_after", "success_gain", "final_loss", "wall_s"]
+
+
+class StrictModel(BaseModel):
+    """A benchmark file model: unknown keys are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Budget(StrictModel):
+    kind: Literal["updates", "wall_time"] = Field(
+        description="updates: every cell takes the same optimizer steps; wall_time: the same seconds."
+    )
+    updates: int | None = Field(
+        None, ge=1, le=1_000_000, description="Steps per cell (kind updates)."
+    )
+    wall_s: float | None = Field(
+        None, gt=0, le=7 * 86400, description="Seconds per cell (kind wall_time)."
+    )
+    max_updates: int = Field(
+        100_000, ge=1, le=10_000_000, description="Step cap under a wall-time budget."
+    )
+
+    @model_validator(mode="after")
+    def _matching_field(self) -> Budget:
+        if self.kind == "updates" and self.updates is None:
+            raise ValueError("budget.kind is 'updates' but budget.updates is unset; add updates: N")
+        if self.kind == "wall_time" and self.wall_s is None:
+            raise ValueError("budget.kind is 'wall_time' but budget.wall_s is unset; add wall_s: S")
+        return self
+
+
+class Arm(StrictModel):
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=24, description="Arm label."
+    )
+    mode: ArmMode = Field(description="Training mode of this arm.")
+    pipelining: bool | None = Field(
+        None, description="Override train.pipelining; null keeps the recipe's."
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Nested recipe fields merged over the base recipe."
+    )
+
+
+class BootstrapConfig(StrictModel):
+    samples: int = Field(2000, ge=100, le=1_000_000, description="Bootstrap resamples.")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0, description="Interval coverage.")
+    seed: int = Field(0, ge=0, description="Seed of the resampling generator.")
+
+
+class BenchmarkConfig(StrictModel):
+    schema_version: Literal[1] = 1
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=24, description="Benchmark name."
+    )
+    recipe: str = Field(description="Base recipe path, relative to the config file.")
+    arms: list[Arm] = Field(min_length=1, description="Arms to compare.")
+    baseline: str = Field(description="The arm every other arm is compared with.")
+    seeds: list[int] = Field(
+        min_length=1, max_length=1000, description="Seeds; each arm runs each."
+    )
+    budget: Budget
+    metric: Metric = Field("success_after", description="Primary metric of the comparison.")
+    teacher_endpoint: str | None = Field(
+        None, description="Teacher for arms that need one (start it with `miniverl teacher serve`)."
+    )
+    output_dir: str | None = Field(
+        None, description="Results folder; null = benchmarks/results/<name>."
+    )
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BenchmarkConfig:
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique, got {names}; rename the duplicates")
+        if self.baseline not in names:
+            raise ValueError(
+                f"baseline {self.baseline!r} is not an arm ({names}); name one of them"
+            )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be unique, got {self.seeds}")
+        return self
+
+
+def load_benchmark_config(path: str | Path) -> tuple[BenchmarkConfig, dict[str, Any]]:
+    """The validated config and the base recipe as a dict; ConfigError lists every problem."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"benchmark config {path} does not exist; pass a YAML file") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    try:
+        config = BenchmarkConfig.model_validate(raw if isinstance(raw, dict) else {})
+    except ValidationError as exc:
+        issues = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"{path}: {exc.error_count()} error(s): {issues}") from exc
+    recipe_path = (path.parent / config.recipe).resolve()
+    try:
+        base = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"{path}: recipe {config.recipe!r} cannot be read ({type(exc).__name__}); "
+            "give a recipe path relative to the config file"
+        ) from exc
+    if not isinstance(base, dict):
+        raise ConfigError(f"{recipe_path}: a recipe must be a YAML mapping")
+    return config, base
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def cell_recipe(
+    config: BenchmarkConfig, base: dict[str, Any], arm: Arm, seed: int, out_dir: Path
+) -> dict[str, Any]:
+    """The recipe of one cell: base, arm overrides, then mode, seed, budget and run folder."""
+    recipe = _merge(base, arm.overrides)
+    run = recipe.setdefault("run", {})
+    run.update(
+        mode=arm.mode,
+        seed=seed,
+        name=f"{config.name}-{arm.name}-s{seed}"[:64],
+        output_dir=str(out_dir / "runs"),
+    )
+    train = recipe.setdefault("train", {})
+    if arm.pipelining is not None:
+        train["pipelining"] = arm.pipelining
+    if config.budget.kind == "updates":
+        train["cycles"] = config.budget.updates
+        train.pop("max_wall_s", None)
+    else:
+        train["cycles"] = config.budget.max_updates
+        train["max_wall_s"] = config.budget.wall_s
+    return recipe
+
+
+def digest(obj: Any) -> str:
+    """``sha256:`` over the canonical JSON of ``obj`` (config, recipe)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + sha256_text(text)
+
+
+def default_output_dir(config: BenchmarkConfig) -> Path:
+    return (
+        Path(config.output_dir) if config.output_dir else Path("benchmarks/results") / config.name
+    )

@@ -1,0 +1,209 @@
+"""Run a matched-budget benchmark: every arm × seed cell, one comparison, resumable.
+
+:func:`run_benchmark` runs every cell of a config
+(:mod:`~miniverl.student.benchmark.config`) through an injectable
+``run_cell(recipe_dict, seed) -> CellResult`` (the default, :class:`TrainerCells`,
+trains with the student trainer, imported when a cell runs), and after each cell
+atomically rewrites ``results.json`` (schema-validated
+:class:`~miniverl.student.benchmark.results.BenchmarkResults`), ``summary.md`` and
+``report.html`` in the output folder. ``resume=True`` keeps the finished cells of an
+interrupted benchmark and runs the rest; failed cells run again.
+
+This module does not train anything itself and imports no torch until a default cell
+runs. Run with ``miniverl benchmark CONFIG [--resume]``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miniverl.common.atomic import atomic_write_text
+from miniverl.common.clock import utc_now
+from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import Recipe
+from miniverl.student.benchmark.config import (
+    BenchmarkConfig,
+    cell_recipe,
+    default_output_dir,
+    digest,
+    load_benchmark_config,
+)
+from miniverl.student.benchmark.export import collect_environment
+from miniverl.student.benchmark.html import render_benchmark_html
+from miniverl.student.benchmark.results import (
+    BenchmarkResults,
+    CellRecord,
+    CellResult,
+    cell_result_from_run,
+    load_results,
+)
+from miniverl.student.benchmark.stats import summarize, summary_markdown
+from miniverl.student.teacher_process import start_teacher, stop_teacher
+
+RunCell = Callable[[dict[str, Any], int], CellResult]
+
+
+def _write_outputs(out_dir: Path, results: BenchmarkResults) -> None:
+    BenchmarkResults.model_validate(results.model_dump())  # never publish an invalid file
+    atomic_write_text(out_dir / "results.json", results.model_dump_json(indent=2) + "\n")
+    atomic_write_text(out_dir / "summary.md", summary_markdown(results))
+    atomic_write_text(out_dir / "report.html", render_benchmark_html(results))
+
+
+def run_benchmark(
+    config_path: str | Path,
+    *,
+    resume: bool = False,
+    run_cell: RunCell | None = None,
+    output_dir: str | Path | None = None,
+    on_cell: Callable[[CellRecord], None] | None = None,
+) -> tuple[BenchmarkResults, Path]:
+    """Run (or continue) every arm × seed cell; returns the results and the output folder."""
+    config, base = load_benchmark_config(config_path)
+    out_dir = Path(output_dir) if output_dir else default_output_dir(config)
+    results_path = out_dir / "results.json"
+    config_dump = config.model_dump(mode="json")
+    config_digest = digest({"config": config_dump, "recipe": base})
+    if results_path.exists() and not resume:
+        raise ConfigError(
+            f"{results_path} already exists; pass --resume to continue it or set another output_dir"
+        )
+    if resume and results_path.exists():
+        results = load_results(results_path)
+        if results.config_digest != config_digest:
+            raise ConfigError(
+                f"{results_path} was made by a different config or base recipe "
+                f"({results.config_digest[:19]} != {config_digest[:19]}); resume needs the same config, "
+                "or start a fresh output_dir"
+            )
+        results.cells = [c for c in results.cells if c.result.status == "ok"]
+        results.complete = False
+    else:
+        results = BenchmarkResults(
+            name=config.name,
+            config_digest=config_digest,
+            config=config_dump,
+            metric=config.metric,
+            baseline=config.baseline,
+            updated_at=utc_now(),
+            environment=collect_environment(),
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    owned = None
+    if run_cell is None:
+        run_cell = owned = TrainerCells(config.teacher_endpoint, out_dir)
+    try:
+        _run_cells(config, base, out_dir, results, run_cell, on_cell)
+    finally:
+        if owned is not None:
+            owned.close()
+    results.summary = summarize(results, config)
+    results.complete = all(c.result.status == "ok" for c in results.cells)
+    results.updated_at = utc_now()
+    _write_outputs(out_dir, results)
+    return results, out_dir
+
+
+def _run_cells(
+    config: BenchmarkConfig,
+    base: dict[str, Any],
+    out_dir: Path,
+    results: BenchmarkResults,
+    run_cell: RunCell,
+    on_cell: Callable[[CellRecord], None] | None,
+) -> None:
+    done = {(c.arm, c.seed) for c in results.cells}
+    # Seed-major order: an interrupted benchmark still holds complete pairs to compare.
+    for seed in config.seeds:
+        for arm in config.arms:
+            if (arm.name, seed) in done:
+                continue
+            recipe = cell_recipe(config, base, arm, seed, out_dir)
+            try:
+                result = run_cell(recipe, seed)
+            except Exception as exc:  # one broken cell must not lose the others
+                result = CellResult(status="failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            matched = None
+            if (
+                config.budget.kind == "updates"
+                and result.status == "ok"
+                and result.updates is not None
+            ):
+                matched = result.updates == config.budget.updates
+            record = CellRecord(
+                arm=arm.name,
+                seed=seed,
+                recipe_digest=digest(recipe),
+                budget_matched=matched,
+                finished_at=utc_now(),
+                result=result,
+            )
+            results.cells.append(record)
+            results.summary = summarize(results, config)
+            results.updated_at = utc_now()
+            _write_outputs(out_dir, results)
+            if on_cell:
+                on_cell(record)
+
+
+class TrainerCells:
+    """The default ``run_cell``: train one recipe with the student trainer.
+
+    Arms that need a teacher use ``teacher_endpoint``; when it is None, one teacher
+    process is started for the whole benchmark from the first such recipe's teacher
+    section (``python -m miniverl.teacher_server --recipe``, READY before the first
+    cell trains) and stopped by :meth:`close`. The teacher is frozen, so every arm and
+    seed is scored by the same one.
+    """
+
+    def __init__(self, teacher_endpoint: str | None, work_dir: Path):
+        self.endpoint = teacher_endpoint
+        self.work_dir = work_dir
+        self.process: subprocess.Popen | None = None
+
+    def _launch_teacher(self, recipe_dict: dict[str, Any], startup_timeout_s: float) -> str:
+        with socket.socket() as probe:  # a free loopback port for this benchmark's teacher
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        endpoint = f"tcp://127.0.0.1:{port}"
+        recipe_path = self.work_dir / "teacher_recipe.yaml"
+        recipe_path.write_text(yaml.safe_dump(recipe_dict, sort_keys=False), encoding="utf-8")
+        self.process = start_teacher(
+            ["--recipe", str(recipe_path), "--log", str(self.work_dir / "teacher.log")],
+            endpoint=endpoint,
+            log=self.work_dir / "teacher.stderr",
+            timeout_s=startup_timeout_s,
+        )
+        self.endpoint = endpoint
+        return endpoint
+
+    def __call__(self, recipe_dict: dict[str, Any], seed: int) -> CellResult:
+        # start-up: the trainer imports torch, needed only when a default cell trains
+        from miniverl.student.train.trainer import Trainer
+
+        recipe = Recipe.model_validate(recipe_dict)
+        endpoint = self.endpoint
+        if recipe.needs_teacher and endpoint is None and recipe.teacher.endpoint is None:
+            endpoint = self._launch_teacher(recipe_dict, recipe.runtime.teacher_startup_timeout_s)
+        start = time.perf_counter()
+        with Trainer(recipe, teacher_endpoint=endpoint, show_progress=False) as trainer:
+            result = trainer.train()
+        wall = time.perf_counter() - start
+        return cell_result_from_run(
+            result.run_dir,
+            wall_s=wall,
+            final_version=result.final_version,
+            status="ok" if result.status == "completed" else "failed",
+        )
+
+    def close(self) -> None:
+        if self.process is not None:
+            stop_teacher(self.process)
+        self.process = None

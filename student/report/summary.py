@@ -1,0 +1,72 @@
+"""The run's summary as rows and formatted numbers, shared by the HTML page and the markdown.
+
+Both renderers show the same summary table and token provenance; they take them from
+here so the two never disagree. This module formats; it reads no file.
+"""
+
+from __future__ import annotations
+
+from miniverl.common.trajectory import MODEL_SPANS, SpanType
+from miniverl.student.report.data import ReportData
+
+
+def fmt_success(row: dict | None) -> str:
+    if not row:
+        return "n/a"
+    return f"{float(row['success']):.1%} (v{row.get('version', '?')}, n={row.get('n', '?')})"
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def summary_rows(data: ReportData) -> list[tuple[str, str]]:
+    """The summary as (label, value) pairs, shared by the HTML and markdown output."""
+    before, after = data.success_before_after()
+    first, last = data.versions
+    status = data.status.get("status", "unknown")
+    if data.status.get("reason"):
+        status += f" ({data.status['reason']})"
+    return [
+        ("run", data.run_id),
+        ("status", str(status)),
+        ("mode", data.mode),
+        ("on-policy", data.on_policy),
+        (
+            "parameter versions",
+            f"{first if first is not None else '?'} → {last if last is not None else '?'}",
+        ),
+        ("optimizer steps", str(data.steps)),
+        ("wall clock", fmt_seconds(data.wall_clock_s())),
+        ("success before → after", f"{fmt_success(before)} → {fmt_success(after)}"),
+        ("teachers", "; ".join(data.teacher_identities()) or "none recorded"),
+        ("stale replies dropped", str(data.stale_dropped())),
+        ("trajectories", str(data.n_trajectories)),
+    ]
+
+
+def provenance_rows(data: ReportData) -> list[tuple[str, str, int, float]]:
+    total = sum(data.tokens_by_span.values()) or 1
+    return [
+        (
+            span.value,
+            "in loss" if span in MODEL_SPANS else "context",
+            data.tokens_by_span.get(span.value, 0),
+            data.tokens_by_span.get(span.value, 0) / total,
+        )
+        for span in SpanType
+    ]

@@ -1,0 +1,183 @@
+"""The student's side of scoring: one SCORE per trajectory, replies kept only if fresh.
+
+An update is *bound* to one teacher ``(instance, gen)`` and one student version. Each
+trajectory that should be trained on goes out as one ``SCORE`` as soon as it exists
+(pipelined: while other episodes still sample). :meth:`TeacherLink.collect` waits for
+the replies the client's staleness rule accepted. If the bound teacher disappears (a
+restart gives a new ``instance``, a reload a new ``gen``), the client raises
+``TeacherChanged``; the link then rebinds, records a ``teacher_changed`` event and
+re-sends the whole update, so one update never mixes teacher generations.
+
+``Scored.student_version`` is the wire's ``student_version``: the version the targets
+were requested for (the version that sampled the trajectory, or 0 for a fixed set).
+
+This module does not compute losses, connect or qualify a teacher (``teacher.py``) and
+does not know how replies travel; any object with the ``SyncTeacherClient`` methods
+used here works (tests pass an in-process fake).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from miniverl.common.errors import StaleTargetError
+from miniverl.common.trajectory import Trajectory
+from miniverl.protocol.client import TeacherChanged
+from miniverl.protocol.pending import Pending, accept_reply
+
+
+@dataclass
+class Scored:
+    """A trajectory, the positions that were scored, and the accepted reply's arrays."""
+
+    traj: Trajectory
+    positions_P: np.ndarray
+    arrays: dict[str, np.ndarray]
+    student_version: int
+    teacher: dict[str, Any]
+
+
+@dataclass
+class _Job:
+    traj: Trajectory
+    positions_P: np.ndarray
+    request_id: int | None = None
+
+
+def teacher_identity(client: Any) -> dict[str, Any]:
+    """``{name, model, revision, adapter_sha256, instance, gen}`` of the client's teacher."""
+    hello = client.hello
+    return {**hello.teacher.model_dump(), "instance": hello.instance, "gen": int(hello.gen)}
+
+
+@dataclass
+class TeacherSide:
+    """What a run knows about its teacher: the client (the real ``SyncTeacherClient``,
+    made at connect, or an in-process fake with its methods), where it is, the link an
+    update scores through, who it is, how memory is shared (``teacher.py`` changes it)."""
+
+    client: Any = None
+    endpoint: str | None = None
+    link: TeacherLink | None = None  # bound by teacher.connect
+    identity: dict[str, Any] = field(default_factory=dict)
+    memory: str = "resident"
+    # A RETARGET asked for (control socket); teacher.apply_retarget takes it at the
+    # next update boundary.
+    pending_endpoint: str | None = None
+
+    def counters(self) -> dict[str, Any]:
+        """The client's counters (sent, stale_dropped, bytes, ...); empty without one."""
+        return dict(self.client.counters) if self.client is not None else {}
+
+
+@dataclass
+class TeacherLink:
+    """Scores one update's trajectories through ``client``, bound to one version and
+    one teacher ``(instance, gen)``."""
+
+    client: Any
+    kind: str
+    k: int
+    temperature: float
+    on_teacher_changed: Callable[[dict, int, str], None] | None = None
+    # The teacher's view of a trajectory: (traj, positions_P) -> (tokens_N, positions_P)
+    # it sends instead (teacher.mode: privileged_context, rollout/privileged.py). Reply
+    # rows follow the request's positions, so they stay aligned with positions_P.
+    view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    version: int = 0
+    binding: tuple[str, int] | None = None
+    wait_s: float = 0.0
+    _jobs: list[_Job] = field(default_factory=list)
+
+    def begin_update(self, version: int, allowed_lag: int = 0) -> None:
+        """Bind the next update to ``version`` and the teacher ``(instance, gen)`` now live."""
+        self.version = version
+        self.client.set_version(version, allowed_lag)
+        previous, self.binding = self.binding, tuple(self.client.bind())
+        if previous is not None and self.binding != previous and self.on_teacher_changed:
+            # A reload or restart that lands between updates (while the student updates
+            # or evaluates) drops no reply, so no TeacherChanged is raised; without this
+            # the run never recorded it and the manifest named the old teacher.
+            how = "reload" if self.binding[0] == previous[0] else "restart"
+            self.on_teacher_changed(teacher_identity(self.client), version, how)
+        self._jobs = []
+        self.wait_s = 0.0
+
+    def submit(self, traj: Trajectory, positions_P: np.ndarray) -> None:
+        """Send one trajectory's positions now (the pipelined-scoring hook)."""
+        job = _Job(traj, np.asarray(positions_P, dtype=np.int32))
+        self._send(job)
+        self._jobs.append(job)
+
+    def _send(self, job: _Job) -> None:
+        if len(job.positions_P) == 0:
+            job.request_id = None
+            return
+        tokens_N = np.asarray(job.traj.tokens, dtype=np.int32)
+        positions_P = job.positions_P
+        if self.view is not None:
+            tokens_N, positions_P = self.view(job.traj, job.positions_P)
+        cu_seqlens = np.array([0, len(tokens_N)], dtype=np.int32)
+        job.request_id = self.client.submit(
+            tokens_N, cu_seqlens, positions_P, kind=self.kind, k=self.k,
+            temperature=self.temperature,
+        )
+
+    def collect(self) -> list[Scored]:
+        """Wait for every submitted job; rebind and re-send the update if the teacher changed."""
+        t0 = time.perf_counter()
+        try:
+            while True:
+                ids = [j.request_id for j in self._jobs if j.request_id is not None]
+                try:
+                    replies = self.client.wait(ids) if ids else {}
+                    break
+                except TeacherChanged as changed:
+                    self.binding = tuple(self.client.bind())
+                    if self.on_teacher_changed is not None:
+                        self.on_teacher_changed(
+                            teacher_identity(self.client), self.version, changed.how
+                        )
+                    for job in self._jobs:
+                        self._send(job)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        identity = teacher_identity(self.client)
+        out: list[Scored] = []
+        for job in self._jobs:
+            if job.request_id is None:
+                arrays = empty_arrays(self.kind, self.k)
+                version = self.version
+            else:
+                reply = replies[job.request_id]
+                # The client already applied the staleness rule; this is the last line of
+                # defence that what reaches the loss was scored for the version that asked.
+                if accept_reply(Pending(self.version, self.binding), reply,
+                                current_version=self.version, max_lag=0,
+                                bound_teacher=self.binding) is not None:
+                    raise StaleTargetError(
+                        f"reply {job.request_id} is for version {reply.student_version} of "
+                        f"teacher {(reply.instance, reply.gen)}, but the update is bound to "
+                        f"version {self.version} of {self.binding}"
+                    )
+                arrays, version = reply.arrays, reply.student_version
+            out.append(Scored(job.traj, job.positions_P, arrays, version, identity))
+        self._jobs = []
+        return out
+
+
+def empty_arrays(kind: str, k: int) -> dict[str, np.ndarray]:
+    """The arrays of a reply with no positions (a trajectory with nothing to score)."""
+    if kind == "topk":
+        return {
+            "ids": np.zeros((0, k), np.int32),
+            "logprobs": np.zeros((0, k), np.float32),
+            "tail_logmass": np.zeros(0, np.float32),
+            "target_logprobs": np.zeros(0, np.float32),
+        }
+    return {"logprobs": np.zeros((0, 0), np.float32), "target_logprobs": np.zeros(0, np.float32)}

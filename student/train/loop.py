@@ -1,0 +1,166 @@
+"""The training loop: rollout -> score -> update -> log -> checkpoint, over a TrainState.
+
+:func:`run` is one run, top to bottom: evaluate, the SFT warm-up (``train.
+sft_warmup_steps``, cold start), connect the teacher, then cycles until the recipe's
+count, a stop request or the wall budget. Each cycle is one function of
+``modes/`` (rollout, score, update: ``v -> v + 1`` per optimizer step), and returns
+what it did; this module logs it, evaluates and checkpoints on the recipe's schedule:
+
+- ``sft``: oracle trajectories, cross-entropy on the model's own spans, no teacher.
+- ``offline_kd``: a fixed trajectory set scored once, cached targets reused by every
+  version. Off-policy by construction, and reported as such.
+- ``opd`` (strict on-policy): fresh rollouts of version ``v``, targets tagged ``v``,
+  exactly one optimizer step.
+- ``replay``: fresh rollouts join a buffer; each update trains on buffered rollouts at
+  most ``max_lag`` versions old. Off-policy, labelled as such.
+- ``dpo``: preference pairs from grouped rollouts, the teacher as reference scorer.
+
+This module does not open the run directory or handle failures (``trainer.py``), and
+does not know how a mode samples, scores or updates (``modes/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from miniverl.student.eval import EvalSummary, evaluate
+from miniverl.student.progress import TrainProgress
+from miniverl.student.train.modes.dpo import dpo_cycle
+from miniverl.student.train.modes.offline_kd import offline_kd_cycle, prepare_fixed_set
+from miniverl.student.train.modes.opd import opd_cycle
+from miniverl.student.train.modes.replay import replay_cycle, restore_buffer
+from miniverl.student.train.modes.sft import end_warmup, sft_cycle, warmup_converged, warmup_step
+from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
+from miniverl.student.train.state import CycleResult, TrainState, restore, save_checkpoint
+from miniverl.student.train.teacher import apply_retarget, connect
+
+CYCLES: dict[str, Callable[[TrainState], CycleResult | None]] = {
+    "sft": sft_cycle,
+    "offline_kd": offline_kd_cycle,
+    "opd": opd_cycle,
+    "replay": replay_cycle,
+    "dpo": dpo_cycle,
+}
+
+
+def run(state: TrainState, *, resumed: bool, show_progress: bool):
+    """Evaluate, train, evaluate, checkpoint; ``(status, eval_before, eval_after)``."""
+    recipe = state.recipe
+    state.run.event("run_started", mode=recipe.run.mode, on_policy=recipe.on_policy,
+                    version=state.version, resumed=resumed)
+    eval_before = None if resumed else evaluate_now(state).to_dict()
+    status = train_cycles(state, show_progress=show_progress)
+    eval_after = evaluate_now(state).to_dict() if status == "completed" else None
+    save_checkpoint(state)  # a stop request also checkpoints, at an update boundary
+    state.run.event("run_completed" if status == "completed" else "run_interrupted",
+                    version=state.version, steps=state.step)
+    return status, eval_before, eval_after
+
+
+def resume_from_checkpoint(state: TrainState) -> None:
+    """Continue from the run's latest checkpoint (replay also rebuilds its buffer)."""
+    restore(state)
+    if state.recipe.run.mode == "replay":
+        restore_buffer(state)
+
+
+def train_cycles(state: TrainState, *, show_progress: bool) -> str:
+    """The warm-up and the cycles; ``completed`` or ``interrupted`` (a stop request)."""
+    recipe = state.recipe
+    train = recipe.train
+    total = total_optimizer_steps(recipe)
+    if state.warmup_end is not None:  # resumed after a warm-up that ended early
+        total -= train.sft_warmup_steps - state.warmup_end
+    with TrainProgress(total, enabled=show_progress, initial=state.step) as progress:
+        while state.warmup_end is None and state.step < train.sft_warmup_steps:
+            if state.stop_event.is_set():
+                return "interrupted"
+            log_cycle(state, warmup_step(state))
+            progress.update(state.step, state.last_metrics)
+            if warmup_converged(state):
+                end_warmup(state, "loss")
+                progress.set_total(total - (train.sft_warmup_steps - state.step))
+        if state.warmup_end is None:
+            end_warmup(state, "steps")
+        if recipe.needs_teacher and state.teacher.link is None:
+            # Connect only now: under `up` the teacher loads (or is still being
+            # prepared) while the student imports, evaluates and runs its SFT warm-up.
+            connect(state)
+        if recipe.run.mode == "offline_kd" and not state.fixed_scored:
+            prepare_fixed_set(state)
+        cycle = CYCLES[recipe.run.mode]
+        while state.cycle < planned_cycles(recipe):
+            if state.stop_event.is_set():
+                return "interrupted"
+            if train.max_wall_s is not None and state.wall() > train.max_wall_s:
+                state.run.event("wall_budget_reached", wall_s=state.wall(),
+                                version=state.version)
+                break
+            apply_retarget(state)
+            done = cycle(state)  # rollout -> score -> update
+            if done is not None:  # dpo skips a cycle without a preference pair
+                log_cycle(state, done)
+            state.cycle += 1
+            progress.update(state.step, state.last_metrics)
+            if train.eval_every and state.cycle % train.eval_every == 0:
+                evaluate_now(state)
+            if train.save_every and state.cycle % train.save_every == 0:
+                save_checkpoint(state)
+    return "completed"
+
+
+def log_cycle(state: TrainState, done: CycleResult) -> None:
+    """One metrics row for a cycle (or warm-up step); kept as ``state.last_metrics``."""
+    stats, trajs, scored = done.stats, done.trajs, done.scored
+    side = state.teacher
+    counters = side.counters()
+    positions_scored = int(sum(len(s.positions_P) for s in scored)) if scored else 0
+    row = {
+        "step": state.step,
+        "version": state.version,
+        "cycle": state.cycle,
+        "mode": state.recipe.run.mode,
+        "phase": done.phase or "train",
+        "on_policy": state.recipe.on_policy and done.phase is None,
+        "loss": stats.loss,
+        "divergence": stats.divergence,
+        "positions": stats.positions,
+        "tokens": stats.tokens,
+        "teacher": ({k: side.identity.get(k) for k in ("name", "instance", "gen")}
+                    if side.link is not None else None),
+        "stale_dropped": counters.get("stale_dropped", 0),
+        "time_rollout_s": done.t_rollout,
+        "time_teacher_wait_s": done.t_wait,
+        "time_update_s": done.t_update,
+        "positions_scored": positions_scored,
+        "positions_per_s": positions_scored / done.t_wait if done.t_wait > 0 else None,
+        "bytes_sent": counters.get("bytes_sent", 0),
+        "bytes_received": counters.get("bytes_received", 0),
+        "lr": stats.lr,
+        "grad_norm": stats.grad_norm,
+        # Success of the student's own rollouts; oracle batches (SFT) have none.
+        "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
+                          if trajs and trajs[0].source == "rollout" else None),
+        "wall_s": state.wall(),
+        **(done.extra or {}),
+    }
+    state.last_metrics = row
+    state.run.metric(row)
+
+
+def evaluate_now(state: TrainState) -> EvalSummary:
+    """Evaluate the current version (``student/eval.py``), recorded as an event."""
+    model = state.policy.model
+    model.eval()
+    with torch.no_grad():
+        summary = evaluate(
+            model, state.policy.tokenizer, state.recipe, policy_version=state.version,
+            out_dir=state.run.eval_dir, tokenizer_fp=state.policy.tokenizer_fp,
+        )
+    model.train()
+    state.run.event("eval", version=state.version, split=summary.split,
+                    success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
+                    stop_reasons=summary.stop_reasons)
+    return summary

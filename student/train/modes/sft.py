@@ -1,0 +1,95 @@
+"""Mode ``sft`` and the SFT warm-up: cross-entropy on oracle traces, no teacher.
+
+An oracle trace is a pure function of its task (the environment's scripted actions,
+rendered by the chat template), so each is rendered once per run and reused. The
+warm-up (``train.sft_warmup_steps``) runs these steps before the first distillation
+cycle (cold start) and ends early when ``train.sft_warmup_until_loss`` is reached.
+
+This module does not log, evaluate or checkpoint (``loop.py`` does).
+"""
+
+from __future__ import annotations
+
+import time
+
+from miniverl.common.trajectory import Trajectory
+from miniverl.student.rollout.oracle import oracle_trajectories
+from miniverl.student.train.optim import lr_at
+from miniverl.student.train.state import CycleResult, TrainState, tasks_for
+from miniverl.student.train.updates import StepStats, sft_step
+
+# train.sft_warmup_until_loss compares the mean of this many last warm-up losses.
+WARMUP_LOSS_WINDOW = 10
+# Warm-up batches draw their tasks from cycles far past any real one.
+WARMUP_CYCLE_OFFSET = 10_000_000
+
+
+def sft_cycle(state: TrainState) -> CycleResult:
+    """One ``sft`` cycle: an oracle batch, one optimizer step."""
+    t0 = time.perf_counter()
+    trajs = oracle_batch(state, state.cycle)
+    t_rollout = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    stats = sft_update(state, trajs)
+    return CycleResult(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
+
+
+def oracle_batch(state: TrainState, cycle: int) -> list[Trajectory]:
+    env = state.recipe.environment
+    tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
+    # Oracle traces are a pure function of the task: render each one once per run.
+    missing = [t for t in tasks if t.id not in state.oracle_cache]
+    policy = state.policy
+    for task, traj in zip(missing, oracle_trajectories(
+        env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params
+    ), strict=True):
+        state.oracle_cache[task.id] = traj
+    return [state.oracle_cache[t.id] for t in tasks]
+
+
+def sft_update(state: TrainState, trajs: list[Trajectory]) -> StepStats:
+    """One SFT optimizer step on ``trajs``; the version advances."""
+    train = state.recipe.train
+    stats = sft_step(
+        state.policy, state.optimizer, state.scheduler, trajs,
+        grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
+        chunk_size=state.recipe.loss.chunk_size, autocast=state.autocast,
+    )
+    state.advance()
+    return stats
+
+
+def warmup_step(state: TrainState) -> CycleResult:
+    """One SFT warm-up step (phase ``sft_warmup``)."""
+    t0 = time.perf_counter()
+    trajs = oracle_batch(state, WARMUP_CYCLE_OFFSET + state.step)
+    stats = sft_update(state, trajs)
+    state.warmup_losses = [*state.warmup_losses, stats.loss][-WARMUP_LOSS_WINDOW:]
+    return CycleResult(stats, trajs, 0.0, 0.0, time.perf_counter() - t0, phase="sft_warmup")
+
+
+def warmup_converged(state: TrainState) -> bool:
+    """train.sft_warmup_until_loss: the last WARMUP_LOSS_WINDOW losses average below it."""
+    until = state.recipe.train.sft_warmup_until_loss
+    losses = state.warmup_losses
+    return (until is not None and len(losses) == WARMUP_LOSS_WINDOW
+            and sum(losses) / len(losses) <= until)
+
+
+def end_warmup(state: TrainState, reason: str) -> None:
+    """Mark where the warm-up ended (``loss``: converged early; ``steps``: all done)."""
+    train = state.recipe.train
+    if reason == "loss":
+        state.warmup_end = state.step
+        # The scheduler already set this step's rate for a longer warm-up: reset it.
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr_at(state.step, state.recipe, state.warmup_end)
+    else:
+        state.warmup_end = min(state.step, train.sft_warmup_steps)
+    if train.sft_warmup_steps == 0 or state.step != state.warmup_end:
+        return  # no warm-up, or a resumed run that is past it
+    losses = state.warmup_losses
+    state.run.event("sft_warmup_done", step=state.step, reason=reason,
+                    planned_steps=train.sft_warmup_steps,
+                    mean_loss=sum(losses) / len(losses) if losses else None,
+                    version=state.version)

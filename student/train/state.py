@@ -1,0 +1,213 @@
+"""The training state: one dataclass that the loop and every mode read and advance.
+
+:class:`TrainState` holds what a run's loop works on: the policy, optimizer and
+scheduler, the student's parameter ``version`` (+1 per optimizer step), the step and
+cycle cursors, the SFT warm-up's progress, the teacher side and the per-mode buffers.
+:func:`build_state` makes it (seeds first, then the model, so the RNG draws happen in
+one fixed order); :func:`save_checkpoint` and :func:`restore` write and read it back, so
+a resumed run continues exactly where the uninterrupted one would be.
+
+This module does not run cycles (``loop.py``, ``modes/``), talk to the teacher
+(``teacher.py``) or open the run directory (``trainer.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from miniverl.common.errors import ConfigError
+from miniverl.common.manifest import update_manifest
+from miniverl.common.recipe import Recipe, recipe_digest
+from miniverl.common.rundir import RunDir
+from miniverl.common.runtime import apply_cpu_threads
+from miniverl.common.trajectory import Trajectory
+from miniverl.student.checkpoint import latest as latest_checkpoint
+from miniverl.student.checkpoint import load as load_checkpoint
+from miniverl.student.checkpoint import save as write_checkpoint
+from miniverl.student.environments import make_tasks
+from miniverl.student.rollout.runner import RolloutRunner
+from miniverl.student.targets_cache import TargetsCache
+from miniverl.student.train.cached_targets import open_cache
+from miniverl.student.train.link import Scored, TeacherSide
+from miniverl.student.train.optim import build_optimizer, build_scheduler
+from miniverl.student.train.policy import Policy, load_policy
+from miniverl.student.train.updates import EarlyForward, StepStats
+
+
+@dataclass
+class TrainState:
+    """Everything one run's loop reads and advances (see the module docstring)."""
+
+    recipe: Recipe
+    run: RunDir
+    policy: Policy
+    optimizer: Any
+    scheduler: Any
+    autocast: Any  # a torch.autocast context for low-precision CUDA weights, else None
+    runner: RolloutRunner
+    train_tasks: list[Any]
+    kind: str  # the targets asked for: "topk" or "exact"
+    cache: TargetsCache | None
+    teacher: TeacherSide
+    stop_event: threading.Event
+    started: float  # time.perf_counter() when the trainer was made
+    checkpoints: bool = True
+    version: int = 0  # the student's parameter version: +1 per optimizer step
+    step: int = 0
+    cycle: int = 0
+    # The step the SFT warm-up ended at, once it has (train.sft_warmup_until_loss can
+    # end it early); the second phase's schedule starts there.
+    warmup_end: int | None = None
+    warmup_losses: list[float] = field(default_factory=list)
+    replay_buffer: list[Scored] = field(default_factory=list)  # replay
+    fixed_scored: list[Scored] = field(default_factory=list)  # offline_kd
+    oracle_cache: dict[str, Trajectory] = field(default_factory=dict)  # sft
+    early: EarlyForward | None = None  # the next update's forward, run early (opd)
+    early_s: float = 0.0
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+    def wall(self) -> float:
+        """Seconds since the trainer was made."""
+        return time.perf_counter() - self.started
+
+    def advance(self) -> None:
+        """One optimizer step was taken: the parameters are a new version."""
+        self.step += 1
+        self.version += 1
+
+
+@dataclass
+class CycleResult:
+    """What one cycle (or warm-up step) did, for the loop to log."""
+
+    stats: StepStats
+    trajs: list[Trajectory]
+    t_rollout: float
+    t_wait: float
+    t_update: float
+    scored: list[Scored] | None = None
+    phase: str | None = None  # None: the mode's own cycle; "sft_warmup"
+    extra: dict[str, Any] | None = None
+
+
+def episode_seed(run_seed: int, cycle: int, index: int) -> int:
+    # Seeds depend only on (run seed, cycle, episode), so a resumed run samples exactly
+    # what the uninterrupted run would have sampled.
+    return (run_seed * 1_000_003 + cycle * 10_007 + index) % (2**31 - 1)
+
+
+def tasks_for(state: TrainState, cycle: int, n: int) -> list[Any]:
+    """The ``n`` training tasks of ``cycle``: epochs of seeded permutations of the tasks."""
+    tasks = state.train_tasks
+    epoch_len = len(tasks)
+    out = []
+    for i in range(n):
+        flat = cycle * n + i
+        epoch, idx = divmod(flat, epoch_len)
+        order = np.random.default_rng(state.recipe.run.seed * 7919 + epoch).permutation(
+            epoch_len
+        )
+        out.append(tasks[int(order[idx])])
+    return out
+
+
+def run_digest(recipe: Recipe) -> str:
+    """The recipe digest checkpoints record, with ``run.output_dir`` left out."""
+    return recipe_digest(
+        recipe.model_copy(update={"run": recipe.run.model_copy(update={"output_dir": "-"})})
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: bool,
+                stop_event: threading.Event, started: float, checkpoints: bool) -> TrainState:
+    """Seed, load the policy, build optimizer, scheduler, tasks, runner and cache."""
+    # `miniverl up` divides the machine's cores between its two processes.
+    cap = int(os.environ.get("MINIVERL_CPU_THREADS", "0") or 0)
+    apply_cpu_threads(min(recipe.runtime.cpu_threads, cap) if cap else recipe.runtime.cpu_threads)
+    if recipe.run.deterministic:
+        torch.use_deterministic_algorithms(True)
+    seed_everything(recipe.run.seed)
+    policy = load_policy(recipe, offline=offline)
+    optimizer = build_optimizer(recipe, policy.trainable_parameters())
+    dtype = next(policy.model.parameters()).dtype
+    autocast = (
+        torch.autocast("cuda", dtype=dtype)
+        if policy.device.type == "cuda" and dtype != torch.float32 else None
+    )
+    env = recipe.environment
+    train_tasks = make_tasks(
+        env.name, "train", env.train_tasks, env.difficulty, env.split_seed, params=env.params
+    )
+    runner = RolloutRunner(
+        policy.model, policy.tokenizer, env_name=env.name, env_params=env.params,
+        rollout=recipe.rollout, tokenizer_fp=policy.tokenizer_fp,
+    )
+    update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
+                    vocab_size=policy.vocab_size)
+    kind = "exact" if recipe.loss.objective == "exact_full_vocab" else "topk"
+    state = TrainState(
+        recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
+        autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind,
+        cache=open_cache(recipe, run, policy, kind), teacher=teacher, stop_event=stop_event,
+        started=started, checkpoints=checkpoints,
+    )
+    # The schedule reads where the warm-up ended from the state it belongs to (it draws
+    # no random numbers, so building it after the tasks and runner changes nothing).
+    state.scheduler = build_scheduler(recipe, optimizer, lambda: state.warmup_end)
+    return state
+
+
+def save_checkpoint(state: TrainState) -> Path | None:
+    """Write a checkpoint of ``state`` (atomically); None when checkpoints are off."""
+    if not state.checkpoints:
+        return None
+    path = write_checkpoint(
+        state.run.checkpoints_dir,
+        model=state.policy.model,
+        optimizer=state.optimizer,
+        scheduler=state.scheduler,
+        step=state.step,
+        version=state.version,
+        data_cursor={"cycle": state.cycle, "warmup_end": state.warmup_end,
+                     "warmup_losses": state.warmup_losses},
+        recipe_digest=run_digest(state.recipe),
+    )
+    state.run.event("checkpoint", path=str(path), version=state.version, step=state.step)
+    return path
+
+
+def restore(state: TrainState) -> None:
+    """Load the run's latest checkpoint into ``state`` (parameters, optimizer, cursors)."""
+    path = latest_checkpoint(state.run.checkpoints_dir)
+    if path is None:
+        raise ConfigError(
+            f"run {state.run.id} has no checkpoint to resume from; start it again without "
+            "--resume"
+        )
+    saved = load_checkpoint(path, state.policy.model, state.optimizer, state.scheduler)
+    if saved.recipe_digest != run_digest(state.recipe):
+        raise ConfigError(
+            f"checkpoint {path.name} was written with recipe {saved.recipe_digest}, this "
+            f"recipe is {run_digest(state.recipe)}; resume with the original recipe"
+        )
+    state.step, state.version = saved.step, saved.version
+    state.cycle = int(saved.data_cursor.get("cycle", 0))
+    end = saved.data_cursor.get("warmup_end")
+    state.warmup_end = None if end is None else int(end)
+    state.warmup_losses = [float(x) for x in saved.data_cursor.get("warmup_losses", [])]
+    state.run.event("resumed", checkpoint=str(path), version=state.version, step=state.step)

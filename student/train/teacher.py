@@ -1,0 +1,167 @@
+"""The student's teacher: connect, qualify, retarget, and how the two share one device.
+
+The functions here change a run's :class:`~miniverl.student.train.link.TeacherSide`
+(client, endpoint, link, identity, memory strategy):
+
+- :func:`connect`: handshake, the competence gate (``teacher.min_success``), the view
+  the teacher is shown (``teacher.mode: privileged_context``), the memory strategy.
+- :func:`apply_retarget`: a ``RETARGET`` from the control socket, at an update boundary;
+  a teacher that fails the gate is refused and training goes on with the old one.
+- :func:`memory_strategy`: ``resident`` keeps the teacher's weights on the device;
+  ``swap`` asks the teacher to ``PARK`` before each update and ``WAKE`` before scoring;
+  ``auto`` picks from measured free memory and says why (DESIGN §4). On CPU there is
+  no device memory to share, so ``auto`` is ``resident`` there.
+
+This module does not score trajectories (``link.py``) or train.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miniverl.common.errors import ConfigError, MiniverlError
+from miniverl.common.manifest import record_teacher, update_manifest
+from miniverl.protocol.sync_client import SyncTeacherClient
+from miniverl.student.qualify import require_qualified
+from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
+from miniverl.student.train.link import TeacherLink, teacher_identity
+from miniverl.student.train.state import TrainState
+
+# The student's update needs roughly this many times its weight bytes free
+# (weights + grads + AdamW moments + activations) to keep the teacher resident.
+UPDATE_HEADROOM = 4.0
+
+
+def connect(state: TrainState) -> None:
+    """Handshake with the teacher, refuse an unqualified one, bind a link, pick memory."""
+    recipe, side = state.recipe, state.teacher
+    if side.client is None:
+        rt = recipe.runtime
+        side.client = SyncTeacherClient(
+            side.endpoint,
+            tokenizer_fp=state.policy.tokenizer_fp,
+            vocab_size=state.policy.vocab_size,
+            client_name=f"student:{state.run.id}",
+            heartbeat_ms=rt.heartbeat_ms,
+            request_timeout_s=rt.request_timeout_s,
+            unavailable_timeout_s=rt.unavailable_timeout_s,
+        )
+    side.client.connect(recipe.runtime.teacher_startup_timeout_s)
+    identity = teacher_identity(side.client)
+    check_qualified(state, identity)
+
+    def changed(new: dict, version: int, how: str) -> None:
+        teacher_changed(state, new, version, how)
+
+    side.link = TeacherLink(
+        side.client, kind=state.kind, k=recipe.loss.top_k,
+        temperature=recipe.loss.temperature, on_teacher_changed=changed,
+        view=teacher_view(state),
+    )
+    side.identity = identity
+    state.run.event("teacher_connected", teacher=identity, version=state.version,
+                    endpoint=side.endpoint)
+    record_teacher(state.run, state.version, identity, how="connect")
+    side.memory = choose_memory(state)
+
+
+def check_qualified(state: TrainState, identity: dict) -> None:
+    """The competence gate (teacher.min_success): refuse an unqualified teacher."""
+    teacher = state.recipe.teacher
+    if teacher is None or teacher.min_success is None:
+        return
+    record = require_qualified(state.recipe, identity)
+    state.run.event("teacher_qualified", teacher=identity, success=record["success"],
+                    split=record["split"], n=record["n"], date=record["date"],
+                    min_success=teacher.min_success, version=state.version)
+
+
+def teacher_view(state: TrainState) -> PrivilegedViews | None:
+    """teacher.mode privileged_context: the view hook (rollout/privileged.py), else None."""
+    recipe = state.recipe
+    if recipe.teacher is None or recipe.teacher.mode != "privileged_context":
+        return None
+    env = recipe.environment
+    sizes = {"train": env.train_tasks, "eval": env.eval_tasks, "test": env.test_tasks}
+    policy = state.policy
+    return PrivilegedViews(
+        policy.tokenizer, tokenizer_fp=policy.tokenizer_fp, env_name=env.name,
+        env_params=env.params,
+        task_of=task_lookup(env.name, env.params, env.difficulty, env.split_seed, sizes,
+                            known=state.train_tasks),
+    )
+
+
+def teacher_changed(state: TrainState, new: dict, version: int, how: str) -> None:
+    """A reload or restart the link noticed: gate the new teacher and record it."""
+    side = state.teacher
+    if new == side.identity:  # already recorded: a retarget records itself
+        return
+    check_qualified(state, new)
+    prev = side.identity
+    side.identity = new
+    state.run.event("teacher_changed", how=how, old=prev, new=new, version=version)
+    record_teacher(state.run, version, new, how=how)
+
+
+def apply_retarget(state: TrainState) -> None:
+    """Switch to the endpoint a ``RETARGET`` asked for, if any (an update boundary)."""
+    side = state.teacher
+    endpoint, side.pending_endpoint = side.pending_endpoint, None
+    if endpoint is None or side.client is None:
+        return
+    old = dict(side.identity)
+    try:
+        side.client.retarget(endpoint)
+        try:
+            check_qualified(state, teacher_identity(side.client))
+        except MiniverlError:
+            side.client.retarget(side.endpoint)  # back to the qualified teacher
+            raise
+    except Exception as exc:  # a refused swap keeps training on the old teacher
+        state.run.event("teacher_swap_refused", endpoint=endpoint, reason=str(exc),
+                        version=state.version)
+        return
+    side.endpoint = endpoint
+    side.identity = teacher_identity(side.client)
+    state.run.event("teacher_changed", how="retarget", old=old, new=side.identity,
+                    version=state.version, endpoint=endpoint)
+    record_teacher(state.run, state.version, side.identity, how="retarget")
+
+
+def choose_memory(state: TrainState) -> str:
+    """resident or swap for this run (DESIGN §4), recorded as an event and in the manifest."""
+    wanted = state.recipe.teacher.memory
+    strategy, reason = memory_strategy(state.recipe, state.policy.device)
+    state.run.event("memory_strategy", wanted=wanted, chosen=strategy, reason=reason)
+    update_manifest(state.run, memory={"wanted": wanted, "chosen": strategy, "reason": reason})
+    return strategy
+
+
+def memory_strategy(recipe: Any, device: Any) -> tuple[str, str]:
+    """``(strategy, reason)`` for the recipe's ``teacher.memory`` on ``device``."""
+    wanted = recipe.teacher.memory
+    if wanted == "swap" and recipe.student.quantization != "none":
+        raise ConfigError(
+            "teacher.memory: swap moves the student's weights off the GPU between phases, "
+            f"which a {recipe.student.quantization} quantized student cannot do; use "
+            "memory: resident or quantization: none"
+        )
+    if wanted != "auto":
+        return wanted, f"set by the recipe (teacher.memory: {wanted})"
+    if getattr(device, "type", "cpu") != "cuda":
+        return "resident", "student on CPU: no accelerator memory to share"
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_student = torch.cuda.memory_allocated(device)
+    needed = UPDATE_HEADROOM * used_by_student
+    if free >= needed:
+        return "resident", (
+            f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB covers the update's "
+            f"~{needed / 2**30:.1f} GiB with the teacher resident"
+        )
+    return "swap", (
+        f"only {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; the update needs "
+        f"~{needed / 2**30:.1f} GiB, so the teacher parks during updates"
+    )

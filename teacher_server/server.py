@@ -1,0 +1,378 @@
+"""The teacher's server: one ZeroMQ ROUTER, admission, and the loop that dispatches.
+
+:class:`TeacherServer` binds the socket (CURVE when configured) *before* the model
+loads, reads every message on an asyncio loop, and admits or refuses it (DESIGN §3):
+
+- every malformed message gets ``ERROR`` with the request's id (``BAD_REQUEST``,
+  ``VERSION_MISMATCH``, ``TOO_LARGE``...) or is dropped when no header parses; the
+  loop body is wrapped so nothing a client sends can stop the loop;
+- ``HELLO`` waits for the model while ``LOADING``; another tokenizer fingerprint or
+  vocabulary → ``TOKENIZER_MISMATCH`` naming both;
+- ``SCORE`` while loading → retryable ``RELOADING``; before ``HELLO`` (to this
+  instance) → ``NEED_HELLO``; per client at most ``max_inflight`` open requests
+  (``OVERLOADED``); a resent id that is still open is not computed twice, a resent id
+  answered in the last ``dedup_ttl_s`` gets the cached reply; an accepted one is queued
+  for the batcher (``batcher.py``);
+- ``PING``/``STATUS`` are answered at once, even while a batch computes;
+- ``RELOAD``/``PARK``/``WAKE``/``SHUTDOWN`` go to the lifecycle (``lifecycle.py``).
+
+The model lives in a backend (``backend.py``) that a loader builds on the worker
+thread, so this module never imports torch and does not know how scoring is computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from miniverl.common.errors import MiniverlError
+from miniverl.protocol import messages as m
+from miniverl.protocol.codec import decode, decode_header_only, encode
+from miniverl.protocol.endpoints import (
+    apply_curve_server,
+    check_bind_endpoint,
+    load_curve_server_keys,
+    start_curve_authenticator,
+)
+from miniverl.protocol.messages import ErrorCode, ProtocolViolation, TeacherState
+from miniverl.teacher_server import lifecycle
+from miniverl.teacher_server.backend import Loader, ScoreJob
+from miniverl.teacher_server.batcher import dispatch_loop
+from miniverl.teacher_server.state import (
+    LogFn,
+    ServerConfig,
+    ServerState,
+    describe,
+    frame_bytes,
+    log,
+    send,
+    send_error,
+    spawn,
+)
+
+
+class TeacherServer:
+    """One ROUTER, one worker thread, one backend at a time. ``await serve()`` runs it."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        loader: Loader,
+        *,
+        log: LogFn | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ):
+        self.srv = ServerState(config=config, loader=loader, log_fn=log, context=context)
+
+    @property
+    def endpoint(self) -> str | None:
+        """The bound endpoint (a tcp port resolved), None until bound."""
+        return self.srv.endpoint
+
+    @property
+    def instance(self) -> str:
+        return self.srv.instance
+
+    async def serve(self) -> int:
+        """Bind, load in the background, answer until shut down; returns the exit code."""
+        srv = self.srv
+        srv.loop = asyncio.get_running_loop()
+        srv.sock = _open_socket(srv)
+        log(srv, "info", "bound", endpoint=srv.endpoint, instance=srv.instance)
+        for coro in (_recv_loop(srv), dispatch_loop(srv), _load_then_answer_hellos(srv)):
+            spawn(srv, coro)
+        try:
+            await srv.stopped.wait()
+        finally:
+            for task in list(srv.tasks):
+                task.cancel()
+            await asyncio.gather(*srv.tasks, return_exceptions=True)
+            srv.sock.close(srv.config.linger_ms)
+            if srv.auth is not None:
+                srv.auth.stop()
+            backend, srv.backend = srv.backend, None
+            if backend is not None:
+                with contextlib.suppress(Exception):
+                    backend.close()
+            srv.executor.shutdown(wait=False, cancel_futures=True)
+            log(srv, "info", "stopped", exit_code=srv.exit_code)
+        return srv.exit_code
+
+    def shutdown_threadsafe(self, mode: str = "drain") -> None:
+        """Begin a shutdown from any thread (tests, embedding)."""
+        if self.srv.loop is not None:
+            self.srv.loop.call_soon_threadsafe(self.request_shutdown, mode)
+
+    def request_shutdown(self, mode: str = "drain") -> None:
+        """Begin a shutdown from the event loop's thread (SIGTERM handler)."""
+        lifecycle.request_shutdown(self.srv, mode)
+
+
+def run_server(server: TeacherServer) -> int:
+    """Run ``server`` on a fresh event loop; SIGTERM and SIGINT mean ``SHUTDOWN drain``."""
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, server.request_shutdown, "drain")
+        return await server.serve()
+
+    return asyncio.run(main())
+
+
+def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
+    cfg = srv.config
+    curve = None
+    if cfg.curve_secret_key or cfg.curve_authorized_dir:
+        curve = load_curve_server_keys(cfg.curve_secret_key or "", cfg.curve_authorized_dir or "")
+    check_bind_endpoint(cfg.endpoint, curve_configured=curve is not None)
+    ctx = srv.context or zmq.asyncio.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    lim = srv.limits
+    largest = max(
+        lim.max_header_bytes,
+        4 * lim.max_tokens,
+        4 * lim.max_positions,
+        4 * (lim.max_sequences + 1),
+    )
+    # A frame beyond this cannot be a valid request; ZeroMQ drops the peer before
+    # buffering it, so a hostile client cannot make the teacher allocate gigabytes.
+    sock.setsockopt(zmq.MAXMSGSIZE, largest + 1024)
+    sock.setsockopt(zmq.LINGER, cfg.linger_ms)
+    if curve is not None:
+        srv.auth = start_curve_authenticator(ctx, curve)
+        apply_curve_server(sock, curve)
+    try:
+        sock.bind(cfg.endpoint)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise MiniverlError(
+            f"cannot bind {cfg.endpoint}: {exc}; is another teacher serving there? "
+            "pick another --bind or stop it with `miniverl teacher shutdown`"
+        ) from None
+    srv.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    return sock
+
+
+async def _load_then_answer_hellos(srv: ServerState) -> None:
+    if not await lifecycle.initial_load(srv):
+        return
+    held, srv.held_hellos = srv.held_hellos, []
+    for ident, hello in held:
+        await _on_hello(srv, ident, hello)
+
+
+async def _recv_loop(srv: ServerState) -> None:
+    sock = srv.sock
+    while True:
+        frames = await sock.recv_multipart(copy=False)
+        try:
+            await _on_frames(srv, frames)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never a dead loop: log and keep serving
+            log(srv, "error", "loop_error", error=describe(exc), trace=traceback.format_exc(limit=6))
+
+
+async def _on_frames(srv: ServerState, frames: list) -> None:
+    if len(frames) < 2:
+        return
+    ident = frames[0].bytes
+    body = frames[1:]
+    srv.counters["bytes_received"] += frame_bytes(body)
+    try:
+        msg, arrays = decode(body, srv.limits)
+    except ProtocolViolation as exc:
+        try:
+            decode_header_only(body[0], srv.limits)
+        except ProtocolViolation:
+            log(srv, "warning", "dropped", reason=str(exc)[:200])
+            return
+        await send_error(srv, ident, exc.ref_id, exc.code, str(exc))
+        return
+    handler = _HANDLERS.get(msg.t)
+    if handler is None:
+        await send_error(
+            srv, ident, msg.id, ErrorCode.BAD_REQUEST, f"{msg.t} is not a request a teacher accepts"
+        )
+        return
+    await handler(srv, ident, msg, arrays)
+
+
+async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = None) -> None:
+    backend = srv.backend
+    if backend is None:  # still loading: answer once the model is there
+        srv.held_hellos.append((ident, msg))
+        return
+    if msg.tokenizer_fp != backend.tokenizer_fp or msg.vocab_size != backend.vocab_size:
+        await send_error(
+            srv,
+            ident,
+            msg.id,
+            ErrorCode.TOKENIZER_MISMATCH,
+            f"tokenizer mismatch: client {msg.client!r} has {msg.tokenizer_fp} "
+            f"(V={msg.vocab_size}), teacher has {backend.tokenizer_fp} "
+            f"(V={backend.vocab_size}); cross-tokenizer distillation is refused",
+        )
+        return
+    srv.hello[ident] = msg.client
+    lim = srv.limits
+    exact = (
+        m.ExactKind(max_vocab=lim.max_exact_vocab)
+        if backend.vocab_size <= lim.max_exact_vocab
+        else None
+    )
+    reply = m.HelloOk(
+        id=msg.id,
+        teacher=m.TeacherInfo(**backend.info),
+        instance=srv.instance,
+        gen=srv.gen,
+        tokenizer_fp=backend.tokenizer_fp,
+        vocab_size=backend.vocab_size,
+        kinds=m.Kinds(topk=m.TopkKind(k_max=min(lim.max_k, backend.vocab_size)), exact=exact),
+        limits=m.ServerLimits(
+            max_tokens=lim.max_tokens,
+            max_positions=lim.max_positions,
+            max_inflight=lim.max_inflight,
+        ),
+        heartbeat_ms=srv.config.heartbeat_ms,
+        server_version=srv.config.server_version,
+    )
+    log(srv, "info", "hello", client=msg.client, gen=srv.gen)
+    await send(srv, ident, encode(reply))
+
+
+async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) -> None:
+    refusal = _score_refusal(srv, ident)
+    if refusal is not None:
+        code, message = refusal
+        await send_error(srv, ident, msg.id, code, message, retryable=True)
+        return
+    key = (ident, msg.id)
+    if key in srv.inflight:  # a resend of an open request: its reply will come
+        log(srv, "debug", "duplicate_inflight", id=msg.id)
+        return
+    cached = srv.answered.get(key)
+    if cached is not None and cached[0] > time.monotonic():
+        log(srv, "debug", "duplicate_answered", id=msg.id)
+        await send(srv, ident, cached[1])
+        return
+    refusal = _busy_refusal(srv, ident)
+    if refusal is not None:
+        code, message = refusal
+        await send_error(srv, ident, msg.id, code, message, retryable=True)
+        return
+    lim, vocab_size = srv.limits, srv.backend.vocab_size
+    try:
+        m.validate_score(msg, arrays, vocab_size, lim)
+    except ProtocolViolation as exc:
+        await send_error(srv, ident, msg.id, exc.code, str(exc))
+        return
+    n_pos = int(arrays["positions"].shape[0])
+    if msg.kind == "exact" and 4 * n_pos * vocab_size > lim.max_array_bytes:
+        await send_error(
+            srv,
+            ident,
+            msg.id,
+            ErrorCode.TOO_LARGE,
+            f"an exact reply for {n_pos} positions x V={vocab_size} "
+            f"exceeds {lim.max_array_bytes} bytes; send fewer positions",
+        )
+        return
+    now = time.monotonic()
+    job = ScoreJob(
+        tokens_N=arrays["tokens"], cu_seqlens_B1=arrays["cu_seqlens"],
+        positions_P=arrays["positions"], kind=msg.kind, k=msg.k, temperature=msg.temperature,
+        client=ident, id=msg.id, student_version=msg.student_version, received=now,
+        deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
+    )
+    srv.counters["requests"] += 1
+    srv.inflight[key] = job
+    srv.per_client[ident] += 1
+    srv.queue.append(job)
+    srv.work.set()
+
+
+def _score_refusal(srv: ServerState, ident: bytes) -> tuple[ErrorCode, str] | None:
+    """Why a ``SCORE`` cannot be looked at yet (checked before the resend table)."""
+    if srv.state == TeacherState.LOADING:  # nobody can have said HELLO yet
+        return ErrorCode.RELOADING, "teacher is still loading its model; retry later"
+    if ident not in srv.hello:
+        return ErrorCode.NEED_HELLO, f"say HELLO to teacher instance {srv.instance} before SCORE"
+    return None
+
+
+def _busy_refusal(srv: ServerState, ident: bytes) -> tuple[ErrorCode, str] | None:
+    """Why a new ``SCORE`` is refused now (reloading, shutting down, over the limit)."""
+    if srv.state == TeacherState.RELOADING:
+        return ErrorCode.RELOADING, "teacher is reloading; retry later"
+    if srv.state == TeacherState.DRAINING:
+        return ErrorCode.SHUTTING_DOWN, "teacher is shutting down; retry later"
+    if srv.per_client[ident] >= srv.limits.max_inflight:
+        return ErrorCode.OVERLOADED, (
+            f"client has {srv.per_client[ident]} requests open; the limit "
+            f"is max_inflight={srv.limits.max_inflight}"
+        )
+    return None
+
+
+async def _on_ping(srv: ServerState, ident: bytes, msg: m.Ping, arrays: Any = None) -> None:
+    await send(srv, ident, encode(m.Pong(id=msg.id, **_liveness(srv))))
+
+
+async def _on_status(srv: ServerState, ident: bytes, msg: m.Status, arrays: Any = None) -> None:
+    backend = srv.backend
+    memory = None
+    if backend is not None:
+        with contextlib.suppress(Exception):
+            memory = m.DeviceMemory(**backend.memory())
+    c = srv.counters
+    reply = m.StatusOk(
+        id=msg.id,
+        **_liveness(srv),
+        teacher=m.TeacherInfo(**backend.info) if backend is not None else None,
+        counters=m.Counters(
+            requests=c["requests"],
+            positions=c["positions"],
+            errors=dict(c["errors"]),
+            bytes_received=c["bytes_received"],
+            bytes_sent=c["bytes_sent"],
+        ),
+        memory=memory,
+    )
+    await send(srv, ident, encode(reply))
+
+
+def _liveness(srv: ServerState) -> dict[str, Any]:
+    busy = bool(srv.inflight)
+    idle_ms = (time.monotonic() - srv.last_progress) * 1000 if busy else 0.0
+    return {
+        "instance": srv.instance,
+        "gen": srv.gen,
+        "state": srv.state,
+        "inflight": len(srv.inflight),
+        "queue_depth": len(srv.queue),
+        "last_progress_ms": round(idle_ms, 3),
+    }
+
+
+_HANDLERS: dict[str, Callable] = {
+    "HELLO": _on_hello,
+    "SCORE": _on_score,
+    "PING": _on_ping,
+    "STATUS": _on_status,
+    "RELOAD": lifecycle.on_control,
+    "PARK": lifecycle.on_control,
+    "WAKE": lifecycle.on_control,
+    "SHUTDOWN": lifecycle.on_control,
+}

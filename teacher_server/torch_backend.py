@@ -1,0 +1,107 @@
+"""The built-in backend: a loaded torch model behind ``score_batch``/``park``/``wake``.
+
+:class:`TorchTeacher` adapts a :class:`~miniverl.teacher_server.loader.LoadedTeacher` to
+the :class:`~miniverl.teacher_server.backend.Backend` interface: coalesced jobs go through
+:func:`~miniverl.teacher_server.scoring.score_requests` in one decoder pass, scoring
+errors become per-job ``BackendError`` s, and park/wake move the weights between the
+accelerator and host memory. The loader the server calls is built by
+:func:`~miniverl.teacher_server.scorers.make_loader`.
+
+Parking on CPU: the weights already live in host memory, so PARK/WAKE only change the
+state the server reports (``PARKED``/``READY``); a ``SCORE`` while parked wakes the
+teacher implicitly (the server logs ``implicit_wake``). This module does not touch
+sockets.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from miniverl.protocol.messages import ErrorCode
+from miniverl.teacher_server.backend import BackendError, ScoreJob
+from miniverl.teacher_server.loader import LoadedTeacher
+from miniverl.teacher_server.prefix_cache import PrefixCache
+from miniverl.teacher_server.scoring import ScoringBadRequest, ScoringUnsupported, score_requests
+
+
+class TorchTeacher:
+    """A frozen causal LM that scores coalesced jobs (runs on the server's worker thread)."""
+
+    def __init__(self, loaded: LoadedTeacher, *, exact_max_vocab: int, max_batch_tokens: int):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.info = dict(loaded.info)
+        self.tokenizer_fp = loaded.tokenizer_fp
+        self.vocab_size = loaded.vocab_size
+        self.device = loaded.device
+        self.exact_max_vocab = exact_max_vocab
+        self.max_batch_tokens = max_batch_tokens
+        self.prefix_cache = PrefixCache()  # make_loader sizes it (--prefix-cache-tokens)
+        self.parked = False
+
+    def score_batch(self, jobs: list[ScoreJob]) -> list[dict | BackendError]:
+        results = score_requests(
+            self.model,
+            jobs,
+            exact_max_vocab=self.exact_max_vocab,
+            max_batch_tokens=self.max_batch_tokens,
+            prefix_cache=self.prefix_cache,
+        )
+        out: list[dict | BackendError] = []
+        for result in results:
+            if isinstance(result, ScoringUnsupported):
+                out.append(BackendError(ErrorCode.UNSUPPORTED, str(result)))
+            elif isinstance(result, ScoringBadRequest):
+                out.append(BackendError(ErrorCode.BAD_REQUEST, str(result)))
+            else:
+                out.append(result)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Counters the server logs with each batch (``--log-level debug``)."""
+        return {"prefix_cache": self.prefix_cache.stats()}
+
+    def _on_accelerator(self) -> bool:
+        return not self.device.startswith("cpu")
+
+    def park(self) -> None:
+        if self.parked:
+            return
+        self.prefix_cache.clear()  # its KV lives on the accelerator too
+        if self._on_accelerator():
+            import torch
+
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+        self.parked = True
+
+    def wake(self) -> None:
+        if not self.parked:
+            return
+        if self._on_accelerator():
+            self.model.to(self.device)
+        self.parked = False
+
+    def memory(self) -> dict[str, Any]:
+        if not self._on_accelerator():
+            return {"device": self.device}
+        import torch
+
+        dev = torch.device(self.device)
+        return {
+            "device": self.device,
+            "allocated_bytes": int(torch.cuda.memory_allocated(dev)),
+            "reserved_bytes": int(torch.cuda.memory_reserved(dev)),
+            "total_bytes": int(torch.cuda.get_device_properties(dev).total_memory),
+        }
+
+    def close(self) -> None:
+        self.prefix_cache.clear()
+        self.model = None
+        self.loaded.model = None
+        gc.collect()
+        if self._on_accelerator():
+            import torch
+
+            torch.cuda.empty_cache()

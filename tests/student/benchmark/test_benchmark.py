@@ -1,0 +1,261 @@
+"""Matched-budget benchmarks with a fake cell runner: budgets, statistics, resume, export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from miniverl.common.errors import ConfigError
+from miniverl.student.benchmark.config import load_benchmark_config
+from miniverl.student.benchmark.export import (
+    HardwareResult,
+    benchmark_result_json_schema,
+    build_hardware_result,
+    export_benchmark,
+)
+from miniverl.student.benchmark.results import BenchmarkResults, CellResult
+from miniverl.student.benchmark.run import TrainerCells, run_benchmark
+from miniverl.student.benchmark.stats import bootstrap_mean_interval
+from tests.student.report.report_runs import make_run, toy_sft_recipe
+
+BASE_RECIPE = {
+    "run": {"name": "toy", "mode": "sft"},
+    "student": {"model": {"toy": {"hidden": 32}}},
+    "train": {"cycles": 3, "lr": 0.001},
+}
+ARM_SHIFT = {"sft": 0.0, "opd": 0.2, "opd_serial": 0.15}
+
+
+def write_config(tmp_path: Path, **changes) -> Path:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE_RECIPE))
+    config = {
+        "name": "toy",
+        "recipe": "base.yaml",
+        "arms": [
+            {"name": "sft", "mode": "sft"},
+            {"name": "opd", "mode": "opd", "pipelining": True},
+            {"name": "opd_serial", "mode": "opd", "pipelining": False},
+        ],
+        "baseline": "sft",
+        "seeds": [0, 1, 2],
+        "budget": {"kind": "updates", "updates": 5},
+        "output_dir": str(tmp_path / "out"),
+        "bootstrap": {"samples": 500, "seed": 0},
+    }
+    config.update(changes)
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class FakeCells:
+    """Records each call; success depends on arm (via the recipe) and seed, deterministically."""
+
+    def __init__(self, fail_after: int | None = None, broken: set[tuple[str, int]] = frozenset()):
+        self.calls: list[tuple[str, int, dict]] = []
+        self.fail_after = fail_after
+        self.broken = broken
+
+    def __call__(self, recipe: dict, seed: int) -> CellResult:
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C mid-benchmark
+        arm = recipe["run"]["name"].split("-")[1]
+        self.calls.append((arm, seed, recipe))
+        if (arm, seed) in self.broken:
+            raise RuntimeError("teacher went away")
+        before = 0.1 + 0.02 * seed
+        return CellResult(
+            updates=recipe["train"]["cycles"],
+            wall_s=10.0 + seed,
+            success_before=before,
+            success_after=before + 0.3 + ARM_SHIFT[arm],
+            final_loss=1.0 - ARM_SHIFT[arm],
+            loss_curve=[2.0, 1.5, 1.0 - ARM_SHIFT[arm]],
+        )
+
+
+def test_every_cell_gets_the_same_budget_and_its_own_seed(tmp_path: Path) -> None:
+    # Matched budget: each arm x seed runs the same number of updates; only mode/seed differ.
+    fake = FakeCells()
+    results, out = run_benchmark(write_config(tmp_path), run_cell=fake)
+    assert len(fake.calls) == 9 and results.complete
+    for arm, seed, recipe in fake.calls:
+        assert recipe["train"]["cycles"] == 5 and recipe["run"]["seed"] == seed
+        assert recipe["run"]["mode"] == ("sft" if arm == "sft" else "opd")
+        assert recipe["student"] == BASE_RECIPE["student"]
+        assert recipe["run"]["output_dir"] == str(out / "runs")
+    pipelining = {arm: r["train"].get("pipelining") for arm, _, r in fake.calls}
+    assert pipelining == {"sft": None, "opd": True, "opd_serial": False}
+    assert all(c.budget_matched for c in results.cells)
+
+
+def test_wall_time_budget_sets_max_wall_s(tmp_path: Path) -> None:
+    fake = FakeCells()
+    config = write_config(tmp_path, budget={"kind": "wall_time", "wall_s": 30, "max_updates": 999})
+    results, _ = run_benchmark(config, run_cell=fake)
+    assert {r["train"]["max_wall_s"] for _, _, r in fake.calls} == {30}
+    assert {r["train"]["cycles"] for _, _, r in fake.calls} == {999}
+    assert all(c.budget_matched is None for c in results.cells)
+
+
+def test_results_are_schema_valid_with_paired_intervals(tmp_path: Path) -> None:
+    results, out = run_benchmark(write_config(tmp_path), run_cell=FakeCells())
+    on_disk = BenchmarkResults.model_validate_json((out / "results.json").read_text())
+    assert on_disk.complete and len(on_disk.cells) == 9
+    by_arm = {s.arm: s for s in on_disk.summary}
+    # The same seed-dependent offset in every arm cancels in the paired difference.
+    assert by_arm["opd"].diff_vs_baseline == pytest.approx(0.2)
+    assert by_arm["opd"].diff_low == pytest.approx(0.2) and by_arm[
+        "opd"
+    ].diff_high == pytest.approx(0.2)
+    assert by_arm["opd"].n_pairs == 3 and by_arm["sft"].diff_vs_baseline is None
+    assert by_arm["sft"].mean_low < by_arm["sft"].mean < by_arm["sft"].mean_high
+    summary = (out / "summary.md").read_text()
+    assert "| opd | 3 | 0 |" in summary
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") >= 4 and "http" not in html and "<script" not in html
+
+
+def test_bootstrap_is_seeded_and_covers_the_mean() -> None:
+    values = [0.1, 0.4, 0.35, 0.2, 0.5]
+    first = bootstrap_mean_interval(values, 1000, 0.9, seed=3)
+    assert first == bootstrap_mean_interval(values, 1000, 0.9, seed=3)
+    mean, lo, hi = first
+    assert lo <= mean <= hi and lo >= min(values) and hi <= max(values)
+    assert bootstrap_mean_interval([0.7], 1000, 0.9, seed=0) == (0.7, 0.7, 0.7)
+
+
+def test_resume_runs_only_the_missing_cells(tmp_path: Path) -> None:
+    # An interrupted benchmark keeps what finished; --resume runs the rest, nothing twice.
+    config = write_config(tmp_path)
+    first = FakeCells(fail_after=4)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(config, run_cell=first)
+    saved = BenchmarkResults.model_validate_json((tmp_path / "out" / "results.json").read_text())
+    assert len(saved.cells) == 4 and not saved.complete
+    with pytest.raises(ConfigError, match="--resume"):
+        run_benchmark(config, run_cell=FakeCells())
+    second = FakeCells()
+    results, _ = run_benchmark(config, resume=True, run_cell=second)
+    assert len(second.calls) == 5
+    done_first = {(a, s) for a, s, _ in first.calls}
+    assert done_first.isdisjoint({(a, s) for a, s, _ in second.calls})
+    assert results.complete and len(results.cells) == 9
+
+
+def test_failed_cells_are_recorded_and_rerun_on_resume(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    results, _ = run_benchmark(config, run_cell=FakeCells(broken={("opd", 1)}))
+    assert not results.complete
+    failed = [c for c in results.cells if c.result.status == "failed"]
+    assert [(c.arm, c.seed) for c in failed] == [("opd", 1)]
+    assert "teacher went away" in failed[0].result.error
+    assert {s.arm: s.n_failed for s in results.summary}["opd"] == 1
+    again = FakeCells()
+    results, _ = run_benchmark(config, resume=True, run_cell=again)
+    assert [(a, s) for a, s, _ in again.calls] == [("opd", 1)] and results.complete
+
+
+def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(config, run_cell=FakeCells(fail_after=2))
+    write_config(tmp_path, budget={"kind": "updates", "updates": 7})
+    with pytest.raises(ConfigError, match="different config"):
+        run_benchmark(config, resume=True, run_cell=FakeCells())
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"baseline": "dpo"}, "baseline 'dpo' is not an arm"),
+        ({"budget": {"kind": "updates"}}, "budget.updates is unset"),
+        ({"seeds": [1, 1]}, "seeds must be unique"),
+        ({"arms": [{"name": "a", "mode": "opd", "extra": 1}]}, "extra"),
+        ({"recipe": "missing.yaml"}, "cannot be read"),
+    ],
+)
+def test_bad_configs_name_the_problem(tmp_path: Path, changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_benchmark_config(write_config(tmp_path, **changes))
+
+
+def test_toy_benchmark_config_is_valid() -> None:
+    path = Path(__file__).parents[3] / "benchmarks" / "toy_benchmark.yaml"
+    config, base = load_benchmark_config(path)
+    assert config.baseline in {a.name for a in config.arms}
+    assert base["run"]["mode"] in {"sft", "opd", "offline_kd", "replay"}
+
+
+def test_trainer_cells_train_a_real_cell(tmp_path: Path) -> None:
+    # The default cell reads the trainer's TrainResult as it is (no fallbacks): a real
+    # toy SFT run becomes an ok cell with its final version and updates.
+    pytest.importorskip("torch")
+    cells = TrainerCells(None, tmp_path)
+    try:
+        result = cells(toy_sft_recipe(tmp_path / "runs"), seed=0)
+    finally:
+        cells.close()
+    assert result.status == "ok" and result.final_version == 2 and result.updates == 2
+    assert result.wall_s is not None and cells.process is None  # sft starts no teacher
+    assert Path(result.run_dir).parent == tmp_path / "runs"
+
+
+# -- export-benchmark ----------------------------------------------------------------------
+
+SECRET = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+HOME_PATH = "/home/alice/private-models/qwen-secret"
+
+
+def test_export_from_run_redacts_planted_secret_and_home_path(tmp_path: Path) -> None:
+    # A shared result must never carry a token or a local path, wherever they were planted.
+    run = make_run(tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["packages"]["hub_note"] = f"downloaded with token={SECRET}"
+    manifest["packages"]["api_key"] = SECRET
+    manifest["models"]["student"] = {"source": "path", "id": HOME_PATH, "revision": None}
+    manifest["hardware"]["gpus"] = [{"index": 0, "name": "H200", "total_memory_bytes": 141 * 2**30}]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    out = export_benchmark(run, tmp_path / "share" / "result.json")
+    text = out.read_text()
+    assert SECRET not in text and "/home/alice" not in text and "alice" not in text
+    result = HardwareResult.model_validate_json(text)
+    assert result.source == "run" and result.hardware_source == "manifest"
+    assert result.device.kind == "cuda" and result.device.name == "H200"
+    assert result.throughput.positions_per_s == pytest.approx(225.5)
+    assert result.device.memory_bytes == 141 * 2**30 and result.host.cpu_count == 2
+    assert result.models["student"] == "~/private-models/qwen-secret"
+    assert result.models["teacher"].startswith("toy ")
+    assert result.versions["torch"] == "2.13.0" and "bitsandbytes" not in result.versions
+    assert result.recipe_digest == "sha256:" + "ab" * 32 and result.steps == 12
+    assert result.success_before == pytest.approx(0.05) and result.success_after == pytest.approx(
+        0.45
+    )
+
+
+def test_export_from_benchmark_results(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    _, out = run_benchmark(config, run_cell=FakeCells())
+    result = build_hardware_result(out / "results.json")
+    assert result.source == "benchmark" and {a.arm for a in result.arms} == {
+        "sft",
+        "opd",
+        "opd_serial",
+    }
+    assert str(tmp_path) not in result.model_dump_json()
+
+
+def test_export_rejects_unknown_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="neither a run directory"):
+        build_hardware_result(tmp_path / "nothing")
+
+
+def test_schema_describes_the_exported_file() -> None:
+    schema = benchmark_result_json_schema()
+    assert schema["title"] == "HardwareResult"
+    assert {"device", "throughput", "peak_memory_bytes", "recipe_digest"} <= set(
+        schema["properties"]
+    )

@@ -1,0 +1,53 @@
+"""Oracle trajectories: every environment, split and difficulty verifies, with exact spans."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from miniverl.common.toy import build_toy_tokenizer  # noqa: E402
+from miniverl.common.trajectory import SpanType  # noqa: E402
+from miniverl.student.environments import (  # noqa: E402
+    DIFFICULTIES,
+    SPLITS,
+    ToolCall,
+    get_environment,
+    list_environments,
+    make_tasks,
+)
+from miniverl.student.rollout.oracle import oracle_trajectory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_toy_tokenizer()
+
+
+# SFT and the toy teacher learn from these traces: a wrong trace would teach wrong answers.
+@pytest.mark.parametrize("env_name", ["calculator", "jsonnav", "sqlite"])
+def test_oracle_traces_verify_on_every_split_and_difficulty(tok, env_name):
+    assert env_name in list_environments()
+    for split in SPLITS:
+        for difficulty in DIFFICULTIES:
+            for task in make_tasks(env_name, split, 4, difficulty, split_seed=0):
+                traj = oracle_trajectory(env_name, task, tok, "fp")
+                assert traj.verifier.success and traj.source == "oracle"
+                assert traj.spans[-1].type == SpanType.ASSISTANT_FINAL
+                assert (traj.split, traj.difficulty) == (split, difficulty)
+
+
+def test_oracle_spans_match_the_template_rendering(tok):
+    task = make_tasks("sqlite", "train", 1, "hard", split_seed=0)[0]
+    traj = oracle_trajectory("sqlite", task, tok, "fp")
+    env = get_environment("sqlite")
+    calls = [a for a in env.oracle_actions(task) if isinstance(a, ToolCall)]
+    types = [s.type for s in traj.spans]
+    assert types[:2] == [SpanType.SYSTEM, SpanType.USER]
+    assert types.count(SpanType.ASSISTANT_TOOL_CALL) == len(calls)
+    assert types.count(SpanType.TOOL_RESULT) == len(calls)
+    assert traj.tool_calls.total == len(calls)
+    rendered = tok.apply_chat_template(traj.messages, tools=env.tool_specs(), tokenize=False)
+    assert tok.decode(traj.tokens) + "\n" == rendered
+    for ids in traj.model_ids():
+        assert tok.convert_ids_to_tokens(ids[-1]) == "<|im_end|>"

@@ -1,0 +1,141 @@
+"""The teacher's lifecycle: LOADING, PARK/WAKE, RELOAD (drain, abort, refusals), SHUTDOWN.
+
+Real TeacherServer over inproc:// with the numpy fake backend
+(``fake_backend.py``, ``harness.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from miniverl.common.errors import ConfigError
+from miniverl.protocol.messages import TeacherState
+from tests.teacher_server.fake_backend import FP, VOCAB, FakeBackend
+from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
+
+
+def test_loading_state_pings_and_held_hello(harness):
+    # Users rely on: a loading teacher is never mistaken for a dead one.
+    release = threading.Event()
+    backend = FakeBackend()
+
+    def slow_loader(request):
+        release.wait(10)
+        return backend
+
+    h, _ = harness(loader=slow_loader)
+    sock = h.client()
+    pong, _ = call(sock, {"v": 1, "t": "PING", "id": 1})
+    assert pong.state == TeacherState.LOADING
+    err, _ = call(sock, score_header(2), score_arrays())
+    assert err.t == "ERROR" and err.code.value == "RELOADING" and err.retryable
+    send(
+        sock,
+        {"v": 1, "t": "HELLO", "id": 3, "client": "c", "tokenizer_fp": FP, "vocab_size": VOCAB},
+    )
+    assert recv(sock, 0.2) is None  # held until the model is there
+    release.set()
+    ok, _ = recv(sock)
+    assert ok.t == "HELLO_OK" and ok.id == 3
+
+
+def test_failed_initial_load_exits_nonzero(harness):
+    def loader(request):
+        raise ConfigError("model path '/nope' has no config.json")
+
+    h, _ = harness(loader=loader)
+    h.thread.join(5)
+    assert h.result == [1]
+
+
+def test_park_wake_and_implicit_wake(harness):
+    h, backend = harness()
+    sock = h.client()
+    hello(sock)
+    ok, _ = call(sock, {"v": 1, "t": "PARK", "id": 2})
+    assert ok.t == "PARK_OK" and ok.state == TeacherState.PARKED and backend.parked
+    assert call(sock, {"v": 1, "t": "PING", "id": 3})[0].state == TeacherState.PARKED
+    ok, _ = call(sock, {"v": 1, "t": "WAKE", "id": 4})
+    assert ok.state == TeacherState.READY and not backend.parked
+    call(sock, {"v": 1, "t": "PARK", "id": 5})
+    msg, _ = call(sock, score_header(6), score_arrays())  # SCORE while parked wakes it
+    assert msg.t == "SCORE_OK" and not backend.parked
+    assert call(sock, {"v": 1, "t": "PING", "id": 7})[0].state == TeacherState.READY
+
+
+def test_reload_bumps_gen_and_refuses_another_tokenizer(harness):
+    backends = {
+        "first": FakeBackend("first"),
+        "second": FakeBackend("second"),
+        "alien": FakeBackend("alien", fp="sha256:" + "00" * 32),
+    }
+
+    def loader(request):
+        if request is None:
+            return backends["first"]
+        if request["model"] == "broken":
+            raise ConfigError("model 'broken' has no config.json")
+        return backends[request["model"]]
+
+    h, _ = harness(loader=loader)
+    sock = h.client()
+    hello(sock)
+    ok, _ = call(sock, {"v": 1, "t": "RELOAD", "id": 2, "model": "second", "mode": "drain"})
+    assert ok.t == "RELOAD_OK" and ok.gen == 1 and ok.teacher.name == "second"
+    assert backends["first"].calls == ["park", "close"]
+    msg, _ = call(sock, score_header(3), score_arrays())
+    assert msg.gen == 1
+    err, _ = call(sock, {"v": 1, "t": "RELOAD", "id": 4, "model": "alien"})
+    assert err.code.value == "TOKENIZER_MISMATCH" and "keeps serving" in err.message
+    err, _ = call(sock, {"v": 1, "t": "RELOAD", "id": 5, "model": "broken", "mode": "abort"})
+    assert err.code.value == "BAD_REQUEST" and "no config.json" in err.message
+    msg, _ = call(sock, score_header(6), score_arrays())
+    assert msg.t == "SCORE_OK" and msg.gen == 1 and not backends["second"].parked
+    status, _ = call(sock, {"v": 1, "t": "STATUS", "id": 7})
+    assert status.teacher.name == "second" and status.state == TeacherState.READY
+
+
+def test_reload_passes_every_pin_to_the_loader(harness):
+    requests = []
+
+    def loader(request):
+        requests.append(request)
+        return FakeBackend("first" if request is None else "second")
+
+    h, _ = harness(loader=loader)
+    sock = h.client()
+    hello(sock)
+    pins = {"model": "org/teacher", "revision": "a" * 40, "adapter": "org/lora",
+            "adapter_revision": "b" * 40}
+    ok, _ = call(sock, {"v": 1, "t": "RELOAD", "id": 2, **pins})
+    assert ok.t == "RELOAD_OK"
+    assert requests == [None, pins]
+
+
+def test_reload_abort_fails_queued_requests_retryably(harness):
+    h, first, gate, sock = busy(harness, first_id=1)
+    send(sock, score_header(2), score_arrays())
+    send(sock, {"v": 1, "t": "RELOAD", "id": 3, "model": "second", "mode": "abort"})
+    errors = [recv(sock)[0] for _ in range(2)]
+    assert {(e.id, e.code.value, e.retryable) for e in errors} == {
+        (1, "RELOADING", True),
+        (2, "RELOADING", True),
+    }
+    gate.set()
+    ok, _ = recv(sock)
+    assert ok.t == "RELOAD_OK" and ok.gen == 1
+    assert recv(sock, 0.2) is None  # the aborted batch's result is never sent
+
+
+def test_shutdown_drains_open_requests(harness):
+    h, backend, gate, sock = busy(harness, first_id=1)
+    send(sock, {"v": 1, "t": "SHUTDOWN", "id": 2, "mode": "drain"})
+    err, _ = call(sock, score_header(3), score_arrays())
+    assert err.code.value == "SHUTTING_DOWN" and err.retryable
+    gate.set()
+    first, _ = recv(sock)
+    second, _ = recv(sock)
+    assert (first.t, second.t) == ("SCORE_OK", "SHUTDOWN_OK")
+    h.thread.join(5)
+    assert not h.thread.is_alive() and h.result == [0]
+    assert "close" in backend.calls

@@ -1,0 +1,195 @@
+"""Loading a teacher (local dir, toy recipe, adapter, offline hub refusals), the backend
+adapter (errors per job, park/wake on CPU) and the JSON-lines log."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from miniverl.common.errors import ConfigError
+from miniverl.teacher_server.backend import BackendError, ScoreJob
+from miniverl.teacher_server.jsonlog import JsonLog
+from miniverl.teacher_server.loader import TeacherSpec, load_teacher, spec_from_recipe
+from miniverl.teacher_server.scorers import make_loader
+from miniverl.teacher_server.torch_backend import TorchTeacher
+
+SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
+
+
+@pytest.fixture(scope="module")
+def toy_dir():
+    from miniverl.common.recipe_models import ToySpec
+    from miniverl.common.toy import toy_model_dir
+
+    return toy_model_dir(ToySpec(**SPEC))
+
+
+@pytest.fixture(scope="module")
+def loaded(toy_dir):
+    return load_teacher(TeacherSpec(model=str(toy_dir), device="cpu"))
+
+
+def test_local_dir_is_frozen_eval_fp32_with_identity(loaded, toy_dir):
+    from miniverl.common.tokenizer_id import tokenizer_fingerprint
+
+    assert not loaded.model.training
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+    assert loaded.dtype == "float32" and loaded.device == "cpu"
+    assert loaded.tokenizer_fp == tokenizer_fingerprint(toy_dir)
+    assert loaded.vocab_size == loaded.model.config.vocab_size
+    assert loaded.info == {
+        "name": toy_dir.name,
+        "model": str(toy_dir),
+        "revision": None,
+        "adapter_sha256": None,
+    }
+
+
+def test_adapter_is_merged_and_its_digest_recorded(toy_dir, loaded, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    base = load_teacher(TeacherSpec(model=str(toy_dir), device="cpu")).model
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # a zero B would make the adapter a no-op
+    peft_model.save_pretrained(tmp_path / "adapter")
+    with_adapter = load_teacher(
+        TeacherSpec(model=str(toy_dir), adapter=str(tmp_path / "adapter"), device="cpu")
+    )
+    digest = with_adapter.info["adapter_sha256"]
+    assert digest.startswith("sha256:") and len(digest) == 7 + 64
+    assert not any(p.requires_grad for p in with_adapter.model.parameters())
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        assert not torch.allclose(with_adapter.model(ids).logits, loaded.model(ids).logits)
+
+
+def test_bad_sources_are_refused_with_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="neither a local directory nor a hub id"):
+        load_teacher(TeacherSpec(model=str(tmp_path / "missing" / "dir")))
+    with pytest.raises(ConfigError, match="40-hex"):
+        load_teacher(TeacherSpec(model="org/model", revision="main"))
+    with pytest.raises(ConfigError, match="config.json"):
+        load_teacher(TeacherSpec(model=str(tmp_path)))
+
+
+def test_offline_hub_model_names_the_missing_files(tmp_path, monkeypatch):
+    # Users rely on: --offline never touches the network and says what to download.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError) as info:
+        load_teacher(TeacherSpec(model="org/absent", revision="a" * 40, offline=True))
+    message = str(info.value)
+    assert (
+        "config.json" in message and "tokenizer.json" in message and "model.safetensors" in message
+    )
+
+
+def test_recipe_teacher_section(tmp_path):
+    recipe = {
+        "run": {"name": "t", "mode": "opd"},
+        "student": {"model": {"toy": {}}, "device": "cpu"},
+        "teacher": {"model": {"toy": SPEC}, "device": "cpu", "dtype": "float32"},
+    }
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    spec = spec_from_recipe(path)
+    assert spec.device == "cpu" and spec.dtype == "float32" and spec.name == "toy-teacher"
+    teacher = make_loader(lambda: spec_from_recipe(path))(None)
+    assert teacher.info["name"] == "toy-teacher" and teacher.vocab_size > 256
+
+
+def test_backend_maps_scoring_errors_per_job_and_parks_on_cpu(loaded):
+    teacher = TorchTeacher(loaded, exact_max_vocab=100, max_batch_tokens=64)
+    tokens = np.arange(10, dtype=np.int32)
+    cu = np.array([0, 10], np.int32)
+
+    def job(kind, positions):
+        return ScoreJob(tokens, cu, np.array(positions, np.int32), kind, 4, 1.0)
+
+    good, exact, bad = teacher.score_batch(
+        [job("topk", [0, 5]), job("exact", [1]), job("topk", [9])]
+    )
+    assert good["ids"].shape == (2, 4)
+    assert isinstance(exact, BackendError) and exact.code.value == "UNSUPPORTED"
+    assert isinstance(bad, BackendError) and bad.code.value == "BAD_REQUEST"
+    teacher.park()
+    assert teacher.parked and teacher.memory() == {"device": "cpu"}
+    teacher.wake()
+    assert not teacher.parked
+
+
+def test_json_lines_log(tmp_path):
+    log = JsonLog(tmp_path / "logs" / "teacher.log", level="info")
+    log("debug", "hidden")
+    log("info", "ready", gen=0, event="clash")
+    log("error", "load_failed", error="boom")
+    log.close()
+    lines = [
+        json.loads(line) for line in (tmp_path / "logs" / "teacher.log").read_text().splitlines()
+    ]
+    assert [line["event"] for line in lines] == ["ready", "load_failed"]
+    assert lines[0]["field_event"] == "clash" and lines[0]["level"] == "info" and "ts" in lines[0]
+    with pytest.raises(ConfigError):
+        JsonLog(level="loud")
+
+
+def test_cli_serve_needs_exactly_one_source():
+    from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
+
+    result = CliRunner().invoke(app, ["teacher", "serve"])
+    assert isinstance(result.exception, ConfigError) and "exactly one" in str(result.exception)
+    result = CliRunner().invoke(
+        app, ["teacher", "reload", "tcp://127.0.0.1:1", "--model", "m", "--mode", "later"]
+    )
+    assert isinstance(result.exception, ConfigError) and "drain or abort" in str(result.exception)
+
+
+def test_a_negative_prefix_cache_budget_is_refused_with_the_fix(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "miniverl.teacher_server", "--model", str(tmp_path),
+         "--prefix-cache-tokens", "-1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --prefix-cache-tokens must be >= 0 (got -1); pass 0 to keep no prefix between "
+        "requests"
+    ]
+
+
+def test_cli_reload_sends_the_adapter_revision(monkeypatch):
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import miniverl.cli.teacher_cmds as teacher_cmds
+    from miniverl.cli.app import app
+
+    sent = {}
+
+    class Admin:
+        def reload(self, model, **kw):
+            sent.update(model=model, **kw)
+            return SimpleNamespace(gen=1, teacher=SimpleNamespace(name="t", model=model))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(teacher_cmds, "_admin", lambda *a: Admin())
+    result = CliRunner().invoke(app, ["teacher", "reload", "tcp://127.0.0.1:1", "--model", "m",
+                                      "--adapter", "org/lora", "--adapter-revision", "c" * 40])
+    assert result.exit_code == 0, result.output
+    assert sent["adapter"] == "org/lora" and sent["adapter_revision"] == "c" * 40
