@@ -4,7 +4,9 @@ A restructuring must not change what training computes. This script runs the rea
 two processes (a ``python -m miniverl.teacher_server`` process and ``miniverl train
 --teacher`` over ``mvl-score/1``) for each mode (sft, offline_kd, opd, replay, dpo) on
 tiny toy models, then hashes every tensor of the last checkpoint (model weights,
-optimizer and RNG state) in name order.
+optimizer and RNG state) in name order. The teacher is started the way ``miniverl up``
+starts one (``miniverl.student.teacher_process.start_teacher``: the student starts
+only once the teacher answered READY) and stopped with SIGTERM after the run.
 
 Settings under which two runs agree bit for bit: ``run.deterministic: true``,
 ``train.pipelining: false``, and a teacher that scores each request alone
@@ -36,8 +38,11 @@ from typing import Any
 
 import yaml
 
+from miniverl.student.teacher_process import start_teacher, stop_teacher
+
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("sft", "offline_kd", "opd", "replay", "dpo")
+TEACHER_STARTUP_S = 120.0
 STUDENT = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
 TEACHER = {"hidden": 48, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 96, "seed": 1}
 
@@ -100,18 +105,16 @@ def run_mode(mode: str, work: Path, attempt: int) -> dict[str, Any]:
     teacher = None
     if mode != "sft":
         endpoint = f"ipc://{out}/teacher.sock"
-        teacher = subprocess.Popen(
-            [sys.executable, "-m", "miniverl.teacher_server", "--recipe", str(path),
-             "--bind", endpoint, "--threads", "1", "--batch-tokens", "1",
+        teacher = start_teacher(
+            ["--recipe", str(path), "--threads", "1", "--batch-tokens", "1",
              "--prefix-cache-tokens", "0", "--log", str(out / "teacher.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            endpoint=endpoint, log=out / "teacher.out", timeout_s=TEACHER_STARTUP_S)
         cmd += ["--teacher", endpoint]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
     finally:
         if teacher is not None:
-            teacher.terminate()
-            teacher.wait(timeout=60)
+            stop_teacher(teacher, timeout_s=60)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"behaviour_hashes: {mode} run failed (exit {proc.returncode}):\n"

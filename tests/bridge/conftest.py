@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.toy_kit import ONE_LAYER
+
 # Student and teacher are the same tiny shape, initialised from different seeds.
-TOY = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
+TOY = ONE_LAYER
 RECIPE = {
     "schema_version": 1,
     "run": {"name": "toy-bridge", "mode": "opd", "seed": 3},

@@ -11,23 +11,22 @@ import json
 import shutil
 
 import pytest
-import yaml
+
+from tests.toy_kit import ONE_LAYER, seeded, toy_dir, write_recipe
 
 pytest.importorskip("torch")
 
-TEACHER = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 7}
+TEACHER = seeded(ONE_LAYER, 7)
 
 
 def test_qualify_a_prepared_teacher(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from miniverl.cli.app import app
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
     from miniverl.student import qualify, teacher_prep
 
     prepared = tmp_path / "prepared-abc"
-    shutil.copytree(toy_model_dir(ToySpec(**TEACHER)), prepared)
+    shutil.copytree(toy_dir(TEACHER), prepared)
     monkeypatch.setattr(
         teacher_prep, "prepare_teacher",
         lambda recipe, prep, show_progress=True: teacher_prep.PreparedTeacher(prepared, True, {}),
@@ -37,16 +36,14 @@ def test_qualify_a_prepared_teacher(tmp_path, monkeypatch):
     recipe = {
         "schema_version": 1,
         "run": {"name": "q", "mode": "opd", "output_dir": str(tmp_path / "runs")},
-        "student": {"model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1,
-                                      "intermediate": 64}}, "device": "cpu", "lora": None},
+        "student": {"model": {"toy": ONE_LAYER}, "device": "cpu", "lora": None},
         "teacher": {"model": {"toy": TEACHER}, "device": "cpu", "dtype": "float32",
                     "prepare": "prep.yaml", "min_success": 0.0},
         "environment": {"name": "jsonnav", "train_tasks": 4, "eval_tasks": 2, "test_tasks": 2},
         "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 8, "max_total_tokens": 640,
                     "batch_size": 2},
     }
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe))
+    path = write_recipe(tmp_path / "recipe.yaml", recipe)
     result = CliRunner().invoke(app, ["qualify-teacher", str(path), "--split", "test"])
     assert result.exit_code == 0, result.output
     assert "on jsonnav test (n=2)" in result.output and "qualified" in result.output

@@ -10,15 +10,14 @@ from rich.progress import Progress
 from miniverl.cli.supervisor import Supervisor
 from miniverl.common.recipe import Recipe
 from miniverl.student.train.optim import total_optimizer_steps
+from tests.toy_kit import ONE_LAYER
 
 
 def _recipe(**train) -> Recipe:
     return Recipe.model_validate({
         "run": {"name": "p", "mode": "opd"},
-        "student": {"model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1,
-                                      "intermediate": 64}}},
-        "teacher": {"model": {"toy": {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1,
-                                      "intermediate": 64}}},
+        "student": {"model": {"toy": ONE_LAYER}},
+        "teacher": {"model": {"toy": ONE_LAYER}},
         "environment": {"name": "calculator"},
         "train": {"cycles": 5, "sft_warmup_steps": 20, **train},
     })

@@ -10,8 +10,9 @@ pytest.importorskip("transformers")
 from miniverl.common import toy  # noqa: E402
 from miniverl.common.modeling import load_causal_lm  # noqa: E402
 from miniverl.common.shared_prefix import decoder_hidden, shared_prefix_len  # noqa: E402
+from tests.toy_kit import FOUR_HEAD, seeded  # noqa: E402
 
-SPEC = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64, "seed": 3}
+SPEC = seeded(FOUR_HEAD, 3)
 
 
 @pytest.fixture(scope="module")

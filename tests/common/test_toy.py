@@ -22,19 +22,11 @@ from miniverl.common.modeling import (  # noqa: E402
     resolve_dtype,
     resolve_model_dir,
 )
+from tests.toy_kit import CALCULATOR_TOOLS, FOUR_HEAD  # noqa: E402
 
 torch.set_num_threads(1)
-TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate arithmetic.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-        },
-    }
-]
+TINY = FOUR_HEAD
+TOOLS = CALCULATOR_TOOLS
 
 
 _TOK = toy.build_toy_tokenizer()

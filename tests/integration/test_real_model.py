@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.integration.test_teacher_serve import start_teacher
+from tests.toy_kit import started_teacher
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
@@ -41,15 +41,9 @@ def smollm2_dir():
 
 @pytest.fixture(scope="module")
 def teacher(smollm2_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("real-teacher")
-    endpoint = f"ipc://{tmp}/teacher.sock"
-    proc = start_teacher(smollm2_dir, endpoint, tmp / "teacher.log")
-    yield endpoint
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except Exception:
-        proc.kill()
+    folder = tmp_path_factory.mktemp("real-teacher")
+    with started_teacher(smollm2_dir, folder, extra=["--heartbeat-ms", "200"]) as served:
+        yield served.endpoint
 
 
 def _recipe(model_dir, out_dir):

@@ -10,13 +10,9 @@ replacement is shut down with a request still open.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import socket
-import subprocess
-import sys
-import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import msgpack
@@ -24,85 +20,45 @@ import numpy as np
 import pytest
 import zmq
 
+from tests.toy_kit import ONE_LAYER, alien_tokenizer_copy, spawn_teacher, toy_dir
+
 pytestmark = pytest.mark.integration
 
-SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
+HEARTBEAT = ["--heartbeat-ms", "200"]
 
 
 @pytest.fixture(scope="module")
 def toy_dirs(tmp_path_factory):
     """Teacher A, teacher B (same tokenizer, other weights), and an alien tokenizer."""
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
-
-    first = toy_model_dir(ToySpec(**SPEC, seed=0))
-    second = toy_model_dir(ToySpec(**SPEC, seed=1))
-    alien = tmp_path_factory.mktemp("alien") / "model"
-    shutil.copytree(first, alien)
-    template = alien / "chat_template.jinja"
-    if template.exists():
-        template.write_text(template.read_text() + "{# another template #}")
-    else:
-        config = json.loads((alien / "tokenizer_config.json").read_text())
-        config["chat_template"] = config.get("chat_template", "") + "{# another template #}"
-        (alien / "tokenizer_config.json").write_text(json.dumps(config))
-    return {"first": first, "second": second, "alien": alien}
+    first = toy_dir(ONE_LAYER, seed=0)
+    return {"first": first, "second": toy_dir(ONE_LAYER, seed=1),
+            "alien": alien_tokenizer_copy(first, tmp_path_factory.mktemp("alien") / "model")}
 
 
-def start_teacher(model_dir: Path, endpoint: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "miniverl.teacher_server",
-        "--model",
-        str(model_dir),
-        "--bind",
-        endpoint,
-        "--log",
-        str(log),
-        "--threads",
-        "1",
-        "--device",
-        "cpu",
-        "--heartbeat-ms",
-        "200",
-    ]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def raw_call(endpoint: str, header: dict, frames=(), timeout_s: float = 5.0):
-    """One request on a fresh DEALER, hand-framed with msgpack; (header, frames) or None."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
+def dealer(endpoint: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
-    try:
-        sock.send_multipart([msgpack.packb(header), *frames])
-        if not sock.poll(int(timeout_s * 1000)):
-            return None
-        reply = sock.recv_multipart()
-        return msgpack.unpackb(reply[0]), reply[1:]
-    finally:
-        sock.close(0)
+    return sock
 
 
-def wait_ready(endpoint: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"teacher exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        reply = raw_call(endpoint, {"v": 1, "t": "PING", "id": 1}, timeout_s=1.0)
-        if reply is not None and reply[0]["state"] == "READY":
-            return reply[0]
-        time.sleep(0.2)
-    raise AssertionError(f"teacher at {endpoint} not READY within {timeout_s} s")
+def hand_written_hello(sock: zmq.Socket, fp: str, vocab: int, client: str) -> dict:
+    """A HELLO framed by hand with msgpack, as DESIGN §3 describes it; the reply header."""
+    sock.send_multipart([msgpack.packb({"v": 1, "t": "HELLO", "id": 1, "client": client,
+                                        "tokenizer_fp": fp, "vocab_size": vocab})])
+    assert sock.poll(10_000)
+    return msgpack.unpackb(sock.recv_multipart()[0])
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
+def hand_written_score(sock: zmq.Socket, tokens, cu, positions, k: int) -> None:
+    """A SCORE framed by hand: the header lists each array's name, dtype and shape, and
+    one raw little-endian frame per array follows it."""
+    arrays = {"tokens": tokens, "cu_seqlens": cu, "positions": positions}
+    header = {"v": 1, "t": "SCORE", "id": 2, "student_version": 0, "kind": "topk", "k": k,
+              "temperature": 1.0,
+              "arrays": [[name, "i4", [len(a)]] for name, a in arrays.items()]}
+    sock.send_multipart([msgpack.packb(header),
+                         *(np.asarray(a).astype("<i4").tobytes() for a in arrays.values())])
 
 
 def free_port() -> int:
@@ -115,19 +71,17 @@ def free_port() -> int:
 def teachers(tmp_path_factory, toy_dirs):
     """The ipc and the tcp teacher, started together so their imports overlap."""
     root = tmp_path_factory.mktemp("teachers")
-    ipc = f"ipc://{root}/sock/teacher.sock"
-    tcp = f"tcp://127.0.0.1:{free_port()}"
-    procs = {
-        "ipc": (ipc, start_teacher(toy_dirs["first"], ipc, root / "ipc.log"), root / "ipc.log"),
-        "tcp": (tcp, start_teacher(toy_dirs["first"], tcp, root / "tcp.log"), root / "tcp.log"),
-    }
-    try:
-        for endpoint, proc, _ in procs.values():
-            wait_ready(endpoint, proc)
-        yield procs
-    finally:
-        for _, proc, _ in procs.values():
-            stop(proc)
+    endpoints = {"ipc": f"ipc://{root}/sock/teacher.sock",
+                 "tcp": f"tcp://127.0.0.1:{free_port()}"}
+    with ExitStack() as stack:
+        served = {}
+        for name, endpoint in endpoints.items():
+            served[name] = spawn_teacher(toy_dirs["first"], root, name, endpoint=endpoint,
+                                         extra=HEARTBEAT)
+            stack.callback(served[name].stop)
+        for teacher in served.values():
+            teacher.wait_ready()
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -167,46 +121,15 @@ def sample_request(vocab: int, seed: int = 0):
 
 def test_hand_written_hello_and_score(ipc_teacher, toy_dirs):
     # The issue's "done when": DESIGN §3 is enough to talk to the teacher.
-    endpoint, _, _ = ipc_teacher
     fp, vocab = fingerprint(toy_dirs["first"])
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+    sock = dealer(ipc_teacher.endpoint)
     try:
-        sock.send_multipart(
-            [
-                msgpack.packb(
-                    {
-                        "v": 1,
-                        "t": "HELLO",
-                        "id": 1,
-                        "client": "by-hand",
-                        "tokenizer_fp": fp,
-                        "vocab_size": vocab,
-                    }
-                )
-            ]
-        )
-        assert sock.poll(10_000)
-        ok = msgpack.unpackb(sock.recv_multipart()[0])
+        ok = hand_written_hello(sock, fp, vocab, "by-hand")
         assert ok["t"] == "HELLO_OK" and ok["tokenizer_fp"] == fp and ok["vocab_size"] == vocab
         tokens = np.array([5, 17, 99, 3, 42, 7], "<i4")
         cu = np.array([0, 6], "<i4")
         positions = np.array([0, 2, 4], "<i4")
-        header = {
-            "v": 1,
-            "t": "SCORE",
-            "id": 2,
-            "student_version": 0,
-            "kind": "topk",
-            "k": 5,
-            "temperature": 1.0,
-            "arrays": [["tokens", "i4", [6]], ["cu_seqlens", "i4", [2]], ["positions", "i4", [3]]],
-        }
-        sock.send_multipart(
-            [msgpack.packb(header), tokens.tobytes(), cu.tobytes(), positions.tobytes()]
-        )
+        hand_written_score(sock, tokens, cu, positions, k=5)
         assert sock.poll(10_000)
         reply = sock.recv_multipart()
     finally:
@@ -228,10 +151,9 @@ def test_hand_written_hello_and_score(ipc_teacher, toy_dirs):
 def test_topk_and_exact_equal_the_in_process_reference(ipc_teacher, toy_dirs):
     from miniverl.protocol.sync_client import SyncTeacherClient
 
-    endpoint, _, _ = ipc_teacher
     fp, vocab = fingerprint(toy_dirs["first"])
     tokens, cu, positions = sample_request(vocab)
-    with SyncTeacherClient(endpoint, tokenizer_fp=fp, vocab_size=vocab) as client:
+    with SyncTeacherClient(ipc_teacher.endpoint, tokenizer_fp=fp, vocab_size=vocab) as client:
         topk = client.score(tokens, cu, positions, kind="topk", k=16, temperature=0.8)
         exact = client.score(tokens, cu, positions, kind="exact")
     ref_topk = reference(
@@ -252,8 +174,7 @@ def test_cli_status(ipc_teacher):
 
     from miniverl.cli.app import app
 
-    endpoint, _, _ = ipc_teacher
-    result = CliRunner().invoke(app, ["teacher", "status", endpoint, "--json"])
+    result = CliRunner().invoke(app, ["teacher", "status", ipc_teacher.endpoint, "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.output)
     assert info["state"] == "READY" and info["counters"]["requests"] >= 1
@@ -264,10 +185,9 @@ def test_reload_bumps_gen_and_refuses_another_tokenizer(ipc_teacher, toy_dirs):
     from miniverl.common.errors import TeacherError
     from miniverl.protocol.sync_client import SyncTeacherClient
 
-    endpoint, proc, log = ipc_teacher
     fp, vocab = fingerprint(toy_dirs["first"])
     tokens, cu, positions = sample_request(vocab, seed=1)
-    with SyncTeacherClient(endpoint, tokenizer_fp=fp, vocab_size=vocab) as client:
+    with SyncTeacherClient(ipc_teacher.endpoint, tokenizer_fp=fp, vocab_size=vocab) as client:
         before = client.score(tokens, cu, positions, k=8)
         ok = client.reload(str(toy_dirs["second"]))
         assert ok.gen == before.gen + 1
@@ -281,7 +201,7 @@ def test_reload_bumps_gen_and_refuses_another_tokenizer(ipc_teacher, toy_dirs):
         np.testing.assert_allclose(still.arrays["logprobs"], after.arrays["logprobs"], atol=1e-6)
     ref = reference(toy_dirs["second"], tokens, cu, positions, kind="topk", k=8)
     np.testing.assert_allclose(still.arrays["logprobs"], ref["logprobs"], atol=1e-5, rtol=0)
-    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    events = ipc_teacher.events()
     assert "reloaded" in events and "reload_failed" in events
 
 
@@ -289,11 +209,12 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
     # Users rely on: a crashed teacher costs a re-handshake, not the training run.
     from miniverl.protocol.sync_client import SyncTeacherClient
 
-    endpoint, first, _ = teachers["tcp"]
+    first = teachers["tcp"]
+    endpoint = first.endpoint
     fp, vocab = fingerprint(toy_dirs["first"])
     second = None
     try:
-        old = wait_ready(endpoint, first)
+        old = first.wait_ready()
         client = SyncTeacherClient(
             endpoint,
             tokenizer_fp=fp,
@@ -308,10 +229,11 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
             positions = np.arange(0, 3999, 2, dtype=np.int32)
             positions = positions[positions != 1999]
             rid = client.submit(tokens, cu, positions, k=16)
-            first.send_signal(signal.SIGKILL)
-            first.wait(10)
-            second = start_teacher(toy_dirs["first"], endpoint, tmp_path / "second.log")
-            new = wait_ready(endpoint, second)
+            first.proc.send_signal(signal.SIGKILL)
+            first.proc.wait(10)
+            second = spawn_teacher(toy_dirs["first"], tmp_path, "second", endpoint=endpoint,
+                                   extra=HEARTBEAT)
+            new = second.wait_ready()
             assert new["instance"] != old["instance"]
             result = client.wait([rid], timeout_s=120)[rid]
             assert result.instance == new["instance"]
@@ -320,50 +242,10 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
         np.testing.assert_allclose(result.arrays["logprobs"], ref["logprobs"], atol=1e-5, rtol=0)
 
         # SHUTDOWN drain: the open request is answered before SHUTDOWN_OK.
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
+        sock = dealer(endpoint)
         try:
-            sock.send_multipart(
-                [
-                    msgpack.packb(
-                        {
-                            "v": 1,
-                            "t": "HELLO",
-                            "id": 1,
-                            "client": "drain",
-                            "tokenizer_fp": fp,
-                            "vocab_size": vocab,
-                        }
-                    )
-                ]
-            )
-            assert (
-                sock.poll(10_000) and msgpack.unpackb(sock.recv_multipart()[0])["t"] == "HELLO_OK"
-            )
-            header = {
-                "v": 1,
-                "t": "SCORE",
-                "id": 2,
-                "student_version": 0,
-                "kind": "topk",
-                "k": 16,
-                "temperature": 1.0,
-                "arrays": [
-                    ["tokens", "i4", [4000]],
-                    ["cu_seqlens", "i4", [3]],
-                    ["positions", "i4", [len(positions)]],
-                ],
-            }
-            sock.send_multipart(
-                [
-                    msgpack.packb(header),
-                    tokens.astype("<i4").tobytes(),
-                    cu.astype("<i4").tobytes(),
-                    positions.astype("<i4").tobytes(),
-                ]
-            )
+            assert hand_written_hello(sock, fp, vocab, "drain")["t"] == "HELLO_OK"
+            hand_written_score(sock, tokens, cu, positions, k=16)
             sock.send_multipart(
                 [msgpack.packb({"v": 1, "t": "SHUTDOWN", "id": 3, "mode": "drain"})]
             )
@@ -374,17 +256,15 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
         finally:
             sock.close(0)
         assert kinds == ["SCORE_OK", "SHUTDOWN_OK"]
-        assert second.wait(30) == 0
+        assert second.proc.wait(30) == 0
     finally:
-        stop(first)
+        first.stop()
         if second is not None:
-            stop(second)
+            second.stop()
 
 
 def test_sigterm_drains_and_exits_zero(ipc_teacher):
     # Runs last: `up` stops its teacher with SIGTERM and expects a clean exit.
-    endpoint, proc, log = ipc_teacher
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0
-    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
-    assert events[-2:] == ["shutdown_started", "stopped"]
+    ipc_teacher.proc.send_signal(signal.SIGTERM)
+    assert ipc_teacher.proc.wait(30) == 0
+    assert ipc_teacher.events()[-2:] == ["shutdown_started", "stopped"]

@@ -26,38 +26,23 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.toy_kit import TEACHER, recipe_dict, toy_dir, write_recipe
+
 pytest.importorskip("torch")
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDALONE = ROOT / "examples" / "standalone_teacher" / "teacher.py"
-STUDENT = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
-TEACHER = {"hidden": 48, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 96, "seed": 1}
 
 
 def recipe_data(output_dir: Path, **teacher) -> dict:
-    return {
-        "schema_version": 1,
-        "run": {"name": "teachers", "mode": "opd", "seed": 0, "output_dir": str(output_dir)},
-        "student": {"model": {"toy": dict(STUDENT)}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "teacher": {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu",
-                    "memory": "resident", **teacher},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 12, "max_total_tokens": 640,
-                    "batch_size": 4},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 8},
-        "train": {"cycles": 3, "rollouts_per_cycle": 2, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0},
+    """Strict OPD, two rollouts a cycle, a resident teacher with ``teacher`` settings."""
+    return recipe_dict("opd", output_dir, rollouts_per_cycle=2, sections={
+        "run": {"name": "teachers", "deterministic": False},
+        "teacher": {"memory": "resident", **teacher},
         "runtime": {"heartbeat_ms": 200, "request_timeout_s": 20, "unavailable_timeout_s": 60,
                     "teacher_startup_timeout_s": 120},
-    }
-
-
-def write_recipe(path: Path, data: dict) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    })
 
 
 class InProcessTeacher:
@@ -125,14 +110,12 @@ def test_adapter_identity_and_gate_end_to_end(tmp_path):
     from miniverl.cli.app import app
     from miniverl.common.errors import MiniverlError
     from miniverl.common.recipe import Recipe
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
     from miniverl.student.qualify import TeacherNotQualified
     from miniverl.student.targets_cache import TargetsCache
     from miniverl.teacher_server.loader import adapter_sha256, spec_from_recipe
     from miniverl.teacher_server.scorers import make_loader
 
-    adapter = make_adapter(toy_model_dir(ToySpec(**TEACHER)), tmp_path / "adapter")
+    adapter = make_adapter(toy_dir(TEACHER), tmp_path / "adapter")
     digest = adapter_sha256(adapter)
     strict = write_recipe(tmp_path / "strict.yaml", recipe_data(
         tmp_path / "runs", adapter=str(adapter), min_success=1.0))

@@ -8,67 +8,23 @@ fixed trajectory; the run records which teacher process (instance, gen) supervis
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 import torch
+
+from tests.student.train.trainer_kit import LossRecorder, load_toy_teacher
+from tests.toy_kit import TEACHER, events, make_recipe, metrics, started_teacher, toy_dir
 
 pytestmark = pytest.mark.integration
 
 torch.set_num_threads(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student" / "train"))
-
-from trainer_kit import (  # noqa: E402
-    TEACHER,
-    LossRecorder,
-    events,
-    load_toy_teacher,
-    make_recipe,
-    metrics,
-)
-
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     """``(endpoint, process)`` of one toy teacher serving over ipc."""
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
-    from miniverl.protocol.sync_client import SyncTeacherClient
-
-    root = tmp_path_factory.mktemp("teacher")
-    endpoint = f"ipc://{root}/teacher.sock"
-    model_dir = toy_model_dir(ToySpec(**TEACHER))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = root / "teacher.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "miniverl.teacher_server", "--model", str(model_dir), "--bind",
-         endpoint, "--threads", "1", "--device", "cpu", "--dtype", "float32", "--log",
-         str(log)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
-        yield endpoint, proc
-    finally:
-        admin = SyncTeacherClient(endpoint, tokenizer_fp=None, vocab_size=0,
-                                  request_timeout_s=5, unavailable_timeout_s=10)
-        try:
-            if proc.poll() is None:
-                admin.shutdown(mode="abort")
-        except Exception:  # a teacher that cannot answer is killed below
-            pass
-        finally:
-            admin.close()
-        deadline = time.monotonic() + 10
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+    folder = tmp_path_factory.mktemp("teacher")
+    with started_teacher(toy_dir(TEACHER), folder, extra=["--dtype", "float32"]) as served:
+        yield served.endpoint, served.proc
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,39 +28,42 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from tests.toy_kit import (
+    MINIVERL,
+    ONE_TURN,
+    TWO_LAYER,
+    alien_tokenizer_copy,
+    recipe_dict,
+    seeded,
+    spawn_teacher,
+    started_teacher,
+    toy_dir,
+    write_recipe,
+)
 
 pytestmark = pytest.mark.integration
 
-TOY = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64}
-STUDENT = {**TOY, "seed": 0}
-TEACHER = {**TOY, "seed": 1}
-OTHER = {**TOY, "seed": 2}  # same tokenizer, other weights: the in-place reload target
-UP = [sys.executable, "-c", "from miniverl.cli.app import main; main()"]
+STUDENT = seeded(TWO_LAYER, 0)
+TEACHER = seeded(TWO_LAYER, 1)
+OTHER = seeded(TWO_LAYER, 2)  # same tokenizer, other weights: the in-place reload target
 WAIT_S = 240.0  # generous: the CI machine is small and often shared
 
 
 def recipe(name: str, *, cycles: int, output_dir: Path) -> dict[str, Any]:
     """A tiny strict-OPD recipe; one rollout per cycle keeps teacher scoring unbatched,
     so two runs of it are bit-identical."""
-    return {
-        "schema_version": 1,
-        "run": {"name": name, "mode": "opd", "seed": 0, "output_dir": str(output_dir),
-                "deterministic": True},
-        "student": {"model": {"toy": STUDENT}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "teacher": {"model": {"toy": TEACHER}, "dtype": "float32", "device": "cpu",
-                    "memory": "resident"},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 16,
-                        "eval_tasks": 2, "test_tasks": 2, "split_seed": 0},
-        "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 8, "max_total_tokens": 512,
-                    "temperature": 1.0, "top_p": 1.0, "batch_size": 1},
-        "loss": {"objective": "bucketed_topk_tail", "divergence": "forward_kl", "top_k": 4},
-        "train": {"cycles": cycles, "rollouts_per_cycle": 1, "lr": 1.0e-3, "eval_every": 0,
-                  "save_every": 0},
+    sections = {
+        "run": {"name": name},
+        "teacher": {"memory": "resident"},
+        "environment": {"train_tasks": 16, "split_seed": 0},
+        "rollout": {**ONE_TURN, "temperature": 1.0, "top_p": 1.0, "batch_size": 1},
+        "loss": {"divergence": "forward_kl", "top_k": 4},
         "runtime": {"cpu_threads": 1, "heartbeat_ms": 200, "request_timeout_s": 60,
                     "unavailable_timeout_s": 180, "teacher_startup_timeout_s": 180},
     }
+    return recipe_dict("opd", output_dir, student=STUDENT, teacher=TEACHER, cycles=cycles,
+                       rollouts_per_cycle=1, sections=sections)
 
 
 # -- fixtures --------------------------------------------------------------------------
@@ -78,66 +80,21 @@ def work():
 @pytest.fixture(scope="module")
 def models(work):
     """Build the toy models once, before any process races to build them."""
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
-
-    dirs = {name: toy_model_dir(ToySpec(**spec))
+    dirs = {name: toy_dir(spec)
             for name, spec in (("student", STUDENT), ("teacher", TEACHER), ("other", OTHER))}
-    # Another tokenizer: the same files with one more comment in the chat template,
-    # so the tokenizer fingerprint differs and every swap to it must be refused.
-    alien = work / "alien"
-    shutil.copytree(dirs["teacher"], alien)
-    template = alien / "chat_template.jinja"
-    if template.exists():
-        template.write_text(template.read_text() + "{# another template #}")
-    else:
-        config = json.loads((alien / "tokenizer_config.json").read_text())
-        config["chat_template"] = config.get("chat_template", "") + "{# another template #}"
-        (alien / "tokenizer_config.json").write_text(json.dumps(config))
-    dirs["alien"] = alien
+    dirs["alien"] = alien_tokenizer_copy(dirs["teacher"], work / "alien")
     return dirs
 
 
-def write_recipe(work: Path, name: str, cycles: int) -> Path:
-    path = work / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(recipe(name, cycles=cycles, output_dir=work / "runs")))
-    return path
-
-
-def serve(work: Path, model_dir: Path, name: str) -> tuple[str, subprocess.Popen]:
-    """``miniverl teacher serve`` on a short ipc endpoint; returns (endpoint, process)."""
-    endpoint = f"ipc://{work}/{name}.sock"
-    cmd = [*UP, "teacher", "serve", "--model", str(model_dir), "--bind", endpoint,
-           "--device", "cpu", "--threads", "1", "--log", str(work / f"{name}.log")]
-    log = (work / f"{name}.out").open("wb")
-    return endpoint, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-
-
-def ready(endpoint: str, proc: subprocess.Popen, log: Path) -> None:
-    from miniverl.student.teacher_process import wait_until_ready
-
-    wait_until_ready(endpoint, proc, WAIT_S, log=log)
+def recipe_file(work: Path, name: str, cycles: int) -> Path:
+    return write_recipe(work / f"{name}.yaml", recipe(name, cycles=cycles, output_dir=work / "runs"))
 
 
 @pytest.fixture(scope="module")
 def teacher_b(work, models):
     """A shared ``miniverl teacher serve`` of the recipe's own teacher weights."""
-    endpoint, proc = serve(work, models["teacher"], "b")
-    try:
-        ready(endpoint, proc, work / "b.out")
-        yield endpoint, proc
-    finally:
-        stop_process(proc)
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with started_teacher(models["teacher"], work, "b", cli=True, timeout_s=WAIT_S) as served:
+        yield served.endpoint, served.proc
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -149,7 +106,7 @@ class Up:
     def __init__(self, work: Path, recipe_path: Path, run_id: str, *extra: str):
         self.run_dir = work / "runs" / run_id
         self.out = work / f"{run_id}.{len(list(work.glob(run_id + '.*')))}.out"
-        cmd = [*UP, "up", str(recipe_path), "--run-id", run_id, "--quiet", *extra]
+        cmd = [*MINIVERL, "up", str(recipe_path), "--run-id", run_id, "--quiet", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.out.open("wb"), stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -235,7 +192,7 @@ def descendants(pid: int) -> list[Any]:
 @pytest.fixture(scope="module")
 def reference_run(work, models):
     """An uninterrupted ``up`` with a teacher it starts itself (also the resume reference)."""
-    path = write_recipe(work, "ref", cycles=8)
+    path = recipe_file(work, "ref", cycles=8)
     run = Up(work, path, "ref")
     code = run.finish()
     return run, code, path
@@ -289,7 +246,7 @@ def test_stop_then_resume_matches_uninterrupted(work, reference_run, teacher_b):
 def test_two_students_share_one_teacher(work, models, teacher_b):
     # The teacher's memory is paid once: two `up --teacher E` runs complete on it.
     endpoint, proc = teacher_b
-    path = write_recipe(work, "pair", cycles=3)
+    path = recipe_file(work, "pair", cycles=3)
     runs = [Up(work, path, f"pair{i}", "--teacher", endpoint) for i in range(2)]
     for run in runs:
         assert run.finish() == 0, run.output()
@@ -303,11 +260,12 @@ def test_live_teacher_operations(work, models, teacher_b):
     # While one run trains: reload in place, SIGKILL (restart), a refused retarget to
     # another tokenizer and an accepted retarget; each is an event and the run completes.
     b_endpoint, _ = teacher_b
-    c_endpoint, alien = serve(work, models["alien"], "c")
-    path = write_recipe(work, "live", cycles=60)
+    alien = spawn_teacher(models["alien"], work, "c", cli=True)  # starts while `up` does
+    c_endpoint = alien.endpoint
+    path = recipe_file(work, "live", cycles=60)
     run = Up(work, path, "live")
     try:
-        ready(c_endpoint, alien, work / "c.out")
+        alien.wait_ready(WAIT_S)
         run.wait_for("a first update", lambda: run.steps() >= 1)
         own = json.loads((run.run_dir / "sockets.json").read_text())["teacher"]
 
@@ -344,7 +302,7 @@ def test_live_teacher_operations(work, models, teacher_b):
         if run.proc.poll() is None:
             run.proc.send_signal(signal.SIGINT)
             run.finish()
-        stop_process(alien)
+        alien.stop()
     assert run.status() == "completed"
     rows = read_jsonl(run.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 61))
@@ -364,7 +322,7 @@ def test_ctrl_c_leaves_nothing_behind(work, models):
     # Ctrl-C: exit 130, the run is `interrupted` with a checkpoint, no child survives.
     import psutil
 
-    path = write_recipe(work, "sigint", cycles=200)
+    path = recipe_file(work, "sigint", cycles=200)
     run = Up(work, path, "sigint")
     run.wait_for("a first update", lambda: run.steps() >= 1)
     children = descendants(run.proc.pid)
@@ -389,7 +347,7 @@ def test_a_second_ctrl_c_stops_at_once(work, models):
     # children now: exit 130, the run `interrupted`, nothing left behind.
     import psutil
 
-    path = write_recipe(work, "sigint2", cycles=200)
+    path = recipe_file(work, "sigint2", cycles=200)
     run = Up(work, path, "sigint2")
     run.wait_for("a first update", lambda: run.steps() >= 1)
     children = descendants(run.proc.pid)

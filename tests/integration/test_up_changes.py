@@ -11,58 +11,36 @@ recorded once, not also as a restart. The trainer runs in this process against
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student" / "train"))
-
-from fake_teacher import FakeTeacherClient  # noqa: E402
+from tests.student.train.trainer_kit import load_toy_teacher
+from tests.toy_kit import ONE_TURN, TWO_LAYER, make_recipe, seeded
 
 pytestmark = pytest.mark.integration
 
-TOY = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64}
 
-
-def make_recipe(output_dir: Path, cycles: int):
-    from miniverl.common.recipe import Recipe
-
-    return Recipe.model_validate({
-        "run": {"name": "changes", "mode": "opd", "seed": 0, "output_dir": str(output_dir)},
-        "student": {"model": {"toy": {**TOY, "seed": 0}}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "teacher": {"model": {"toy": {**TOY, "seed": 1}}, "dtype": "float32", "device": "cpu"},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 8, "max_total_tokens": 512,
-                    "batch_size": 1},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 4},
-        "train": {"cycles": cycles, "rollouts_per_cycle": 1, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0},
-    })
+def changes_recipe(output_dir: Path, cycles: int):
+    """One-turn strict OPD, one rollout a cycle (not deterministic, default runtime)."""
+    return make_recipe("opd", output_dir, teacher=seeded(TWO_LAYER, 1), cycles=cycles,
+                       rollouts_per_cycle=1,
+                       sections={"run": {"name": "changes", "deterministic": False},
+                                 "rollout": {**ONE_TURN, "batch_size": 1},
+                                 "loss": {"top_k": 4}, "runtime": None})
 
 
 @pytest.fixture(scope="module")
 def teacher_model():
-    from miniverl.common.modeling import load_causal_lm, load_tokenizer
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.tokenizer_id import fingerprint_tokenizer
-    from miniverl.common.toy import toy_model_dir
-
-    model_dir = toy_model_dir(ToySpec(**TOY, seed=1))
-    model = load_causal_lm(model_dir, dtype="float32", device="cpu")
-    model.eval()
-    tokenizer = load_tokenizer(model_dir)
-    return model, fingerprint_tokenizer(tokenizer), len(tokenizer)
+    return load_toy_teacher(seeded(TWO_LAYER, 1))
 
 
 def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypatch):
     import miniverl.student.train.modes.opd as opd_module
     from miniverl.student.train.trainer import Trainer
 
-    client = FakeTeacherClient(*teacher_model)
+    client = teacher_model.fake_client()
     real_step = opd_module.distill_step
     live: dict = {}
 
@@ -78,7 +56,7 @@ def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypat
         return stats
 
     monkeypatch.setattr(opd_module, "distill_step", step_then_change)
-    with Trainer(make_recipe(tmp_path, cycles=5), client=client, show_progress=False,
+    with Trainer(changes_recipe(tmp_path, cycles=5), client=client, show_progress=False,
                  write_report=False, checkpoints=False) as trainer:
         live["trainer"] = trainer
         assert trainer.train().status == "completed"

@@ -10,19 +10,16 @@ the student updates; the final parameters must be bit-identical to ``resident``,
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "student" / "train"))
-
-from fake_teacher import FakeTeacherClient  # noqa: E402
+from tests.student.train.fake_teacher import FakeTeacherClient
+from tests.student.train.trainer_kit import load_toy_teacher
+from tests.toy_kit import ONE_TURN, TWO_LAYER, make_recipe, seeded
 
 pytestmark = pytest.mark.integration
-
-TOY = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64}
 
 
 class ParkingTeacher(FakeTeacherClient):
@@ -47,45 +44,26 @@ class ParkingTeacher(FakeTeacherClient):
         return super().submit(*args, **kwargs)
 
 
-def make_recipe(memory: str, output_dir: Path):
-    from miniverl.common.recipe import Recipe
-
-    return Recipe.model_validate({
-        "run": {"name": f"mem-{memory}", "mode": "opd", "seed": 0,
-                "output_dir": str(output_dir), "deterministic": True},
-        "student": {"model": {"toy": {**TOY, "seed": 0}}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "teacher": {"model": {"toy": {**TOY, "seed": 1}}, "dtype": "float32", "device": "cpu",
-                    "memory": memory},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 8, "max_total_tokens": 512,
-                    "batch_size": 2},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 4},
-        "train": {"cycles": 3, "rollouts_per_cycle": 2, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0},
-    })
+def memory_recipe(memory: str, output_dir: Path):
+    """One-turn strict OPD, two rollouts a cycle, under teacher memory ``memory``."""
+    return make_recipe("opd", output_dir, teacher=seeded(TWO_LAYER, 1), rollouts_per_cycle=2,
+                       sections={"run": {"name": f"mem-{memory}"},
+                                 "teacher": {"memory": memory},
+                                 "rollout": {**ONE_TURN, "batch_size": 2},
+                                 "loss": {"top_k": 4}, "runtime": None})
 
 
 @pytest.fixture(scope="module")
 def teacher_model():
-    from miniverl.common.modeling import load_causal_lm, load_tokenizer
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.tokenizer_id import fingerprint_tokenizer
-    from miniverl.common.toy import toy_model_dir
-
-    model_dir = toy_model_dir(ToySpec(**TOY, seed=1))
-    model = load_causal_lm(model_dir, dtype="float32", device="cpu")
-    model.eval()
-    tokenizer = load_tokenizer(model_dir)
-    return model, fingerprint_tokenizer(tokenizer), len(tokenizer)
+    return load_toy_teacher(seeded(TWO_LAYER, 1))
 
 
 def train(memory: str, tmp_path: Path, teacher_model) -> tuple[list[Any], ParkingTeacher, Path]:
     from miniverl.student.train.trainer import Trainer
 
-    client = ParkingTeacher(*teacher_model)
-    with Trainer(make_recipe(memory, tmp_path), client=client, show_progress=False,
+    client = ParkingTeacher(teacher_model.model, teacher_model.tokenizer_fp,
+                            teacher_model.vocab_size)
+    with Trainer(memory_recipe(memory, tmp_path), client=client, show_progress=False,
                  write_report=False, checkpoints=False) as trainer:
         result = trainer.train()
         params = [p.detach().clone() for p in trainer.state.policy.model.parameters()]

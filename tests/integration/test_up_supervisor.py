@@ -15,18 +15,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from rich.console import Console
+
+from tests.toy_kit import TWO_LAYER, seeded, write_recipe
 
 pytestmark = pytest.mark.integration
 
 RECIPE = {
     "schema_version": 1,
     "run": {"name": "sup", "mode": "opd", "seed": 0},
-    "student": {"model": {"toy": {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1,
-                                  "intermediate": 64}}, "device": "cpu", "lora": None},
-    "teacher": {"model": {"toy": {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1,
-                                  "intermediate": 64, "seed": 1}}, "device": "cpu"},
+    "student": {"model": {"toy": TWO_LAYER}, "device": "cpu", "lora": None},
+    "teacher": {"model": {"toy": seeded(TWO_LAYER, 1)}, "device": "cpu"},
     "environment": {"name": "calculator", "train_tasks": 4, "eval_tasks": 2, "test_tasks": 2},
     "train": {"cycles": 2, "rollouts_per_cycle": 1},
 }
@@ -35,8 +34,7 @@ RECIPE = {
 def supervisor(tmp_path: Path, **kwargs):
     from miniverl.cli.supervisor import Supervisor
 
-    path = tmp_path / "sup.yaml"
-    path.write_text(yaml.safe_dump(RECIPE))
+    path = write_recipe(tmp_path / "sup.yaml", RECIPE)
     return Supervisor(path, output_dir=str(tmp_path / "runs"), console=Console(quiet=True),
                       show_progress=False, echo=False, **kwargs)
 

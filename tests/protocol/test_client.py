@@ -11,7 +11,6 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
-from protocol_fakes import FP, VOCAB, FakeTeacher
 
 from miniverl.common.errors import (
     ProtocolError,
@@ -23,6 +22,7 @@ from miniverl.common.errors import (
 from miniverl.protocol import messages as m
 from miniverl.protocol.client import TeacherChanged, TeacherClient
 from miniverl.protocol.sync_client import SyncTeacherClient
+from tests.protocol.protocol_fakes import FP, VOCAB, FakeTeacher
 
 TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
 CU = np.array([0, 5, 9], np.int32)

@@ -11,6 +11,7 @@ import torch
 
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.student import checkpoint as ckpt
+from tests.toy_kit import FOUR_HEAD, bare_qwen3
 
 torch.set_num_threads(1)
 
@@ -178,20 +179,9 @@ def test_resume_with_another_recipe_is_refused():
 
 def _tiny_lora(seed):
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)  # the same frozen base weights every time
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-    )
-    base = Qwen3ForCausalLM(config)
+    base = bare_qwen3(FOUR_HEAD, vocab=64, max_positions=64)
     torch.manual_seed(seed)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     return get_peft_model(base, lora)

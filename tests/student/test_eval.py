@@ -13,9 +13,10 @@ from miniverl.common.recipe import Recipe  # noqa: E402
 from miniverl.common.toy import build_toy_model, build_toy_tokenizer  # noqa: E402
 from miniverl.common.trajectory import read_trajectories  # noqa: E402
 from miniverl.student.eval import evaluate  # noqa: E402
+from tests.toy_kit import FOUR_HEAD  # noqa: E402
 
 torch.set_num_threads(1)
-TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
+TINY = FOUR_HEAD
 
 
 def _recipe(**eval_cfg):

@@ -18,10 +18,11 @@ from miniverl.student.quant import LoraGradientError, check_trainable_grads, pac
 from miniverl.student.rollout.oracle import oracle_trajectory
 from miniverl.student.train.policy import load_policy
 from miniverl.student.train.updates import hidden_at_positions
+from tests.toy_kit import WIDE, seeded
 
 bnb = pytest.importorskip("bitsandbytes")
 
-TOY = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "seed": 0}
+TOY = seeded(WIDE, 0)
 
 
 def _recipe(tmp_path, **teacher) -> Recipe:

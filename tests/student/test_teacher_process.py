@@ -75,10 +75,9 @@ def test_start_teacher_stops_a_teacher_that_cannot_load(tmp_path: Path) -> None:
 
 def test_start_teacher_returns_a_ready_teacher(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
+    from tests.toy_kit import ONE_LAYER, toy_dir
 
-    model_dir = toy_model_dir(ToySpec(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64))
+    model_dir = toy_dir(ONE_LAYER)
     endpoint = f"ipc://{tmp_path}/t.sock"
     args = ["--model", str(model_dir), "--device", "cpu", "--dtype", "float32", "--threads", "1"]
     proc = start_teacher(args, endpoint=endpoint, log=tmp_path / "teacher.out", timeout_s=120)

@@ -14,21 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "train"))
-
-from trainer_kit import recipe_dict  # noqa: E402
+from tests.toy_kit import MINIVERL, recipe_dict, write_recipe
 
 pytestmark = pytest.mark.integration
 
 
-def write_recipe(tmp_path: Path, mode: str, **train) -> Path:
+def recipe_file(tmp_path: Path, mode: str, **train) -> Path:
     recipe = recipe_dict(mode, tmp_path / "runs", cycles=2, **train)
     recipe["run"]["deterministic"] = False
-    path = tmp_path / f"{mode}.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
+    return write_recipe(tmp_path / f"{mode}.yaml", recipe)
 
 
 def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -37,11 +32,11 @@ def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def miniverl(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from miniverl.cli.app import main; main()", *args]
+    return [*MINIVERL, *args]
 
 
 def test_dry_run_prints_the_plan_and_loads_nothing(tmp_path):
-    recipe = write_recipe(tmp_path, "opd")
+    recipe = recipe_file(tmp_path, "opd")
     # Run the CLI in a process that reports afterwards whether torch was ever imported.
     probe = (
         "import sys\n"
@@ -59,7 +54,7 @@ def test_dry_run_prints_the_plan_and_loads_nothing(tmp_path):
 
 
 def test_opd_without_a_teacher_exits_1_with_one_line(tmp_path):
-    proc = run(miniverl("train", str(write_recipe(tmp_path, "opd"))))
+    proc = run(miniverl("train", str(recipe_file(tmp_path, "opd"))))
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "--teacher" in lines[0]
@@ -68,7 +63,7 @@ def test_opd_without_a_teacher_exits_1_with_one_line(tmp_path):
 
 
 def test_python_m_student_trains_and_miniverl_eval_reads_the_run(tmp_path):
-    recipe = write_recipe(tmp_path, "sft")
+    recipe = recipe_file(tmp_path, "sft")
     proc = run([sys.executable, "-m", "miniverl.student", str(recipe), "--run-id", "cli",
                 "--no-progress"])
     assert proc.returncode == 0, proc.stderr
@@ -93,7 +88,7 @@ def test_miniverl_eval_without_a_checkpoint_exits_1(tmp_path):
 
 
 def test_python_m_student_refuses_a_teacher_mode_without_endpoint(tmp_path):
-    proc = run([sys.executable, "-m", "miniverl.student", str(write_recipe(tmp_path, "replay",
+    proc = run([sys.executable, "-m", "miniverl.student", str(recipe_file(tmp_path, "replay",
                                                                            max_lag=1))])
     assert proc.returncode == 1
     assert proc.stderr.strip().startswith("error:") and "needs a teacher" in proc.stderr

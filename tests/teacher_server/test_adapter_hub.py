@@ -18,8 +18,9 @@ from miniverl.teacher_server.loader import (  # noqa: E402
     adapter_sha256,
     load_teacher,
 )
+from tests.toy_kit import ONE_LAYER, seeded  # noqa: E402
 
-SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 5}
+SPEC = seeded(ONE_LAYER, 5)
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-import yaml
 
 from miniverl.common.errors import ConfigError
 from miniverl.teacher_server.backend import BackendError, ScoreJob
@@ -15,44 +14,42 @@ from miniverl.teacher_server.jsonlog import JsonLog
 from miniverl.teacher_server.loader import TeacherSpec, load_teacher, spec_from_recipe
 from miniverl.teacher_server.scorers import make_loader
 from miniverl.teacher_server.torch_backend import TorchTeacher
+from tests.toy_kit import ONE_LAYER, toy_dir, write_recipe
 
-SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
-
-
-@pytest.fixture(scope="module")
-def toy_dir():
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
-
-    return toy_model_dir(ToySpec(**SPEC))
+SPEC = ONE_LAYER
 
 
 @pytest.fixture(scope="module")
-def loaded(toy_dir):
-    return load_teacher(TeacherSpec(model=str(toy_dir), device="cpu"))
+def model_dir():
+    return toy_dir(SPEC)
 
 
-def test_local_dir_is_frozen_eval_fp32_with_identity(loaded, toy_dir):
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_teacher(TeacherSpec(model=str(model_dir), device="cpu"))
+
+
+def test_local_dir_is_frozen_eval_fp32_with_identity(loaded, model_dir):
     from miniverl.common.tokenizer_id import tokenizer_fingerprint
 
     assert not loaded.model.training
     assert not any(p.requires_grad for p in loaded.model.parameters())
     assert loaded.dtype == "float32" and loaded.device == "cpu"
-    assert loaded.tokenizer_fp == tokenizer_fingerprint(toy_dir)
+    assert loaded.tokenizer_fp == tokenizer_fingerprint(model_dir)
     assert loaded.vocab_size == loaded.model.config.vocab_size
     assert loaded.info == {
-        "name": toy_dir.name,
-        "model": str(toy_dir),
+        "name": model_dir.name,
+        "model": str(model_dir),
         "revision": None,
         "adapter_sha256": None,
     }
 
 
-def test_adapter_is_merged_and_its_digest_recorded(toy_dir, loaded, tmp_path):
+def test_adapter_is_merged_and_its_digest_recorded(model_dir, loaded, tmp_path):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    base = load_teacher(TeacherSpec(model=str(toy_dir), device="cpu")).model
+    base = load_teacher(TeacherSpec(model=str(model_dir), device="cpu")).model
     peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
@@ -60,7 +57,7 @@ def test_adapter_is_merged_and_its_digest_recorded(toy_dir, loaded, tmp_path):
                 param.normal_(0, 0.5)  # a zero B would make the adapter a no-op
     peft_model.save_pretrained(tmp_path / "adapter")
     with_adapter = load_teacher(
-        TeacherSpec(model=str(toy_dir), adapter=str(tmp_path / "adapter"), device="cpu")
+        TeacherSpec(model=str(model_dir), adapter=str(tmp_path / "adapter"), device="cpu")
     )
     digest = with_adapter.info["adapter_sha256"]
     assert digest.startswith("sha256:") and len(digest) == 7 + 64
@@ -97,8 +94,7 @@ def test_recipe_teacher_section(tmp_path):
         "student": {"model": {"toy": {}}, "device": "cpu"},
         "teacher": {"model": {"toy": SPEC}, "device": "cpu", "dtype": "float32"},
     }
-    path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(recipe))
+    path = write_recipe(tmp_path / "r.yaml", recipe)
     spec = spec_from_recipe(path)
     assert spec.device == "cpu" and spec.dtype == "float32" and spec.name == "toy-teacher"
     teacher = make_loader(lambda: spec_from_recipe(path))(None)
@@ -155,11 +151,12 @@ def test_cli_serve_needs_exactly_one_source():
 
 def test_a_negative_prefix_cache_budget_is_refused_with_the_fix(tmp_path):
     import subprocess
-    import sys
+
+    from miniverl.student.teacher_process import teacher_command
 
     proc = subprocess.run(
-        [sys.executable, "-m", "miniverl.teacher_server", "--model", str(tmp_path),
-         "--prefix-cache-tokens", "-1"], capture_output=True, text=True, timeout=60)
+        teacher_command(["--model", str(tmp_path), "--prefix-cache-tokens", "-1"]),
+        capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "error: --prefix-cache-tokens must be >= 0 (got -1); pass 0 to keep no prefix between "

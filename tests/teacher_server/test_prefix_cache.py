@@ -11,6 +11,7 @@ import torch
 from miniverl.teacher_server.prefix_cache import MAX_ENTRIES, PrefixCache
 from miniverl.teacher_server.scoring import ScoreRequest, score_requests
 from tests.teacher_server.test_scoring import VOCAB, tiny_model
+from tests.toy_kit import ONE_LAYER, toy_dir
 
 SYSTEM = np.random.default_rng(7).integers(0, VOCAB, 48).astype(np.int32)
 
@@ -121,14 +122,11 @@ def test_the_token_budget_and_entry_count_hold(model):
 
 
 def test_backend_clears_on_park_and_reload_starts_empty(tmp_path):
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
     from miniverl.teacher_server.backend import ScoreJob
     from miniverl.teacher_server.loader import TeacherSpec
     from miniverl.teacher_server.scorers import make_loader
 
-    spec = ToySpec(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
-    model_dir = str(toy_model_dir(spec))
+    model_dir = str(toy_dir(ONE_LAYER))
     load = make_loader(TeacherSpec(model=model_dir, device="cpu"), prefix_cache_tokens=512)
     backend = load(None)
     assert backend.prefix_cache.max_tokens == 512

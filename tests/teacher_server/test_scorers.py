@@ -28,9 +28,10 @@ from miniverl.teacher_server.scorers import (  # noqa: E402
     parse_options,
 )
 from miniverl.teacher_server.scoring import score_positions  # noqa: E402
+from tests.toy_kit import ONE_LAYER, seeded  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_teacher"
-SPEC = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 3}
+SPEC = seeded(ONE_LAYER, 3)
 
 
 def install_example(root: Path) -> None:

@@ -14,25 +14,14 @@ from miniverl.teacher_server.scoring import (
     score_positions,
     score_requests,
 )
+from tests.toy_kit import FOUR_HEAD, bare_qwen3
 
 VOCAB = 97
 
 
 def tiny_model(seed: int = 0, vocab: int = VOCAB):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-    )
-    return Qwen3ForCausalLM(config).eval()
+    return bare_qwen3(FOUR_HEAD, vocab=vocab, max_positions=256).eval()
 
 
 @pytest.fixture(scope="module")

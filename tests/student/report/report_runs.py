@@ -23,6 +23,7 @@ from miniverl.common.trajectory import (
     VerifierResult,
     write_trajectories,
 )
+from tests.toy_kit import ONE_LAYER
 
 ALPHABET = list('abcdefghijklmnopqrstuvwxyz0123456789 +-*/=(){}":,.<>_?\n') + [
     "<|im_start|>",
@@ -302,10 +303,9 @@ def make_run(
 
 def toy_sft_recipe(output_dir: Path) -> dict:
     """A two-step SFT recipe on a one-layer toy student: a real run in seconds on a CPU."""
-    toy = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64}
     return {
         "run": {"name": "report-sft", "mode": "sft", "output_dir": str(output_dir)},
-        "student": {"model": {"toy": toy}, "device": "cpu", "dtype": "float32"},
+        "student": {"model": {"toy": dict(ONE_LAYER)}, "device": "cpu", "dtype": "float32"},
         "environment": {"train_tasks": 8, "eval_tasks": 2, "test_tasks": 2},
         "rollout": {
             "max_turns": 2,

@@ -9,17 +9,9 @@ pytest.importorskip("transformers")
 from miniverl.common.toy import build_toy_tokenizer  # noqa: E402
 from miniverl.common.trajectory import SpanType, Trajectory  # noqa: E402
 from miniverl.student.rollout.chat import EpisodeBuilder, parse_tool_calls  # noqa: E402
+from tests.toy_kit import CALCULATOR_TOOLS  # noqa: E402
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate arithmetic.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-        },
-    }
-]
+TOOLS = CALCULATOR_TOOLS
 HEADER = "<|im_start|>assistant\n"
 
 

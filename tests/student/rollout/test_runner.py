@@ -14,9 +14,10 @@ from miniverl.common.toy import build_toy_model, build_toy_tokenizer  # noqa: E4
 from miniverl.common.trajectory import CONTEXT_SPANS, SpanType, StopReason  # noqa: E402
 from miniverl.student.environments import make_tasks  # noqa: E402
 from miniverl.student.rollout.runner import RolloutRunner, sample_next  # noqa: E402
+from tests.toy_kit import FOUR_HEAD  # noqa: E402
 
 torch.set_num_threads(1)
-TINY = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 64}
+TINY = FOUR_HEAD
 CFG = dict(
     max_turns=3, max_new_tokens_per_turn=24, max_total_tokens=400,
     temperature=1.0, top_p=0.95, batch_size=8,

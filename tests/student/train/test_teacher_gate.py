@@ -17,8 +17,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-from trainer_kit import events, load_toy_teacher, metrics, recipe_dict  # noqa: E402
-
 from miniverl.common.recipe import Recipe  # noqa: E402
 from miniverl.student import qualify  # noqa: E402
 from miniverl.student.qualify import (  # noqa: E402
@@ -29,6 +27,8 @@ from miniverl.student.qualify import (  # noqa: E402
     save_record,
 )
 from miniverl.student.train.trainer import Trainer  # noqa: E402
+from tests.student.train.trainer_kit import load_toy_teacher  # noqa: E402
+from tests.toy_kit import TEACHER, events, metrics, recipe_dict, toy_dir  # noqa: E402
 
 FAKE_IDENTITY = {"name": "toy-teacher", "model": "toy", "revision": None, "adapter_sha256": None}
 
@@ -62,14 +62,10 @@ def _record(recipe, success, identity=FAKE_IDENTITY, split="eval", **over):
 
 
 def test_measure_writes_a_record_that_matches_only_the_same_teacher(toy, tmp_path, records):
-    from trainer_kit import TEACHER
-
     from miniverl.common.modeling import load_tokenizer
-    from miniverl.common.recipe_models import ToySpec
-    from miniverl.common.toy import toy_model_dir
 
     recipe = _recipe(tmp_path)
-    model_dir = toy_model_dir(ToySpec(**TEACHER))
+    model_dir = toy_dir(TEACHER)
     identity = {"name": "toy-teacher", "model": str(model_dir), "revision": None,
                 "adapter_sha256": None}
     record = measure(toy.model, load_tokenizer(model_dir), recipe, identity=identity,

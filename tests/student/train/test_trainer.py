@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_kit import (
-    LossRecorder,
-    ScriptedTeacher,
-    events,
-    load_toy_teacher,
-    make_recipe,
-    metrics,
-    parameters,
-    recipe_dict,
-    same_parameters,
-)
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
 from miniverl.student.train.trainer import Trainer
+from tests.student.train.trainer_kit import (
+    LossRecorder,
+    ScriptedTeacher,
+    load_toy_teacher,
+    parameters,
+    same_parameters,
+)
+from tests.toy_kit import events, make_recipe, metrics, recipe_dict
 
 torch.set_num_threads(1)
 

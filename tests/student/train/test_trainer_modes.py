@@ -14,20 +14,18 @@ import json
 
 import pytest
 import torch
-from trainer_kit import (
-    LossRecorder,
-    events,
-    load_toy_teacher,
-    make_recipe,
-    metrics,
-    parameters,
-    same_parameters,
-)
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import read_trajectories
 from miniverl.student.train import loop
 from miniverl.student.train.trainer import Trainer
+from tests.student.train.trainer_kit import (
+    LossRecorder,
+    load_toy_teacher,
+    parameters,
+    same_parameters,
+)
+from tests.toy_kit import events, make_recipe, metrics
 
 torch.set_num_threads(1)
 

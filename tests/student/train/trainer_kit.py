@@ -1,7 +1,7 @@
-"""Shared pieces of the trainer tests: tiny recipes, a toy teacher, recorders.
+"""Shared pieces of the trainer tests: the toy teacher in process, recorders, a scripted teacher.
 
-Recipes are sized for seconds on one CPU thread: 32-wide two-layer students, a
-48-wide teacher, four rollouts per cycle, twelve new tokens per turn. The teacher
+The recipes and shapes come from ``tests/toy_kit.py`` (32-wide two-layer students, a
+48-wide teacher, four rollouts per cycle, twelve new tokens per turn). The teacher
 model is loaded once per test session and scored in process, either through
 ``FakeTeacherClient`` (the trainer's client interface, no protocol) or through the
 real ``SyncTeacherClient`` over a scripted in-memory transport (``ScriptedTeacher``),
@@ -12,48 +12,14 @@ Not a test module: pytest collects nothing here.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fake_teacher import FakeTeacherClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "protocol"))
-
-from protocol_fakes import FakeTeacher  # noqa: E402
-
-STUDENT = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
-TEACHER = {"hidden": 48, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 96, "seed": 1}
-
-
-def recipe_dict(mode: str, output_dir: Path | str, **train: Any) -> dict[str, Any]:
-    """A tiny, deterministic recipe as a dict (tests edit it before validating)."""
-    recipe: dict[str, Any] = {
-        "run": {"name": f"t-{mode}", "mode": mode, "seed": 0, "output_dir": str(output_dir),
-                "deterministic": True},
-        "student": {"model": {"toy": dict(STUDENT)}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 12, "max_total_tokens": 640,
-                    "batch_size": 4},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 8},
-        "train": {"cycles": 3, "rollouts_per_cycle": 4, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0, **train},
-        "runtime": {"heartbeat_ms": 100, "request_timeout_s": 10, "unavailable_timeout_s": 20},
-    }
-    if mode != "sft":
-        recipe["teacher"] = {"model": {"toy": dict(TEACHER)}, "dtype": "float32",
-                             "device": "cpu"}
-    return recipe
-
-
-def make_recipe(mode: str, output_dir: Path | str, **train: Any):
-    from miniverl.common.recipe import Recipe
-
-    return Recipe.model_validate(recipe_dict(mode, output_dir, **train))
+from tests.protocol.protocol_fakes import FakeTeacher
+from tests.student.train.fake_teacher import FakeTeacherClient
+from tests.toy_kit import TEACHER, toy_dir
 
 
 @dataclass
@@ -77,13 +43,12 @@ class ToyTeacher:
                                temperature=1.0, exact_max_vocab=1 << 20)
 
 
-def load_toy_teacher() -> ToyTeacher:
+def load_toy_teacher(shape: dict[str, int] = TEACHER) -> ToyTeacher:
+    """The toy teacher of ``shape`` (default ``toy_kit.TEACHER``), in eval mode on CPU."""
     from miniverl.common.modeling import load_causal_lm, load_tokenizer
-    from miniverl.common.recipe_models import ToySpec
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
-    from miniverl.common.toy import toy_model_dir
 
-    model_dir = toy_model_dir(ToySpec(**TEACHER))
+    model_dir = toy_dir(shape)
     model = load_causal_lm(model_dir, dtype="float32", device="cpu")
     model.eval()
     tokenizer = load_tokenizer(model_dir)
@@ -188,18 +153,3 @@ def same_parameters(a: list, b: list) -> bool:
     import torch
 
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def metrics(run_dir: Path) -> list[dict[str, Any]]:
-    import json
-
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def events(run_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
-    import json
-
-    path = Path(run_dir) / "events.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if name is None or r["event"] == name]

@@ -20,8 +20,6 @@ import torch
 
 from miniverl.common.modeling import load_causal_lm
 from miniverl.common.recipe import Recipe
-from miniverl.common.recipe_models import ToySpec
-from miniverl.common.toy import toy_model_dir
 from miniverl.common.trajectory import VerifierResult
 from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.oracle import oracle_trajectory
@@ -37,28 +35,23 @@ from miniverl.student.train.modes.dpo import (
 from miniverl.student.train.optim import build_optimizer, build_scheduler
 from miniverl.student.train.policy import load_policy
 from tests.student.train.fake_teacher import FakeTeacherClient
+from tests.toy_kit import ONE_LAYER, make_recipe, seeded, toy_dir
 
-TOY = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
+TOY = seeded(ONE_LAYER, 0)
 
 
 def _recipe(tmp_path, **train) -> Recipe:
-    return Recipe.model_validate({
-        "schema_version": 1,
-        "run": {"name": "dpo-test", "mode": "dpo", "output_dir": str(tmp_path / "runs")},
-        "student": {"model": {"toy": TOY}, "dtype": "float32", "device": "cpu", "lora": None},
-        "teacher": {"model": {"toy": TOY}, "dtype": "float32", "device": "cpu"},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 16,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 24, "max_total_tokens": 640,
-                    "batch_size": 8},
-        "train": {"cycles": 2, "rollouts_per_cycle": 4, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0, **train},
-        "dpo": {"beta": 0.5, "group_size": 2},
-    })
+    """DPO against a frozen copy of the student, 16 tasks, eight episodes a batch."""
+    return make_recipe("dpo", tmp_path / "runs", student=TOY, teacher=TOY, cycles=2, **train,
+                       sections={"run": {"name": "dpo-test", "deterministic": False},
+                                 "environment": {"train_tasks": 16},
+                                 "rollout": {"max_new_tokens_per_turn": 24, "batch_size": 8},
+                                 "loss": None, "runtime": None,
+                                 "dpo": {"beta": 0.5, "group_size": 2}})
 
 
 def _reference_client(policy) -> FakeTeacherClient:
-    ref = load_causal_lm(toy_model_dir(ToySpec(**TOY)), dtype="float32", device="cpu")
+    ref = load_causal_lm(toy_dir(TOY), dtype="float32", device="cpu")
     return FakeTeacherClient(ref, policy.tokenizer_fp, policy.vocab_size, name="reference")
 
 
