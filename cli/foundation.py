@@ -1,7 +1,8 @@
 """``miniverl doctor``, ``miniverl validate`` and ``miniverl schema``.
 
-doctor says what this machine can run (extras, torch threads, CUDA devices and free
-memory, libzmq and CURVE, a writable output directory); validate checks a recipe and
+doctor says what this machine can run (extras, the installed training stack against
+the tested version range, torch threads, CUDA devices and free memory, libzmq and
+CURVE, a writable output directory); validate checks a recipe and
 prints every error at once, or a short plan; schema prints a JSON Schema. These
 commands work on the torch-free core install; torch is imported only by doctor, and
 only when it is installed.
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
 
 # extra -> (import name, distribution name) for each package it brings.
 EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -54,6 +57,34 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+# Packages whose range is tested (docs/compatibility.md, tests/compat/lowest.txt).
+TESTED = ("torch", "transformers", "peft", "accelerate", "tokenizers", "bitsandbytes")
+
+
+def compatibility_report() -> dict[str, dict[str, Any]]:
+    """``{package: {range, installed, in_range}}`` for the training stack.
+
+    The range is what this installation of miniverl declares (its package metadata, so
+    pyproject.toml); ``in_range`` is None when the package is not installed.
+    """
+    report: dict[str, dict[str, Any]] = {}
+    for text in metadata.requires("miniverl") or []:
+        req = Requirement(text)
+        name = req.name.lower()
+        if name not in TESTED or name in report:
+            continue
+        installed = _version(name)
+        try:
+            # A local label (torch's +cpu) names a build of the same release.
+            in_range = None if installed is None else req.specifier.contains(
+                Version(installed).public, prereleases=True)
+        except InvalidVersion:
+            in_range = False
+        report[name] = {"range": str(req.specifier), "installed": installed,
+                        "in_range": in_range}
+    return report
 
 
 def _extras_report() -> dict[str, Any]:
@@ -141,6 +172,7 @@ def doctor_report(output_dir: Path) -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
         "cpu_count": os.cpu_count(),
         "extras": _extras_report(),
+        "compatibility": compatibility_report(),
         "torch": _torch_report(),
         "zmq": _zmq_report(),
         "output_dir": _writable(output_dir),
@@ -161,6 +193,16 @@ def _print_doctor(report: dict[str, Any]) -> None:
             echo(f"extra {extra:<7} ok       {versions}")
         else:
             echo(f"extra {extra:<7} missing  {', '.join(info['missing'])}: {info['hint']}")
+    echo("tested range (docs/compatibility.md):")
+    for name, info in report["compatibility"].items():
+        if info["installed"] is None:
+            state = "not installed"
+        elif info["in_range"]:
+            state = f"{info['installed']} ok"
+        else:
+            state = (f"{info['installed']} OUTSIDE the tested range: "
+                     f"pip install '{name}{info['range']}'")
+        echo(f"  {name:<13} {info['range']:<10} {state}")
     torch = report["torch"]
     if torch["installed"]:
         echo(f"torch {torch['version']}: {torch['threads']} threads, cuda {torch['cuda']}")

@@ -37,9 +37,14 @@ def shared_prefix_len(ids_B_T: Any, lengths: list[int]) -> int:
 
 
 def cache_kwarg(decoder: Any) -> str:
-    """The KV cache argument of ``decoder.forward``: ``cache`` (transformers 5.x) or
-    ``past_key_values`` (4.x)."""
-    params = inspect.signature(decoder.forward).parameters
+    """The KV cache argument of ``decoder.forward``: ``cache`` (recent transformers 5.x) or
+    ``past_key_values`` (older releases, 4.x included).
+
+    Read from the model class, not the instance: a PEFT wrapper's (or a test's) forward
+    takes ``**kwargs`` and would hide the name, and the deprecated one would be chosen.
+    """
+    base = decoder.get_base_model() if hasattr(decoder, "get_base_model") else decoder
+    params = inspect.signature(type(base).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

@@ -45,6 +45,26 @@ def test_doctor_human():
     assert "libzmq" in result.output and "extra train" in result.output
 
 
+def test_doctor_prints_the_installed_stack_against_the_tested_range(monkeypatch):
+    # A user on a too-old peft is told so, with the install line that fixes it.
+    import miniverl.cli.foundation as foundation
+
+    real = foundation._version
+    fake = {"peft": "0.16.0", "bitsandbytes": None}
+    monkeypatch.setattr(foundation, "_version",
+                        lambda dist: fake[dist] if dist in fake else real(dist))
+    report = foundation.compatibility_report()
+    assert set(report) == set(foundation.TESTED)
+    assert report["peft"] == {"range": ">=0.17", "installed": "0.16.0", "in_range": False}
+    assert report["bitsandbytes"]["in_range"] is None
+    assert report["torch"]["in_range"] is True  # 2.13.0+cpu: the local label is a build
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "peft          >=0.17     0.16.0 OUTSIDE the tested range: pip install 'peft>=0.17'" \
+        in result.output
+    assert "bitsandbytes  >=0.50     not installed" in result.output
+
+
 def test_validate_good_recipe_prints_a_plan():
     result = runner.invoke(app, ["validate", str(TOY)])
     assert result.exit_code == 0, result.output
