@@ -4,9 +4,11 @@ An environment generates tasks deterministically from a seed, runs tool calls fo
 episode at a time (``reset`` then ``step``) and verifies final answers. Two promises
 hold for every environment built on :class:`Environment`:
 
-- ``step`` never raises. An unknown tool, a missing or mistyped argument, or a tool
-  that fails comes back as a short text starting with ``"error:"``; the model reads
-  it as a tool result and can learn from it.
+- ``step`` never raises. An unknown tool, a missing or mistyped argument, a string
+  argument over ``max_argument_chars`` (10,000), or a tool that fails comes back as a
+  short text starting with ``"error:"``; the model reads it as a tool result and can
+  learn from it. Results are cut at ``max_result_chars`` (2,000). Each built-in tool
+  also bounds its own work so one call ends well within a second.
 - ``verify`` never raises and maps any string to a bounded
   :class:`~miniverl.common.trajectory.VerifierResult` (score in [0, 1], reason at
   most 500 characters).
@@ -34,6 +36,7 @@ SPLITS = ("train", "eval", "test")
 DIFFICULTIES = ("easy", "medium", "hard")
 MAX_REASON_CHARS = 500
 MAX_RESULT_CHARS = 2000
+MAX_ARGUMENT_CHARS = 10_000
 _ERROR_CHARS = 300
 
 
@@ -201,6 +204,9 @@ class Environment:
 
     name = "environment"
     max_result_chars = MAX_RESULT_CHARS
+    # A longer string argument is refused before ``run_tool``, so no tool pays for
+    # parsing, splitting or quoting megabytes a model (or a fuzzer) sent.
+    max_argument_chars = MAX_ARGUMENT_CHARS
 
     def __init__(self) -> None:
         self.task: Task | None = None
@@ -303,6 +309,11 @@ class Environment:
             json_type = props[key].get("type", "")
             if not _type_ok(value, json_type):
                 return f"error: argument {key!r} of {tool_name} must be a {json_type}"
+            if isinstance(value, str) and len(value) > self.max_argument_chars:
+                return (
+                    f"error: argument {key!r} of {tool_name} has {len(value):,} characters; "
+                    f"the limit is {self.max_argument_chars:,}"
+                )
         if self.task is None:
             return "error: no task is loaded; call reset(task) first"
         return None

@@ -4,7 +4,10 @@ Tools:
 - ``calculator(expression)``: evaluates arithmetic through an AST whitelist (numbers,
   ``+ - * / // % **``, unary signs, parentheses and ``abs round min max sqrt``).
   It never calls ``eval``; names, attributes, strings, lambdas, comprehensions and
-  any other syntax are refused, and lengths, exponents and magnitudes are bounded.
+  any other syntax are refused. Every call is cheap by construction: at most 200
+  characters and 100 syntax nodes, exponents at most 64, and every value (literal,
+  intermediate or result) at most 1e15 in magnitude, checked *before* a power is
+  computed, so ``9**9**9`` is an error in microseconds, not a 370-million-digit int.
 - ``convert(value, from_unit, to_unit)``: length (km m cm mm), mass (kg g mg),
   time (h min s ms) and temperature (c f k).
 
@@ -34,6 +37,7 @@ MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 1e15
 MAX_EXPONENT = 64
 MAX_NODES = 100
+MAX_UNIT_CHARS = 20
 _FUNCTIONS = {
     "abs": (1, 1, abs),
     "round": (1, 2, round),
@@ -105,9 +109,14 @@ def _binop(op: ast.operator, left, right):
             raise CalcError(f"exponent {format_number(right)} is larger than {MAX_EXPONENT}")
         if left == 0 and right < 0:
             raise CalcError("division by zero")
-        if abs(left) > 1 and right * math.log10(abs(left)) > 15:
+        # Checked before computing, for small bases with negative exponents too
+        # (0.5 ** -64): the power is what a model uses to ask for huge numbers.
+        if left != 0 and right * math.log10(abs(left)) > 15:
             raise CalcError(f"result exceeds {MAX_MAGNITUDE:.0e} in magnitude")
-        result = left**right
+        try:
+            result = left**right
+        except OverflowError:
+            raise CalcError(f"result exceeds {MAX_MAGNITUDE:.0e} in magnitude") from None
         if isinstance(result, complex):
             raise CalcError("result is not a real number")
         return result
@@ -156,6 +165,8 @@ def evaluate(expression: str) -> int | float:
 
 
 def _unit(name: str) -> str:
+    if len(name) > MAX_UNIT_CHARS:
+        raise CalcError(f"unit name is longer than {MAX_UNIT_CHARS} characters")
     key = name.strip().lower()
     key = _UNIT_ALIASES.get(key, key)
     if key not in _UNITS:
@@ -166,6 +177,7 @@ def _unit(name: str) -> str:
 def convert(value: float, from_unit: str, to_unit: str) -> int | float:
     """Convert ``value`` between two units of the same dimension."""
     src, dst = _unit(from_unit), _unit(to_unit)
+    _checked(value)  # a huge or non-finite value is refused before any arithmetic
     if _UNITS[src][0] != _UNITS[dst][0]:
         raise CalcError(f"cannot convert {_UNITS[src][0]} ({src}) to {_UNITS[dst][0]} ({dst})")
     amount = Fraction(repr(float(value))) if isinstance(value, float) else Fraction(value)

@@ -11,8 +11,10 @@ Tools (paths are dot-separated keys and list indices, ``""`` is the root):
 Difficulties: ``easy`` names the full path (``Get items.k372.price.``); ``medium``
 names a record by its ``name`` field (``What is the price of the blue lamp?``);
 ``hard`` needs two hops (``What is the population of the city where Maria Lopez
-lives?``). The verifier is an exact match after trimming whitespace, quotes, a
-trailing period and case. This module is torch-free.
+lives?``). Tool calls are bounded: paths and keys are at most 300 characters, ``find``
+returns at most 50 paths, results are cut at 2,000 characters. The verifier is an
+exact match after trimming whitespace, quotes, a trailing period and case. This
+module is torch-free.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ _CITIES = {
     "Malmo": "Sweden", "Ghent": "Belgium", "Cork": "Ireland", "Basel": "Switzerland",
 }  # fmt: skip
 _MAX_FIND = 50
+MAX_PATH_CHARS = 300  # the longest real path is ~25 characters
 
 
 class PathError(ValueError):
@@ -57,6 +60,8 @@ class PathError(ValueError):
 
 
 def _resolve(document: Any, path: str) -> Any:
+    if len(path) > MAX_PATH_CHARS:
+        raise PathError(f"path is longer than {MAX_PATH_CHARS} characters")
     node = document
     path = path.strip().strip(".")
     if not path:
@@ -69,7 +74,7 @@ def _resolve(document: Any, path: str) -> Any:
                 raise PathError(f"no key {part!r} at {where}; try keys")
             node = node[part]
         elif isinstance(node, list):
-            if not part.lstrip("-").isdigit() or not 0 <= int(part) < len(node):
+            if not (part.isascii() and part.isdigit()) or not 0 <= int(part) < len(node):
                 raise PathError(f"index {part!r} is not in 0..{len(node) - 1}")
             node = node[int(part)]
         else:
@@ -112,6 +117,8 @@ class JsonNavEnv(Environment):
     def run_tool(self, name: str, arguments: dict[str, Any]) -> str:
         document = self.task.data["document"]
         if name == "find":
+            if len(arguments["key"]) > MAX_PATH_CHARS:
+                raise PathError(f"key is longer than {MAX_PATH_CHARS} characters")
             out: list[str] = []
             _find(document, arguments["key"].strip(), "", out)
             return _dumps(out) if out else f"no path ends with {arguments['key']!r}"

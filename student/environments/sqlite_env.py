@@ -5,13 +5,11 @@ Each task carries its rows in ``task.data`` (``customers``: ``[id, name, city]``
 in-memory database. Tools: ``schema()`` returns the ``CREATE TABLE`` statements and
 ``query(sql)`` runs one statement.
 
-Queries are read-only and bounded, because the SQL comes from a model:
-- an authorizer allows only SELECT, reading columns, calling functions and recursive
-  CTEs; INSERT, UPDATE, DELETE, CREATE, DROP, ATTACH, PRAGMA and transactions are
-  refused (``PRAGMA query_only`` is on as a second fence);
-- a progress handler stops a statement after a fixed number of VM steps, so a
-  runaway recursive CTE or cross join ends with an error text;
-- at most 50 rows and 2,000 characters come back; strings and blobs are capped at 1 MB.
+Queries are read-only and bounded in time and size, because the SQL comes from a
+model: an authorizer allows only SELECT, a progress handler stops a statement after
+0.5 s or 2M VM steps, values are capped at 10,000 bytes, ``printf`` widths at 1,000,
+and at most 50 rows and 2,000 characters come back. How and why lives in
+``sqlite_guard.py``; this module holds the tasks, the tools and the verifier.
 
 The verifier compares the last number of the answer with the ground truth.
 This module is torch-free.
@@ -27,77 +25,20 @@ from miniverl.common.trajectory import VerifierResult
 
 from .base import Environment, FinalAnswer, Task, ToolCall, format_number, numeric_result, tool_spec
 from .jsonnav import _CITIES, _FIRST, _LAST
+from .sqlite_guard import MAX_ROWS, locked_connection, require_setlimit, run_query
 
-MAX_ROWS = 50
-MAX_PROGRESS_CALLS = 2000  # x 1000 VM steps: ~2M steps, far above any honest query here
-_PROGRESS_EVERY = 1000
+__all__ = ["MAX_ROWS", "SCHEMA", "SqliteEnv", "open_database", "run_query"]
+
 SCHEMA = (
     "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NOT NULL);\n"
     "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL "
     "REFERENCES customers(id), amount INTEGER NOT NULL);"
 )
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
-# Recursive CTEs are allowed on purpose: the VM-step limit, not the authorizer, ends them.
-_ALLOWED.add(getattr(sqlite3, "SQLITE_RECURSIVE", 33))
-
-
-def _authorizer(action: int, arg1, arg2, db_name, trigger) -> int:
-    return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
 
 
 def open_database(customers: list[list], orders: list[list]) -> sqlite3.Connection:
     """A fresh in-memory database holding the rows, locked down for model-written SQL."""
-    conn = sqlite3.connect(":memory:", check_same_thread=False)
-    conn.executescript(SCHEMA)
-    conn.executemany("INSERT INTO customers VALUES (?, ?, ?)", customers)
-    conn.executemany("INSERT INTO orders VALUES (?, ?, ?)", orders)
-    conn.commit()
-    conn.execute("PRAGMA query_only = ON")
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 10_000)
-    conn.set_authorizer(_authorizer)
-    return conn
-
-
-def run_query(conn: sqlite3.Connection, sql: str) -> str:
-    """Run one read-only statement; raises ``sqlite3.Error`` on refusal or step limit."""
-    calls = [0]
-
-    def progress() -> int:
-        calls[0] += 1
-        return 1 if calls[0] > MAX_PROGRESS_CALLS else 0
-
-    conn.set_progress_handler(progress, _PROGRESS_EVERY)
-    try:
-        try:
-            cursor = conn.execute(sql)
-            rows = cursor.fetchmany(MAX_ROWS + 1)
-        except sqlite3.OperationalError as exc:
-            if calls[0] > MAX_PROGRESS_CALLS:
-                raise sqlite3.OperationalError("query stopped: too many steps") from None
-            if "not authorized" in str(exc):
-                raise sqlite3.OperationalError("not authorized: only SELECT queries are allowed") from None
-            raise
-        header = [d[0] for d in cursor.description or []]
-    finally:
-        conn.set_progress_handler(None, 0)
-    if not header:
-        return "(no result)"
-    lines = [" | ".join(header)]
-    lines += [" | ".join(_cell(v) for v in row) for row in rows[:MAX_ROWS]]
-    if len(rows) > MAX_ROWS:
-        lines.append(f"... more than {MAX_ROWS} rows; add LIMIT or aggregate")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, int | float):
-        return format_number(value)
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    return str(value)
+    return locked_connection(SCHEMA, {"customers": customers, "orders": orders})
 
 
 class SqliteEnv(Environment):
@@ -106,6 +47,7 @@ class SqliteEnv(Environment):
     name = "sqlite"
 
     def __init__(self) -> None:
+        require_setlimit()  # fail at construction, not mid-episode, on Python < 3.11
         super().__init__()
         self._conn: sqlite3.Connection | None = None
 

@@ -57,11 +57,12 @@ def test_runaway_queries_stop(env):
         "query",
         {"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT SUM(x) FROM c"},
     )
-    assert out.startswith("error:") and "too many steps" in out
+    # Whichever limit comes first (VM steps or the 0.25 s clock) depends on the machine.
+    assert out.startswith("error: sql: query stopped:"), out
     out = env.step(
         "query", {"sql": "SELECT COUNT(*) FROM orders a, orders b, orders c, orders d, orders e, orders f"}
     )
-    assert out.startswith("error:") and "too many steps" in out
+    assert out.startswith("error: sql: query stopped:"), out
     assert time.monotonic() - t0 < 10
     assert _count(env).startswith("COUNT(*)")  # the connection still works
 
