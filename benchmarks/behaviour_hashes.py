@@ -8,11 +8,18 @@ optimizer and RNG state) in name order. The teacher is started the way ``miniver
 starts one (``miniverl.student.teacher_process.start_teacher``: the student starts
 only once the teacher answered READY) and stopped with SIGTERM after the run.
 
-Settings under which two runs agree bit for bit: ``run.deterministic: true``,
-``train.pipelining: false``, and a teacher that scores each request alone
-(``--batch-tokens 1 --prefix-cache-tokens 0``). With request coalescing or the prefix
-cache on, which requests share a forward pass depends on arrival times, and
-offline_kd and replay runs (several SCOREs in flight) then differ at 1e-7.
+Settings under which two runs agree bit for bit: ``run.deterministic: true``. The
+student then marks every SCORE ``deterministic`` and the teacher scores each alone in
+one forward pass (no coalescing, no prefix cache), so pipelining and a coalescing
+teacher no longer matter (docs/up.md, "Reruns and resumes"). The runs here still use
+``train.pipelining: false`` and ``--batch-tokens 1 --prefix-cache-tokens 0``.
+
+Re-recorded once, on purpose (issue 18): before deterministic scoring, a teacher with
+``--prefix-cache-tokens 0`` kept no prefix but still split a request's forward pass at
+the prefix it shared with the previous request (a split that depends on request
+order); a deterministic request is now one plain forward pass, which rounds
+differently at 1e-7. sft and dpo (no top-k targets) kept their hashes; with
+``run.deterministic: false`` the other modes reproduced the earlier hashes exactly.
 
 Record:  python benchmarks/behaviour_hashes.py --repeat 2 --write benchmarks/results/behaviour_hashes.json
 Check:   python benchmarks/behaviour_hashes.py --check benchmarks/results/behaviour_hashes.json

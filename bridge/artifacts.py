@@ -32,6 +32,7 @@ from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.common.hashing import sha256_file
 from miniverl.common.modeling import resolve_model_dir
+from miniverl.common.os_errors import disk_full, is_disk_full
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 
@@ -248,7 +249,9 @@ def export_adapter(run: Path, out: Path) -> dict:
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):
+            raise disk_full(out) from exc
         raise
     return summary

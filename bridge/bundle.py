@@ -41,6 +41,8 @@ from miniverl.bridge import artifacts, parquet, profile
 from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import write_sums
+from miniverl.common.manifest import load_manifest
+from miniverl.common.os_errors import disk_full, is_disk_full
 from miniverl.common.redact import redact
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.student.environments import make_tasks
@@ -248,7 +250,9 @@ def _teacher_identity(recipe) -> dict:
 def _source_run(run: Path) -> dict:
     out: dict = {"run_id": run.name}
     if (run / "manifest.json").is_file():
-        out["manifest"] = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+        # Checked, and without its digest: the bundle's copy is redacted, so the run's
+        # digest would not describe it.
+        out["manifest"] = load_manifest(run / "manifest.json")
     if (run / "recipe.resolved.yaml").is_file():
         out["recipe"] = yaml.safe_load((run / "recipe.resolved.yaml").read_text(encoding="utf-8"))
     if (run / "status.json").is_file():
@@ -364,7 +368,9 @@ def export_verl(run: Path, out: Path) -> dict:
         atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
         write_sums(tmp)
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):
+            raise disk_full(out) from exc
         raise
     return manifest

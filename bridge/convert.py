@@ -10,11 +10,13 @@ final name and renamed. This module dispatches; the row format lives in ``parque
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from miniverl.bridge import parquet
 from miniverl.common.errors import ConfigError
+from miniverl.common.os_errors import disk_full, is_disk_full
 from miniverl.common.recipe import load_recipe
 from miniverl.student.environments import make_tasks
 
@@ -44,9 +46,23 @@ def convert_dataset(src: Path, dst: Path, to: str, environment: str | None = Non
         raise ConfigError(
             f"input {src} does not exist; pass a .jsonl task set, a recipe or a .parquet file"
         )
-    suffix = src.suffix.lower()
     tmp = dst.with_name(f".{dst.name}.tmp")
     dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        n = _convert(src, tmp, to, environment)
+        os.replace(tmp, dst)
+    except BaseException as exc:
+        # A failed conversion leaves neither a half-written output nor its temp file.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if is_disk_full(exc):
+            raise disk_full(dst) from exc
+        raise
+    return n
+
+
+def _convert(src: Path, tmp: Path, to: str, environment: str | None) -> int:
+    suffix = src.suffix.lower()
     if to == "verl":
         if suffix in (".jsonl", ".json"):
             if not environment:
@@ -67,5 +83,4 @@ def convert_dataset(src: Path, dst: Path, to: str, environment: str | None = Non
                 f"{src.name}: --to miniverl reads a verl .parquet file written by miniverl"
             )
         n = parquet.write_tasks_jsonl(tmp, (task for task, _env in parquet.read_verl_parquet(src)))
-    os.replace(tmp, dst)
     return n

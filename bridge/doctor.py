@@ -354,6 +354,16 @@ def _weights_present(var: str) -> bool:
     return bool(value) and (Path(value) / "config.json").is_file()
 
 
+def _manifest_kind(manifest_path: Path) -> str:
+    """The bundle's ``kind`` (lora | full); ``lora`` when the manifest is absent or unreadable
+    (the hashes and layout checks already fail for it)."""
+    try:
+        kind = json.loads(manifest_path.read_bytes()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return "lora"
+    return kind if kind in ("lora", "full") else "lora"
+
+
 def doctor(bundle: Path) -> dict:
     """All checks on ``bundle``; the dict documented as the doctor JSON schema."""
     bundle = Path(bundle)
@@ -380,7 +390,7 @@ def doctor(bundle: Path) -> dict:
             checks.run(name, fn, bundle)
     blockers = []
     manifest_path = bundle / profile.BUNDLE_FILES["manifest"]
-    kind = json.loads(manifest_path.read_text())["kind"] if manifest_path.is_file() else "lora"
+    kind = _manifest_kind(manifest_path)
     if kind == "lora" and not _weights_present("BASE_MODEL_DIR"):
         blockers.append("base model weights absent (BASE_MODEL_DIR)")
     if not _weights_present("TEACHER_MODEL_DIR"):

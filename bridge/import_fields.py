@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from miniverl.bridge.import_paths import Refused, Trusted, check_location
 from miniverl.bridge.profile import PROFILE, set_dotted
 
 QWEN3_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Finding:
 class ImportResult:
     recipe: dict
     findings: list[Finding] = field(default_factory=list)
+    # Local model directories must lie under this folder (the verl config's own).
+    base_dir: Path = field(default_factory=Path.cwd)
 
     def add(
         self, key: str, label: str, value: object, target: str | None = None, note: str = ""
@@ -64,30 +67,6 @@ class ImportResult:
                 for label in ("exact", "derived", "informational", "unsupported", "refused")
             },
         }
-
-
-def _model_source(value: object, revision: str | None, key: str) -> tuple[dict | None, str, str]:
-    """``(ModelSource dict | None, label, note)`` for a verl model path."""
-    if not isinstance(value, str) or not value:
-        return None, "unsupported", f"{key} must be a non-empty string"
-    if value.startswith(("/", "~", ".")) or "\\" in value:
-        return {"path": value}, "exact", "local model directory"
-    if value.count("/") == 1:
-        if revision is None or not _HEX40.match(revision):
-            return (
-                None,
-                "unsupported",
-                (
-                    f"hub id {value!r} needs a pinned 40-hex revision; pass --revision "
-                    "(--teacher-revision for the teacher) with the commit to use"
-                ),
-            )
-        return (
-            {"hub_id": value, "revision": revision},
-            "derived",
-            "hub id pinned with the given revision",
-        )
-    return {"path": value}, "exact", "local model directory"
 
 
 def _exact(target: str, kind: type | tuple, note: str = "", check=None):
@@ -145,13 +124,35 @@ def _length(name: str, target: str):
 
 def _model(section: str):
     def handler(key, value, result, lora, seen, revision, teacher_revision):
-        rev = revision if section == "student" else teacher_revision
-        source, label, note = _model_source(value, rev, key)
-        if source is not None:
-            result.recipe[section]["model"] = source
-        result.add(key, label, value, f"{section}.model", note)
+        student = section == "student"
+        verdict = check_location(
+            value,
+            key=key,
+            base_dir=result.base_dir,
+            revision=revision if student else teacher_revision,
+            revision_flag="--revision" if student else "--teacher-revision",
+        )
+        if isinstance(verdict, Trusted):
+            result.recipe[section]["model"] = verdict.source
+        result.add(key, verdict.label, value, f"{section}.model", verdict.note)
 
     return handler
+
+
+def _lora_adapter_path(key, value, result, *_):
+    if value is None:
+        result.add(key, "informational", value, None, "no starting adapter, as in miniverl")
+        return
+    # Checked first so a URL or an escape is named as such in the report.
+    verdict = check_location(
+        value, key=key, base_dir=result.base_dir, revision=None, revision_flag="--revision"
+    )
+    note = verdict.note if isinstance(verdict, Refused) else (
+        "miniverl starts the student's LoRA from scratch; remove the field, or merge the "
+        "adapter into a local model directory and name that as the model path"
+    )
+    label = verdict.label if isinstance(verdict, Refused) else "unsupported"
+    result.add(key, label, value, None, note)
 
 
 def _lora_rank(key, value, result, lora, *_):
@@ -280,6 +281,7 @@ HANDLERS = {
     "data.max_response_length": _length("max_response_length", "rollout.max_new_tokens_per_turn"),
     "data.seed": _exact("run.seed", int, "an integer seed"),
     "actor_rollout_ref.model.path": _model("student"),
+    "actor_rollout_ref.model.lora_adapter_path": _lora_adapter_path,
     "actor_rollout_ref.model.enable_gradient_checkpointing": _info(
         "memory knob; miniverl decides per device"
     ),

@@ -11,7 +11,9 @@ Everything else fails too, one line per field: critic, PPO/GRPO estimators, Ray
 resources, FSDP/Megatron placement, vLLM/SGLang placement, async rollout, any ``${...}``
 interpolation (the value would depend on code outside the file) and unknown fields. A
 partial import that silently dropped the critic would train a different algorithm
-under the same name; refusing is the point.
+under the same name; refusing is the point. Model and adapter locations are trusted
+only as a directory inside the config's folder or a pinned hub id
+(:mod:`miniverl.bridge.import_paths`); a URL or a ``..`` escape is refused per field.
 
 This module maps values; it does not read verl's defaults, run Hydra or contact a hub.
 """
@@ -26,7 +28,7 @@ from pydantic import ValidationError
 
 from miniverl.bridge.import_fields import HANDLERS, ImportResult
 from miniverl.bridge.profile import PROFILE, flatten
-from miniverl.common.atomic import atomic_write_json
+from miniverl.common.atomic import atomic_write_json, atomic_write_text
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
 
@@ -82,7 +84,9 @@ REFUSED_FAMILIES: list[tuple[str, str]] = [
 # ------------------------------------------------------------------------- mapping
 
 
-def _map(flat: dict, revision: str | None, teacher_revision: str | None) -> ImportResult:
+def _map(
+    flat: dict, revision: str | None, teacher_revision: str | None, base_dir: Path
+) -> ImportResult:
     recipe: dict = {
         "schema_version": 1,
         "run": {"name": "imported-from-verl", "mode": "opd"},
@@ -92,7 +96,7 @@ def _map(flat: dict, revision: str | None, teacher_revision: str | None) -> Impo
         "train": {},
         "rollout": {},
     }
-    result = ImportResult(recipe)
+    result = ImportResult(recipe, base_dir=base_dir)
     lora: dict = {}
     seen_lengths: dict[str, int] = {}
 
@@ -151,12 +155,23 @@ def _map(flat: dict, revision: str | None, teacher_revision: str | None) -> Impo
 
 
 def import_config(
-    config: dict, *, revision: str | None = None, teacher_revision: str | None = None
+    config: dict,
+    *,
+    revision: str | None = None,
+    teacher_revision: str | None = None,
+    base_dir: Path | None = None,
 ) -> ImportResult:
-    """Map a parsed verl config (nested or dotted keys) to a recipe dict plus findings."""
+    """Map a parsed verl config (nested or dotted keys) to a recipe dict plus findings.
+
+    Local model directories must lie under ``base_dir`` (the config's folder; default
+    the current directory), see :mod:`miniverl.bridge.import_paths`.
+    """
     if not isinstance(config, dict):
-        raise ConfigError("a verl config must be a YAML mapping at the top level")
-    return _map(flatten(config), revision, teacher_revision)
+        raise ConfigError(
+            f"a verl config must be a YAML mapping at the top level (got "
+            f"{type(config).__name__}); pass verl's ppo_trainer-style config file"
+        )
+    return _map(flatten(config), revision, teacher_revision, Path(base_dir or Path.cwd()))
 
 
 def _validate(recipe: dict) -> list[str]:
@@ -166,6 +181,29 @@ def _validate(recipe: dict) -> list[str]:
     except ValidationError as exc:
         return [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
     return []
+
+
+def _read_config(config_path: Path) -> object:
+    """The parsed YAML of ``config_path``; one-line ConfigError for what cannot be read."""
+    if not config_path.is_file():
+        what = "is a directory" if config_path.is_dir() else "does not exist"
+        raise ConfigError(f"verl config {config_path} {what}; pass a verl config YAML file")
+    try:
+        text = config_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"verl config {config_path} is not UTF-8 text (byte {exc.start}); pass a verl "
+            "config YAML file"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"verl config {config_path} cannot be read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{config_path}:{mark.line + 1}:{mark.column + 1}" if mark else str(config_path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {problem}; fix the syntax") from None
 
 
 def import_verl(
@@ -180,11 +218,18 @@ def import_verl(
     The report is written in both cases, so a refused import still explains itself.
     """
     config_path, out_path = Path(config_path), Path(out_path)
-    try:
-        config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read verl config {config_path}: {exc}") from exc
-    result = import_config(config or {}, revision=revision, teacher_revision=teacher_revision)
+    config = _read_config(config_path)
+    if not config:
+        raise ConfigError(
+            f"verl config {config_path} is empty; pass a verl config that names at least "
+            "actor_rollout_ref.model.path and the distillation teacher"
+        )
+    result = import_config(
+        config,
+        revision=revision,
+        teacher_revision=teacher_revision,
+        base_dir=config_path.parent,
+    )
     report = result.report(config_path.name)
     errors = [] if result.refused else _validate(result.recipe)
     report["recipe_errors"] = errors
@@ -202,5 +247,7 @@ def import_verl(
         f"# Imported from {config_path.name} by `miniverl import-verl` (profile {PROFILE}).\n"
         f"# Every field's mapping is in import-report.json. Run: miniverl train {out_path.name}\n"
     )
-    out_path.write_text(header + yaml.safe_dump(result.recipe, sort_keys=False), encoding="utf-8")
+    atomic_write_text(
+        out_path, header + yaml.safe_dump(result.recipe, sort_keys=False), shared=True
+    )
     return report, report_path

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from miniverl.common.errors import ConfigError, ProvenanceError, require
 from miniverl.common.hashing import canonical_json, prefixed, sha256_json, sha256_text
-from miniverl.student.environments import get_environment
+from miniverl.student.environments import Task, get_environment
 
 ROW_FORMAT = 1
 DATA_SOURCE_PREFIX = "miniverl/"
@@ -53,22 +53,26 @@ def task_to_dict(task: object) -> dict:
 def read_tasks_jsonl(path: Path) -> list[dict]:
     """Task dicts from a JSONL file (one ``Task.to_dict()`` per line)."""
     tasks = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                task = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(
-                    f"{path}:{lineno}: not JSON ({exc.msg}); expected one task per line"
-                ) from exc
-            missing = [f for f in ("id", "split", "prompt", "answer") if f not in task]
-            if not isinstance(task, dict) or missing:
-                raise ConfigError(
-                    f"{path}:{lineno}: a task needs fields {missing}; write tasks with Task.to_dict()"
-                )
-            tasks.append(task)
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}); pass a JSONL task set"
+        ) from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}:{lineno}: not JSON ({exc.msg}); expected one task per line"
+            ) from None
+        try:
+            Task.from_dict(task)  # types too: an int prompt must not become a verl row
+        except ConfigError as exc:
+            raise ConfigError(f"{path}:{lineno}: {exc}; write tasks with Task.to_dict()") from None
+        tasks.append(task)
     return tasks
 
 
@@ -230,6 +234,19 @@ def write_verl_parquet(path: Path, tasks: Iterable[dict], envs: list[EnvFacts] |
 
 def row_to_task(row: dict, where: str) -> dict:
     """The task dict a verl row was made from; ``ProvenanceError`` if the row was edited."""
+    try:
+        return _row_to_task(row, where)
+    except ProvenanceError:
+        raise
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        # A column of another type (a string where a struct belongs, ...): not our row.
+        raise ProvenanceError(
+            f"{where}: a column has the wrong type or shape ({type(exc).__name__}); only "
+            "files written by `miniverl convert-dataset --to verl` or `export-verl` convert back"
+        ) from None
+
+
+def _row_to_task(row: dict, where: str) -> dict:
     info = (row.get("extra_info") or {}).get("miniverl")
     if not info:
         raise ProvenanceError(
@@ -254,10 +271,21 @@ def read_verl_parquet(path: Path) -> list[tuple[dict, str]]:
     """``(task dict, environment name)`` for every row of a verl file written by miniverl."""
     import pyarrow.parquet as pq
 
-    _pa()
-    rows = pq.read_table(path).to_pylist()
+    pa = _pa()
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"{path} is not a readable Parquet file ({first}); pass a .parquet file written "
+            "by `miniverl convert-dataset --to verl` or `export-verl`"
+        ) from None
     out = []
     for i, row in enumerate(rows):
-        task = row_to_task(row, f"{path}: row {i}")
-        out.append((task, row["extra_info"]["miniverl"]["environment"]))
+        where = f"{path}: row {i}"
+        task = row_to_task(row, where)
+        environment = row["extra_info"]["miniverl"].get("environment")
+        if not isinstance(environment, str) or not environment:
+            raise ProvenanceError(f"{where}: extra_info.miniverl.environment is missing")
+        out.append((task, environment))
     return out

@@ -89,6 +89,13 @@ def doctor(
     from miniverl.bridge.doctor import doctor as _doctor
     from miniverl.bridge.doctor import format_report
 
+    if not bundle.is_dir():
+        from miniverl.common.errors import ConfigError
+
+        what = "is a file" if bundle.exists() else "does not exist"
+        raise ConfigError(
+            f"bundle {bundle} {what}; pass the directory written by `miniverl export-verl`"
+        )
     result = _doctor(bundle)
     typer.echo(json.dumps(result, indent=2) if as_json else format_report(result))
     if not result["ok"]:

@@ -63,6 +63,11 @@ def summarize_file(path: Path) -> dict[str, Any]:
         calls["parse_errors"] += traj.tool_calls.parse_errors
         calls["failed"] += traj.tool_calls.failed
         by_name.update(traj.tool_calls.by_name)
+    if n == 0:
+        raise ConfigError(
+            f"trajectories file {str(path)!r} holds no trajectories (it is empty); pass the "
+            "trajectories.jsonl of a run that has sampled"
+        )
     total_tokens = sum(tokens.values())
     return {
         "file": str(path),

@@ -2,7 +2,8 @@
 
 Thin wrappers over :mod:`miniverl.student.report`, :mod:`miniverl.student.benchmark.run`
 and :mod:`miniverl.student.benchmark.export`; all three are torch-free (the default
-benchmark cell imports the trainer only when it runs).
+benchmark cell imports the trainer only when it runs). ``report`` exits 1 when a sealed
+file or line does not match its digest (the page is still written, listing it).
 """
 
 from __future__ import annotations
@@ -19,16 +20,25 @@ def report(
     markdown: Path | None = typer.Option(None, "--markdown", help="Also write a markdown summary."),
 ) -> None:
     """Write a self-contained offline HTML report of a run."""
+    from miniverl.common.errors import ProvenanceError
     from miniverl.student.report.build import build_report
     from miniverl.student.report.load import load_run
 
+    if run.is_dir() and not any((run / f).is_file() for f in ("status.json", "manifest.json")):
+        raise ProvenanceError(
+            f"{run} is not a run directory (no status.json or manifest.json); pass runs/<id>"
+        )
     path = build_report(run, out=out, markdown=markdown)
-    problems = load_run(run).problems
+    data = load_run(run)
     typer.echo(f"report: {path}")
     if markdown:
         typer.echo(f"markdown: {markdown}")
-    for problem in problems:
-        typer.echo(f"note: {problem}", err=True)
+    for problem in data.problems:
+        if problem not in data.tampered:
+            typer.echo(f"note: {problem}", err=True)
+    if data.tampered:
+        # The page lists what was skipped; the exit code must not call the run sound.
+        raise ProvenanceError("; ".join(data.tampered))
 
 
 def benchmark(

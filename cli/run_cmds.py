@@ -15,6 +15,12 @@ RECIPE_ARG = typer.Argument(..., help="Recipe YAML.")
 RUN_ID_OPT = typer.Option(None, "--run-id", help="Run id (default: name + time).")
 RESUME_OPT = typer.Option(False, "--resume", help="Continue run --run-id.")
 OUTPUT_DIR_OPT = typer.Option(None, "--output-dir", help="Override run.output_dir.")
+CURVE_SECRET_OPT = typer.Option(
+    None, "--curve-secret-key", help="Student CURVE secret key file (a remote CURVE teacher)."
+)
+CURVE_SERVER_OPT = typer.Option(
+    None, "--curve-server-key", help="The teacher's CURVE public key file (server.key)."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,10 +36,18 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan."),
         offline: bool = typer.Option(False, "--offline", help="Never touch the network."),
         output_dir: str = OUTPUT_DIR_OPT,
+        curve_secret_key: str = CURVE_SECRET_OPT,
+        curve_server_key: str = CURVE_SERVER_OPT,
+        admin_token: str = typer.Option(
+            None, "--admin-token", help="Teacher's admin token file (lets swap PARK/WAKE)."
+        ),
     ) -> None:
         """Run the student process alone (opd, replay and offline_kd need --teacher)."""
         from miniverl.common.errors import ConfigError
         from miniverl.common.recipe import load_recipe
+        from miniverl.protocol.endpoints import curve_key_files
+
+        curve = curve_key_files(curve_secret_key, curve_server_key)
 
         loaded = load_recipe(recipe)
         if dry_run:
@@ -55,7 +69,8 @@ def register(app: typer.Typer) -> None:
 
         result = train_from_file(
             recipe, teacher=teacher, run_id=run_id, resume=resume, offline=offline,
-            output_dir=output_dir, stop_event=graceful_stop(),
+            output_dir=output_dir, stop_event=graceful_stop(), teacher_curve=curve,
+            teacher_admin_token=admin_token,
         )
         for line in summary_lines(result):
             typer.echo(line)
@@ -115,13 +130,17 @@ def register_up(app: typer.Typer) -> None:
         resume: bool = RESUME_OPT,
         output_dir: str = OUTPUT_DIR_OPT,
         quiet: bool = typer.Option(False, "--quiet", help="No child log lines, no progress."),
+        curve_secret_key: str = CURVE_SECRET_OPT,
+        curve_server_key: str = CURVE_SERVER_OPT,
     ) -> None:
         """Start the teacher and the student, keep them alive, stop them together."""
         from miniverl.cli.supervisor import up as run_up
+        from miniverl.protocol.endpoints import curve_key_files
 
         code, run_dir = run_up(
             recipe, teacher=teacher, run_id=run_id, resume=resume, output_dir=output_dir,
             show_progress=not quiet, echo=not quiet,
+            curve=curve_key_files(curve_secret_key, curve_server_key),
         )
         typer.echo(f"run directory: {run_dir}")
         if code:

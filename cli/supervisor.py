@@ -12,7 +12,11 @@ SIGTERM asks the student to checkpoint and stop at the next update boundary, the
 the teacher down; the exit code is then 130, otherwise the student's. A second Ctrl-C
 does not wait: both children are killed at once (no checkpoint) and the exit code is 130.
 
-With ``--teacher ENDPOINT`` no teacher is started: the student attaches to it.
+With ``--teacher ENDPOINT`` no teacher is started: the student attaches to it (over
+CURVE with ``--curve-secret-key``/``--curve-server-key`` or the recipe's
+``teacher.curve_*``). A teacher ``up`` starts writes its admin token beside its socket;
+the student is told the file (``--admin-token``) so the ``swap`` memory strategy's
+PARK/WAKE are admitted.
 
 The supervisor trains nothing and scores nothing; it only runs processes.
 """
@@ -35,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.rundir import RunDir, new_run_id
+from miniverl.protocol.endpoints import admin_token_path
 from miniverl.student.teacher_process import StudentExited, teacher_command, wait_until_ready
 
 TEACHER_RESTARTS = 3
@@ -84,6 +89,7 @@ class Supervisor:
         show_progress: bool = True,
         echo: bool = True,
         teacher_restarts: int = TEACHER_RESTARTS,
+        curve: tuple[str, str] | None = None,
     ):
         self.recipe_path = Path(recipe_path).resolve()
         self.recipe = load_recipe(self.recipe_path)
@@ -93,6 +99,13 @@ class Supervisor:
             )
         self.output_dir = Path(self.recipe.run.output_dir).resolve()
         self.external = teacher or (self.recipe.teacher.endpoint if self.recipe.teacher else None)
+        self.curve = tuple(str(Path(f).resolve()) for f in curve) if curve else None
+        keyed = self.curve or (self.recipe.teacher and self.recipe.teacher.curve_secret_key)
+        if keyed and self.external is None:
+            raise ConfigError(
+                "CURVE keys are for a remote teacher: pass --teacher tcp://HOST:PORT (or set "
+                "teacher.endpoint); the teacher `up` starts listens on a private ipc socket"
+            )
         self.resume = resume
         if resume and run_id is None:
             raise ConfigError("--resume needs --run-id ID (the run to continue)")
@@ -137,6 +150,10 @@ class Supervisor:
                "--no-progress"]
         if self.recipe.needs_teacher:
             cmd += ["--teacher", self.endpoint]
+            if self.external is None:  # our teacher writes its token there (swap's PARK)
+                cmd += ["--admin-token", str(admin_token_path(self.endpoint))]
+            elif self.curve:
+                cmd += ["--curve-secret-key", self.curve[0], "--curve-server-key", self.curve[1]]
         if self.resume:
             cmd.append("--resume")
         self.student = self._spawn(cmd, "[student]", "student.log")
@@ -333,6 +350,7 @@ class Supervisor:
             self._update_progress(progress, task, metrics_pos)
         code = self.student.returncode
         self.student.pump.join(5)
+        self._say_why(code)
         self._close_abandoned_run(
             "a second Ctrl-C killed the student; the last checkpoint is what remains"
             if self._forced else
@@ -340,6 +358,17 @@ class Supervisor:
         if code < 0:  # killed by a signal: report it the way a shell does
             code = 128 - code
         return self._shutdown(130 if self._stopping else code)
+
+    def _say_why(self, code: int) -> None:
+        """``--quiet`` hides the children's lines; a failed run must still say why."""
+        if self.echo or code == 0 or self._stopping:
+            return
+        tail = [line for line in self.student.pump.tail if line.strip()]
+        errors = [line for line in tail if line.startswith("error:")]
+        why = errors[-1] if errors else (tail[-1] if tail else "(no output)")
+        self.console.print(f"student exited with code {code}: {why} (full output: "
+                           f"{self.run.logs_dir / 'student.log'})", markup=False, highlight=False,
+                           soft_wrap=True)
 
     def _close_abandoned_run(self, reason: str) -> None:
         """A student killed outright (SIGKILL, the OOM killer) cannot mark its run; do it.

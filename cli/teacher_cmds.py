@@ -1,9 +1,13 @@
-"""``miniverl teacher serve|status|reload|shutdown|use``: run and steer a teacher process.
+"""``miniverl teacher serve|status|reload|park|wake|shutdown|keys|use``: run and steer a teacher.
 
 ``serve`` runs the teacher in the foreground (the same code as ``python -m
-miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits). ``status``,
-``reload`` and ``shutdown`` are admin requests over ``mvl-score/1`` to a running
-teacher; they need no tokenizer and no torch. Each command is one library call; the
+miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits). ``status`` is a
+scoring-level request; ``reload``, ``park``, ``wake`` and ``shutdown`` are admin requests
+over ``mvl-score/1`` and carry proof (DESIGN §3): an admin CURVE key, or the admin token
+file the teacher wrote at start (``--admin-token FILE``; by default the one beside an
+``ipc://`` socket, or the per-user one of a ``tcp://`` teacher started without ``--log``).
+They need no tokenizer and no torch. ``keys`` creates CURVE certificates for a teacher,
+a student and an admin. Each command is one library call; the
 library raises ``MiniverlError`` for expected failures and ``cli/app.py`` prints them
 as one line. ``use`` asks a running student (by its run directory) to switch
 teachers over its control socket. Other modules may add commands to :data:`teacher_app`.
@@ -31,6 +35,11 @@ TIMEOUT_OPT = typer.Option(30.0, "--timeout", min=0.1, help="Give up after this 
 CURVE_SECRET_OPT = typer.Option(None, "--curve-secret-key", help="Client CURVE secret key file.")
 CURVE_SERVER_OPT = typer.Option(None, "--curve-server-key", help="Server CURVE public key file.")
 MODE_OPT = typer.Option("drain", "--mode", help="drain: finish open work; abort: fail it.")
+ADMIN_TOKEN_OPT = typer.Option(
+    None, "--admin-token",
+    help="Admin token file the teacher wrote (default: beside its ipc socket, or the "
+    "per-user one of a tcp teacher started without --log).",
+)
 
 
 @teacher_app.command("serve")
@@ -69,6 +78,9 @@ def serve(
     curve_authorized_dir: str = typer.Option(
         None, "--curve-authorized-dir", help="Directory of authorized client public keys."
     ),
+    curve_admin_dir: str = typer.Option(
+        None, "--curve-admin-dir", help="Directory of admin public keys (RELOAD, PARK, SHUTDOWN)."
+    ),
 ) -> None:
     """Load a teacher and serve it until SHUTDOWN or Ctrl-C (binds before loading)."""
     from miniverl.teacher_server.__main__ import build_parser
@@ -90,6 +102,7 @@ def serve(
         ("--prefix-cache-tokens", prefix_cache_tokens),
         ("--curve-secret-key", curve_secret_key),
         ("--curve-authorized-dir", curve_authorized_dir),
+        ("--curve-admin-dir", curve_admin_dir),
     ):
         if value is not None:
             argv += [flag, str(value)]
@@ -104,10 +117,12 @@ def serve(
 
 @contextlib.contextmanager
 def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | None,
-           mode: str | None = None) -> Iterator:
-    """An admin-only client, closed on exit (no HELLO: status, reload, shutdown need no
-    tokenizer); ``mode``, when given, must be drain or abort."""
-    from miniverl.common.errors import ConfigError
+           mode: str | None = None, token: str | None = None, proof: bool = False) -> Iterator:
+    """An admin-only client, closed on exit (no HELLO: these commands need no tokenizer);
+    ``mode``, when given, must be drain or abort. ``proof``: the command is an admin
+    message, so without CURVE keys it sends the admin token (``token`` or the default)."""
+    from miniverl.common.errors import ConfigError, Unauthorized
+    from miniverl.protocol.endpoints import default_admin_token_file, read_admin_token
     from miniverl.protocol.sync_client import SyncTeacherClient
 
     if mode is not None and mode not in ("drain", "abort"):
@@ -119,6 +134,7 @@ def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | 
         if not (secret and server_key):
             raise ConfigError("CURVE needs both --curve-secret-key and --curve-server-key")
         curve = load_curve_client_keys(secret, server_key)
+    token_file = token or (default_admin_token_file(endpoint) if proof and not curve else None)
     client = SyncTeacherClient(
         endpoint,
         tokenizer_fp=None,
@@ -127,9 +143,19 @@ def _admin(endpoint: str, timeout: float, secret: str | None, server_key: str | 
         request_timeout_s=timeout,
         unavailable_timeout_s=timeout,
         curve=curve,
+        admin_token=read_admin_token(token_file) if token_file else None,
     )
     try:
         yield client
+    except Unauthorized as exc:
+        hint = (
+            "use a key from the teacher's --curve-admin-dir" if curve else
+            f"the token in {token_file} is not this teacher's (a restarted teacher writes a new one)"
+            if token_file else
+            f"no admin token file was found for {endpoint}: pass --admin-token FILE (the "
+            "teacher's log line 'admin_token' names it) or an admin CURVE key"
+        )
+        raise Unauthorized(f"{exc}; {hint}") from None
     finally:
         client.close()
 
@@ -183,9 +209,11 @@ def reload(
     timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Seconds to wait."),
     curve_secret_key: str = CURVE_SECRET_OPT,
     curve_server_key: str = CURVE_SERVER_OPT,
+    admin_token: str = ADMIN_TOKEN_OPT,
 ) -> None:
     """Swap the served weights in place (same tokenizer only); gen += 1."""
-    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode) as client:
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode, admin_token,
+                proof=True) as client:
         ok = client.reload(model, revision=revision, adapter=adapter, mode=mode, timeout_s=timeout,
                            adapter_revision=adapter_revision)
     typer.echo(f"reloaded: gen {ok.gen}, teacher {ok.teacher.name} ({ok.teacher.model})")
@@ -198,11 +226,68 @@ def shutdown(
     timeout: float = TIMEOUT_OPT,
     curve_secret_key: str = CURVE_SECRET_OPT,
     curve_server_key: str = CURVE_SERVER_OPT,
+    admin_token: str = ADMIN_TOKEN_OPT,
 ) -> None:
     """Stop a running teacher (drain finishes open requests first)."""
-    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode) as client:
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode, admin_token,
+                proof=True) as client:
         client.shutdown(mode=mode, timeout_s=timeout)
     typer.echo(f"{endpoint}: shut down ({mode})")
+
+
+@teacher_app.command("park")
+def park(
+    endpoint: str = ENDPOINT_ARG,
+    timeout: float = TIMEOUT_OPT,
+    curve_secret_key: str = CURVE_SECRET_OPT,
+    curve_server_key: str = CURVE_SERVER_OPT,
+    admin_token: str = ADMIN_TOKEN_OPT,
+) -> None:
+    """Move the teacher's weights off the accelerator (a SCORE or `wake` brings them back)."""
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, None, admin_token,
+                proof=True) as client:
+        ok = client.park()
+    typer.echo(f"{endpoint}: {ok.state.value}")
+
+
+@teacher_app.command("wake")
+def wake(
+    endpoint: str = ENDPOINT_ARG,
+    timeout: float = TIMEOUT_OPT,
+    curve_secret_key: str = CURVE_SECRET_OPT,
+    curve_server_key: str = CURVE_SERVER_OPT,
+    admin_token: str = ADMIN_TOKEN_OPT,
+) -> None:
+    """Move a parked teacher's weights back onto the accelerator."""
+    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, None, admin_token,
+                proof=True) as client:
+        ok = client.wake()
+    typer.echo(f"{endpoint}: {ok.state.value}")
+
+
+@teacher_app.command("keys")
+def keys(
+    folder: str = typer.Argument(..., help="New directory for the certificates (created 0700)."),
+    endpoint: str = typer.Option(
+        "tcp://HOST:5555", "--endpoint", help="Endpoint shown in the printed commands."
+    ),
+) -> None:
+    """Create CURVE certificates for a teacher, a student and an admin; print the flags."""
+    from miniverl.protocol.endpoints import create_curve_keys
+
+    p = create_curve_keys(folder)
+    typer.echo(f"created CURVE keys in {folder} (secret files 0600, never overwritten)")
+    typer.echo("teacher (keep server.key_secret on its machine):")
+    typer.echo(f"  miniverl teacher serve --recipe RECIPE --bind {endpoint} "
+               f"--curve-secret-key {p['server_secret']} --curve-authorized-dir "
+               f"{p['authorized_dir']} --curve-admin-dir {p['admin_dir']}")
+    typer.echo("student (copy student.key_secret and server.key to its machine):")
+    typer.echo(f"  miniverl up RECIPE --teacher {endpoint} --curve-secret-key "
+               f"{p['student_secret']} --curve-server-key {p['server_public']}")
+    typer.echo("  or in the recipe: teacher.curve_secret_key and teacher.curve_server_key")
+    typer.echo("admin (reload, park, wake, shutdown):")
+    typer.echo(f"  miniverl teacher shutdown {endpoint} --curve-secret-key "
+               f"{p['admin_secret']} --curve-server-key {p['server_public']}")
 
 
 @teacher_app.command("use")

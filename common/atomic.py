@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .os_errors import disk_full, is_disk_full
+
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, shared: bool = False) -> Path:
     """Replace ``path`` with ``data`` atomically; returns the path."""
@@ -32,10 +34,12 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, shared: bool = False) -
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         # A failed write must not leave a stray temp file next to the real one.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if is_disk_full(exc):
+            raise disk_full(path) from exc
         raise
     return path
 

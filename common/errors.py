@@ -33,6 +33,10 @@ class TeacherError(MiniverlError, RuntimeError):
     """The teacher answered a request with a non-retryable ``ERROR``."""
 
 
+class Unauthorized(TeacherError):
+    """The teacher refused an admin message (``ERROR UNAUTHORIZED``): no admin proof."""
+
+
 class StaleTargetError(MiniverlError, RuntimeError):
     """A target belongs to another student version or teacher generation than asked."""
 
@@ -43,6 +47,14 @@ class ProvenanceError(MiniverlError, ValueError):
 
 class RunLockedError(MiniverlError, RuntimeError):
     """Another process holds the run directory's lock."""
+
+
+class DiskFullError(MiniverlError, OSError):
+    """A write failed because the disk (or quota) is full; names the path and free space."""
+
+    def __str__(self) -> str:
+        # OSError's own str() would prefix "[Errno 28]" to the one-line message.
+        return str(self.strerror)
 
 
 class MissingExtraError(MiniverlError, ImportError):

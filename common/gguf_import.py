@@ -125,6 +125,12 @@ def convert_gguf(
     src = Path(gguf_file).expanduser()
     if not src.is_file():
         raise ConfigError(f"GGUF file {str(src)!r} does not exist; pass the path to a .gguf file")
+    with src.open("rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ConfigError(
+                f"{src} is not a GGUF file (it does not start with the GGUF magic bytes); "
+                "pass a .gguf checkpoint"
+            )
     sha = sha256_file(src)
     if out_dir is None:
         out = cache_root() / "gguf" / f"{src.stem}-{sha[:12]}"
@@ -147,9 +153,19 @@ def convert_gguf(
         if record_path.is_file() and json.loads(record_path.read_text()).get("sha256") == sha:
             return out
         kw = {"gguf_file": src.name}
-        config = AutoConfig.from_pretrained(str(src.parent), **kw)
-        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kw)
-        loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kw)
+        try:
+            config = AutoConfig.from_pretrained(str(src.parent), **kw)
+            tokenizer = AutoTokenizer.from_pretrained(str(src.parent), **kw)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                str(src.parent), dtype=torch.float32, **kw
+            )
+        except (ValueError, KeyError, IndexError, EOFError, OSError) as exc:
+            # A truncated or foreign GGUF fails deep inside the reader; name the file.
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise ConfigError(
+                f"GGUF {src} cannot be read ({type(exc).__name__}: {first}); the file is "
+                "truncated or not a model checkpoint transformers can read"
+            ) from None
         # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain one.
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)

@@ -3,7 +3,9 @@
 Digests are lowercase hex without a prefix; callers that store them in manifests
 write ``"sha256:" + hex`` (:func:`prefixed`). ``SHA256SUMS`` uses the coreutils format
 (``<hex>  <relative path>``), so ``sha256sum -c SHA256SUMS`` checks a bundle without
-miniverl. This module does not decide what a digest means or when to check it.
+miniverl. :func:`seal` / :func:`seal_status` put a record's own digest inside it (a
+trajectory line, the manifest, a checkpoint's ``state.json``). This module does not
+decide what a digest means or when to check it.
 """
 
 from __future__ import annotations
@@ -70,6 +72,32 @@ def canonical_json(obj: object) -> str:
 def sha256_json(obj: object) -> str:
     """Digest of :func:`canonical_json` of ``obj``."""
     return sha256_text(canonical_json(obj))
+
+
+SEAL_FIELD = "digest"
+
+
+def seal(record: dict, field: str = SEAL_FIELD) -> dict:
+    """``record`` plus ``field`` = ``sha256:`` of the canonical JSON of the rest.
+
+    The digest covers values, not formatting: re-indenting the file keeps it valid,
+    changing any key or value does not. An existing ``field`` is replaced.
+    """
+    body = {k: v for k, v in record.items() if k != field}
+    return {**body, field: prefixed(sha256_json(body))}
+
+
+def seal_status(record: dict, field: str = SEAL_FIELD, *, required: bool = False) -> str:
+    """``"ok"``, ``"unsigned"`` (no ``field``: written before files were sealed) or
+    ``"mismatch"`` (the record changed after it was sealed).
+
+    ``required``: the record's format version says it was sealed, so a missing ``field``
+    is a mismatch too (one flipped byte in the field's name must not pass as "old file").
+    """
+    if field not in record:
+        return "mismatch" if required else "unsigned"
+    body = {k: v for k, v in record.items() if k != field}
+    return "ok" if record[field] == prefixed(sha256_json(body)) else "mismatch"
 
 
 def write_sums(root: str | Path) -> Path:

@@ -5,7 +5,10 @@ count, GPUs when torch is already loaded), the git commit of the source tree whe
 there is one, recipe digest and seeds, model ids/revisions, the tokenizer
 fingerprint, the teacher identities per student-version range, and a measurement
 status. It is written atomically and updated as the run learns facts (tokenizer,
-teacher identity). Call :func:`~miniverl.common.redact.redact` before sharing it.
+teacher identity). Every write seals it: ``digest`` is the sha256 of the rest of its
+canonical JSON, recomputed on each write; :func:`read_manifest` refuses a manifest that
+does not match it (a manifest without one still reads, with a warning). Call
+:func:`~miniverl.common.redact.redact` before sharing it.
 
 This module does not import torch: GPU facts are recorded only if the caller's
 process has already imported it.
@@ -14,6 +17,7 @@ process has already imported it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -24,9 +28,14 @@ from typing import Any
 
 from .atomic import atomic_write_json
 from .clock import utc_now_ms
+from .errors import ProvenanceError
+from .hashing import SEAL_FIELD, seal, seal_status
 from .recipe import Recipe, recipe_digest
 
-MANIFEST_VERSION = 1
+log = logging.getLogger(__name__)
+
+# 2: sealed (a "digest" field); a version-2 manifest without one is refused.
+MANIFEST_VERSION = 2
 PACKAGES = (
     "miniverl",
     "torch",
@@ -142,15 +151,65 @@ def build_manifest(recipe: Recipe, run_id: str, **extra: Any) -> dict[str, Any]:
     return manifest
 
 
+def manifest_seal_status(manifest: dict[str, Any]) -> str:
+    """:func:`~miniverl.common.hashing.seal_status` of a manifest: from version 2 on a
+    missing digest is a mismatch (a flipped byte in its name must not read as "old")."""
+    version = manifest.get("manifest_version")
+    return seal_status(manifest, required=isinstance(version, int) and version >= 2)
+
+
+def check_manifest(manifest: Any, where: str | Path) -> dict[str, Any]:
+    """The manifest without its digest; ProvenanceError if the digest does not match.
+
+    An unsealed manifest (written before manifests were sealed) is returned with one
+    logged warning.
+    """
+    if not isinstance(manifest, dict):
+        raise ProvenanceError(
+            f"{where}: not a JSON object; the manifest is corrupted, restore it from a copy"
+        )
+    status = manifest_seal_status(manifest)
+    if status == "mismatch":
+        raise ProvenanceError(
+            f"{where}: the manifest does not match its {SEAL_FIELD} (sha256 of its content); "
+            "it was modified or corrupted after the run wrote it; restore it from a copy or "
+            "rerun"
+        )
+    if status == "unsigned":
+        log.warning(
+            "warning: %s has no %s (written before manifests were sealed): it is read, but "
+            "changes to it cannot be detected", where, SEAL_FIELD,
+        )
+    return {k: v for k, v in manifest.items() if k != SEAL_FIELD}
+
+
+def load_manifest(path: str | Path) -> dict[str, Any]:
+    """Read and check ``manifest.json`` at ``path``; every failure is a ProvenanceError."""
+    path = Path(path)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProvenanceError(
+            f"{path}: not valid JSON ({exc}); the manifest is corrupted, restore it from a "
+            "copy or rerun"
+        ) from None
+    return check_manifest(manifest, path)
+
+
 def read_manifest(run: Any) -> dict[str, Any]:
-    return json.loads(Path(run.manifest_path).read_text(encoding="utf-8"))
+    """The run's checked manifest (without its digest)."""
+    return load_manifest(run.manifest_path)
 
 
 def write_manifest(run: Any, manifest: dict[str, Any] | None = None, **fields: Any) -> dict:
-    """Write ``manifest`` (default: the current one) with ``fields`` set, atomically."""
+    """Write ``manifest`` (default: the current one) with ``fields`` set, atomically.
+
+    The digest is recomputed on every write (the manifest changes during a run).
+    """
     manifest = dict(read_manifest(run) if manifest is None else manifest)
+    manifest.pop(SEAL_FIELD, None)
     manifest.update(fields)
-    atomic_write_json(run.manifest_path, manifest)
+    atomic_write_json(run.manifest_path, seal(manifest))
     return manifest
 
 

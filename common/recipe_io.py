@@ -267,6 +267,10 @@ def load_yaml_model(path: str | Path, schema: type[M]) -> M:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"recipe {path} does not exist; check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"recipe {path} is not UTF-8 text (byte {exc.start}); pass a recipe YAML file"
+        ) from None
+    except OSError as exc:
         raise ConfigError(f"recipe {path} cannot be read: {exc}") from None
     return loads_yaml_model(text, str(path), schema)

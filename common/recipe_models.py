@@ -10,13 +10,16 @@ This module does not load models (:mod:`miniverl.common.modeling` does) or read 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .recipe_sections import Section, raise_issue, raise_issues
 
 HEX40 = r"^[0-9a-f]{40}$"
+# https://, hf://, s3://, file://, ...: a recipe never names a URL (issue 18).
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -57,6 +60,17 @@ class ToySpec(Section):
         return self
 
 
+def refuse_url(value: str | None) -> str | None:
+    """``value`` unchanged, or a ValueError when it is a URL (miniverl downloads no URL)."""
+    if value is not None and URL_SCHEME.search(value):
+        raise ValueError(
+            "a URL is not a model location; miniverl loads no URL a recipe names: download the "
+            "weights and give path: <local directory>, or hub_id: ORG/NAME with "
+            "revision: <40-hex sha>"
+        )
+    return value
+
+
 class ModelSource(Section):
     """Where weights come from: exactly one of a local HF dir, a pinned hub id, or a toy spec."""
 
@@ -70,6 +84,11 @@ class ModelSource(Section):
         None, pattern=HEX40, description="40-hex commit sha pinning hub_id (branches drift)."
     )
     toy: ToySpec | None = Field(None, description="Build a tiny model from this spec.")
+
+    @field_validator("path", "hub_id")
+    @classmethod
+    def _not_a_url(cls, value: str | None) -> str | None:
+        return refuse_url(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
@@ -175,6 +194,14 @@ class TeacherConfig(Placement):
         pattern=r"^(tcp|ipc)://.+$",
         description="Existing teacher endpoint (tcp://host:port or ipc://path); null = launched by up.",
     )
+    # Beside the endpoint they secure: keys belong to the connection to *this* teacher
+    # (`miniverl teacher keys DIR` makes them); paths as given, like a model path.
+    curve_secret_key: str | None = Field(
+        None, min_length=1, description="Student's CURVE secret key file (a remote teacher)."
+    )
+    curve_server_key: str | None = Field(
+        None, min_length=1, description="The teacher's CURVE public key file (server.key)."
+    )
     mode: Literal["standard", "privileged_context"] = Field(
         "standard", description="privileged_context shows the teacher the task's hidden facts."
     )
@@ -207,8 +234,16 @@ class TeacherConfig(Placement):
         default_factory=dict, description="Keyword options passed to the scorer."
     )
 
+    @field_validator("adapter")
+    @classmethod
+    def _adapter_not_a_url(cls, value: str | None) -> str | None:
+        return refuse_url(value)
+
     @model_validator(mode="after")
     def _adapter_revision(self) -> TeacherConfig:
         if self.adapter_revision is not None and self.adapter is None:
             raise_issue("adapter_revision", "adapter_revision needs adapter; set both or neither")
+        if (self.curve_secret_key is None) != (self.curve_server_key is None):
+            raise_issue("curve_secret_key", "CURVE needs curve_secret_key and curve_server_key; "
+                        "set both or neither", involves=("curve_server_key",))
         return self

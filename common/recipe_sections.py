@@ -108,8 +108,8 @@ class LossConfig(Section):
     )
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="JSD mixing weight (jsd only).")
     top_k: int = Field(16, ge=1, le=4096, description="Teacher top-k ids per position (bucketed).")
-    temperature: float = Field(
-        1.0, gt=0.0, le=10.0, description="Softmax temperature of both sides."
+    temperature: float = Field(  # the wire allows [0.05, 20]: docs/protocol.md says why
+        1.0, ge=0.05, le=10.0, description="Softmax temperature of both sides."
     )
     tail_epsilon: float = Field(
         1e-6, gt=0.0, le=0.1, description="Floor on the tail bucket mass (avoids log 0)."
@@ -288,4 +288,6 @@ class RunConfig(Section):
     mode: Mode = Field(description="sft, offline_kd, opd (strict on-policy), replay or dpo.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Global seed.")
     output_dir: str = Field("runs", min_length=1, description="Parent directory of run dirs.")
-    deterministic: bool = Field(False, description="Deterministic kernels (slower).")
+    deterministic: bool = Field(
+        False, description="Deterministic kernels, and each SCORE scored alone (bitwise reruns)."
+    )

@@ -8,7 +8,8 @@ runs/<id>/  recipe.yaml  recipe.resolved.yaml  manifest.json  status.json
 
 Status moves ``ready -> running -> completed | failed | interrupted``; a failed or
 interrupted run may go back to ``running`` when it is resumed; a completed run is
-final. The lock is an OS advisory lock (``fcntl.flock``) on ``.lock``, released by
+final. :meth:`RunDir.verify` checks the sealed files (manifest, trajectories). The lock
+is an OS advisory lock (``fcntl.flock``) on ``.lock``, released by
 the kernel if the holder dies, so a crashed run never needs manual cleanup; a
 second writer fails fast with :class:`RunLockedError` naming the holder.
 
@@ -28,9 +29,10 @@ from typing import Any
 
 from .atomic import atomic_write_json, atomic_write_text
 from .clock import utc_now_ms
-from .errors import ConfigError, RunLockedError
-from .manifest import build_manifest, write_manifest
+from .errors import ConfigError, ProvenanceError, RunLockedError
+from .manifest import build_manifest, read_manifest, write_manifest
 from .recipe import Recipe, dump_resolved, load_recipe
+from .trajectory import iter_trajectories
 
 STATUSES = ("ready", "running", "completed", "failed", "interrupted")
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -146,6 +148,17 @@ class RunDir:
         """The resolved recipe this run was created with."""
         return load_recipe(self.resolved_recipe_path)
 
+    def verify(self) -> None:
+        """Check the run's sealed files (``manifest.json``, every line of
+        ``trajectories.jsonl``) against their digests; the first mismatch raises
+        :class:`ProvenanceError` naming the file and line. Resume and ``eval`` call it
+        before they read anything else; absent files are not an error here."""
+        if self.manifest_path.is_file():
+            read_manifest(self)
+        if self.trajectories_path.is_file():
+            for _ in iter_trajectories(self.trajectories_path):
+                pass
+
     # -- lock --------------------------------------------------------------------------
 
     def holder(self) -> dict[str, Any] | None:
@@ -199,7 +212,19 @@ class RunDir:
     # -- status ------------------------------------------------------------------------
 
     def read_status(self) -> dict[str, Any]:
-        return json.loads(self.status_path.read_text(encoding="utf-8"))
+        try:
+            status = json.loads(self.status_path.read_bytes())
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: a corrupted file
+            raise ProvenanceError(
+                f"{self.status_path}: not valid JSON ({str(exc).splitlines()[0][:120]}); the "
+                "run status is corrupted, restore it from a copy or rerun"
+            ) from None
+        if not isinstance(status, dict) or not isinstance(status.get("status"), str):
+            raise ProvenanceError(
+                f"{self.status_path}: not a run status (a JSON object with 'status'); the "
+                "file is corrupted, restore it from a copy or rerun"
+            )
+        return status
 
     @property
     def status(self) -> str:

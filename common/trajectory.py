@@ -6,6 +6,9 @@ of ``[0, len(tokens))`` into typed spans. Context spans (``system``, ``user``,
 ``assistant_tool_call``, ``assistant_final``) hold the ids the model sampled,
 verbatim. Masks are *derived* from spans. When a file stores a mask, it is
 re-derived on read and a mismatch is a :class:`ProvenanceError`, never training data.
+Each JSONL line is sealed: its ``digest`` field is the sha256 of the rest of the line's
+canonical JSON, so a flipped byte is refused with ``file:line``; lines written before
+sealing still read, with one warning per file.
 
 The distribution that predicts token ``j`` lives at position ``j - 1``; position 0
 predicts nothing of its own sequence, and token 0 is always context.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -38,6 +42,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ConfigError, ProvenanceError
+from .hashing import SEAL_FIELD, seal, seal_status
+
+log = logging.getLogger(__name__)
 
 
 class SpanType(str, Enum):
@@ -190,19 +197,45 @@ def _mask_string(mask_T: np.ndarray) -> str:
 
 
 def trajectory_to_json(traj: Trajectory) -> str:
-    """One JSONL line; the stored ``loss_mask`` is for readers, and is re-checked on read."""
+    """One JSONL line, sealed: the stored ``loss_mask`` is for readers and is re-checked
+    on read; ``digest`` is the sha256 of the rest of the line's canonical JSON."""
     record = traj.model_dump(mode="json")
     record["loss_mask"] = _mask_string(traj.loss_mask())
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(seal(record), separators=(",", ":"), ensure_ascii=False)
 
 
-def trajectory_from_json(line: str, where: str = "<string>") -> Trajectory:
+def parse_trajectory_line(line: str, where: str = "<string>") -> tuple[Trajectory, bool]:
+    """``(trajectory, sealed)`` from one JSONL line; raises ProvenanceError at ``where``.
+
+    A line whose ``digest`` does not match its content is refused before anything else
+    is read from it; a line without one (written before lines were sealed) is read, and
+    ``sealed`` is False so the caller can warn. Read files with
+    ``errors="surrogateescape"``: bytes that are not UTF-8 are then refused here.
+    """
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProvenanceError(
+            f"{where}: bytes that are not UTF-8; the file is corrupted, restore it from a copy "
+            "or rerun"
+        ) from None
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ProvenanceError(f"{where}: not valid JSON ({exc.msg}); the file is corrupted") from exc
+        raise ProvenanceError(
+            f"{where}: not valid JSON ({exc.msg}); the file is corrupted, restore it from a "
+            "copy or rerun"
+        ) from exc
     if not isinstance(record, dict):
-        raise ProvenanceError(f"{where}: expected a JSON object per line")
+        raise ProvenanceError(f"{where}: expected a JSON object per line; the file is corrupted")
+    status = seal_status(record)
+    if status == "mismatch":
+        raise ProvenanceError(
+            f"{where}: the line does not match its {SEAL_FIELD} (sha256 of its content); it "
+            "was modified or corrupted after it was written and is not used; restore the file "
+            "from a copy or rerun"
+        )
+    record.pop(SEAL_FIELD, None)
     stored_mask = record.pop("loss_mask", None)
     try:
         traj = Trajectory.model_validate(record)
@@ -215,11 +248,24 @@ def trajectory_from_json(line: str, where: str = "<string>") -> Trajectory:
             f"{where}: stored loss_mask does not match the mask derived from the spans of "
             f"trajectory {traj.id!r}; the file was edited or corrupted and is not trained on"
         )
-    return traj
+    return traj, status == "ok"
+
+
+def trajectory_from_json(line: str, where: str = "<string>") -> Trajectory:
+    """:func:`parse_trajectory_line` without the sealed flag."""
+    return parse_trajectory_line(line, where)[0]
+
+
+def unsigned_warning(path: str | Path, count: int) -> str:
+    """The one warning a reader gives for a file with unsealed lines."""
+    return (
+        f"{path}: {count} line(s) carry no {SEAL_FIELD} (written before trajectories were "
+        "sealed): they are read, but changes to them cannot be detected"
+    )
 
 
 def write_trajectories(path: str | Path, trajs: Iterable[Trajectory], append: bool = False) -> int:
-    """Write trajectories as JSONL; returns how many were written."""
+    """Write trajectories as sealed JSONL; returns how many were written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -231,12 +277,23 @@ def write_trajectories(path: str | Path, trajs: Iterable[Trajectory], append: bo
 
 
 def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
-    """Yield trajectories, re-deriving every mask; raises ProvenanceError at ``file:line``."""
+    """Yield trajectories, checking every line's digest and re-deriving every mask.
+
+    Raises ProvenanceError at ``file:line`` (also for bytes that are not UTF-8); a file
+    with unsealed lines is read with one warning, logged when the file ends.
+    """
     path = Path(path)
-    with path.open(encoding="utf-8") as fh:
+    unsigned = 0
+    with path.open(encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, line in enumerate(fh, start=1):
-            if line.strip():
-                yield trajectory_from_json(line, where=f"{path}:{lineno}")
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                continue
+            traj, sealed = parse_trajectory_line(line, where=where)
+            unsigned += not sealed
+            yield traj
+    if unsigned:
+        log.warning("warning: %s", unsigned_warning(path, unsigned))
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:

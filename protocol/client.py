@@ -31,11 +31,16 @@ from miniverl.common.errors import (
     MiniverlError,
     ProtocolError,
     StaleTargetError,
+    TeacherError,
     TeacherUnavailable,
 )
 from miniverl.protocol.codec import encode
+from miniverl.protocol.endpoints import default_admin_token_file, read_admin_token
+from miniverl.protocol.finite import nonfinite_report
 from miniverl.protocol.link import Link, LinkSettings
 from miniverl.protocol.messages import (
+    TEMPERATURE_MAX,
+    TEMPERATURE_MIN,
     HelloOk,
     ParkOk,
     Ping,
@@ -102,7 +107,7 @@ class TeacherClient:
     ``tokenizer_fp`` and ``vocab_size`` (required; ``tokenizer_fp=None`` makes an
     admin-only client: status/park/wake/reload/shutdown, no HELLO, no SCORE),
     ``client_name``, ``heartbeat_ms``, ``request_timeout_s``, ``unavailable_timeout_s``,
-    ``curve``, ``transport_factory``, ``limits``.
+    ``curve``, ``transport_factory``, ``limits``, ``admin_token``, ``admin_token_file``.
     """
 
     def __init__(self, endpoint: str, **settings: Any):
@@ -139,7 +144,8 @@ class TeacherClient:
     @property
     def counters(self) -> dict[str, int]:
         """sent, received, stale_dropped, retries, reconnects, bytes_sent,
-        bytes_received (all frames, resends and PINGs included), malformed."""
+        bytes_received (all frames, resends and PINGs included), malformed,
+        nonfinite_replies (SCORE_OKs holding a forbidden NaN/inf: dropped, a TeacherError)."""
         return dict(self.link.table.counts)
 
     @property
@@ -208,15 +214,20 @@ class TeacherClient:
         k: int = 16,
         temperature: float = 1.0,
         deadline_ms: int | None = None,
+        deterministic: bool = False,
     ) -> int:
         """Queue one SCORE for the current version and binding; returns its id.
 
         Arrays are checked locally first (:class:`ProtocolError` for a bad request).
+        ``deterministic`` asks the teacher to score it alone (bit-reproducible replies).
         """
         self.link.require_started()
         self.link.raise_fatal()
         if self.link.tokenizer_fp is None:
             raise ProtocolError("this client has no tokenizer_fp (admin only); it cannot SCORE")
+        if not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+            raise ProtocolError(f"temperature={temperature} is outside [{TEMPERATURE_MIN}, "
+                                f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
         arrays = {
             "tokens": _int32(tokens_N, "tokens_N"),
             "cu_seqlens": _int32(cu_seqlens_B1, "cu_seqlens_B1"),
@@ -230,6 +241,7 @@ class TeacherClient:
             k=k if kind == "topk" else 0,
             temperature=temperature,
             deadline_ms=deadline_ms,
+            deterministic=deterministic,
         )
         validate_score(msg, arrays, self.link.vocab_size, self.link.limits)
         req = Request(
@@ -308,11 +320,23 @@ class TeacherClient:
         reply = await self.link.call(StatusMsg(id=self.link.table.new_id()))
         return reply.model_dump(mode="json")
 
+    def _auth(self) -> str | None:
+        """The admin token admin messages carry (``auth``): the setting, else the file
+        it names (re-read: a restarted teacher writes a new one), else the file a teacher
+        at this endpoint writes by default; None over CURVE (the key is the proof)."""
+        settings = self.link.settings
+        if settings.admin_token is not None:
+            return settings.admin_token
+        found = settings.admin_token_file
+        if found is None and settings.curve is None:
+            found = default_admin_token_file(self.link.endpoint)
+        return read_admin_token(found) if found is not None else None
+
     async def park(self) -> ParkOk:
-        return await self.link.call(ParkMsg(id=self.link.table.new_id()))
+        return await self.link.call(ParkMsg(id=self.link.table.new_id(), auth=self._auth()))
 
     async def wake(self) -> WakeOk:
-        return await self.link.call(WakeMsg(id=self.link.table.new_id()))
+        return await self.link.call(WakeMsg(id=self.link.table.new_id(), auth=self._auth()))
 
     async def reload(
         self,
@@ -324,11 +348,12 @@ class TeacherClient:
         adapter_revision: str | None = None,
     ) -> ReloadOk:
         msg = Reload(id=self.link.table.new_id(), model=model, revision=revision, adapter=adapter,
-                     adapter_revision=adapter_revision, mode=mode)
+                     adapter_revision=adapter_revision, mode=mode, auth=self._auth())
         return await self.link.call(msg, timeout_s=timeout_s)
 
     async def shutdown(self, mode: str = "drain", timeout_s: float | None = None) -> ShutdownOk:
-        msg = Shutdown(id=self.link.table.new_id(), mode=mode, timeout_s=timeout_s)
+        msg = Shutdown(id=self.link.table.new_id(), mode=mode, timeout_s=timeout_s,
+                       auth=self._auth())
         wait_s = max(self.link.request_timeout_s, (timeout_s or 0.0) + self.link.request_timeout_s)
         return await self.link.call(msg, timeout_s=wait_s)
 
@@ -349,6 +374,12 @@ class TeacherClient:
                 table.drop(req, StaleTargetError(f"reply {msg.id} is outside the allowed lag"))
         elif not self._reply_matches(req, msg, arrays):
             table.counts["malformed"] += 1
+        elif problem := nonfinite_report(arrays, kind=msg.kind, k=msg.k,
+                                         vocab_size=self.link.vocab_size):
+            table.counts["nonfinite_replies"] += 1  # never trained on: a teacher error
+            table.drop(req, TeacherError(
+                f"teacher sent non-finite targets for SCORE {msg.id} ({problem}); the "
+                "reply was dropped; check the teacher's weights, dtype and temperature"))
         else:
             req.finish(result=ScoreResult.from_reply(msg, arrays))
 

@@ -227,6 +227,7 @@ def _check_limits(msg: Message, arrays: dict[str, np.ndarray], limits: Limits) -
 
     if msg.t == "SCORE":
         n, p = arrays["tokens"].shape[0], arrays["positions"].shape[0]
+        _check_sequence_lengths(arrays["cu_seqlens"], limits, rid)
         if n > limits.max_tokens:
             raise too_large(f"SCORE has {n} tokens; the limit is {limits.max_tokens}")
         if p > limits.max_positions:
@@ -251,6 +252,24 @@ def _check_limits(msg: Message, arrays: dict[str, np.ndarray], limits: Limits) -
                 raise too_large(f"k={msg.k} exceeds k_max={limits.max_k}")
         elif width > limits.max_exact_vocab:
             raise too_large(f"exact reply V={width} exceeds {limits.max_exact_vocab}")
+
+
+def _check_sequence_lengths(cu_seqlens: np.ndarray, limits: Limits, rid: int | None) -> None:
+    """``TOO_LARGE`` for a sequence longer than ``limits.max_seq_len`` (the teacher
+    model's context); nothing when that limit is unset or ``cu_seqlens`` is too short
+    to hold a sequence (``validate_score`` names that)."""
+    if limits.max_seq_len is None or cu_seqlens.shape[0] < 2:
+        return
+    lengths = np.diff(cu_seqlens.astype(np.int64))
+    longest = int(lengths.argmax())
+    if int(lengths[longest]) > limits.max_seq_len:
+        raise ProtocolViolation(
+            f"sequence {longest} of the SCORE has {int(lengths[longest])} tokens; the teacher "
+            f"model's context is {limits.max_seq_len} tokens; send sequences of at most "
+            f"{limits.max_seq_len} tokens (lower rollout.max_total_tokens)",
+            ErrorCode.TOO_LARGE,
+            rid,
+        )
 
 
 def decode(

@@ -4,12 +4,15 @@ A :class:`Limits` says how large a header, a frame or a request may be. The code
 applies it while decoding (``decode(frames, limits)``); the server builds one from its
 configuration and advertises ``max_tokens``/``max_positions``/``max_inflight`` and
 ``k_max`` in ``HELLO_OK``; the client narrows its own copy to what the teacher
-advertised (:meth:`Limits.from_hello`). This module holds numbers only: it does not
-decode, validate semantics or talk to sockets.
+advertised (:meth:`Limits.from_hello`). Once a model is loaded the server bounds its
+limits by the model's context (:meth:`Limits.for_context`): no sequence longer than
+the context, and ``max_tokens`` defaults to it. This module holds numbers only: it does
+not decode, validate semantics or talk to sockets.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,7 +41,14 @@ class Limits(BaseModel):
     max_array_bytes: int = Field(
         2**32, ge=1, le=2**40, description="Bytes in one data frame (a [P, V] fp32 block)."
     )
-    max_tokens: int = Field(262144, ge=1, description="Packed tokens N in one SCORE.")
+    max_tokens: int = Field(
+        262144, ge=1,
+        description="Packed tokens N in one SCORE; a server defaults it to its model's context.",
+    )
+    max_seq_len: int | None = Field(
+        None, ge=1, description="Tokens in one sequence (the teacher model's context); not "
+        "on the wire: a server sets it, a longer sequence is TOO_LARGE.",
+    )
     max_sequences: int = Field(65536, ge=1, description="Sequences B in one SCORE.")
     max_positions: int = Field(65536, ge=1, description="Scored positions P in one SCORE.")
     max_inflight: int = Field(64, ge=1, description="SCORE requests one client may have open.")
@@ -64,3 +74,22 @@ class Limits(BaseModel):
         if hello.kinds.exact is not None:
             fields["max_exact_vocab"] = min(base.max_exact_vocab, hello.kinds.exact.max_vocab)
         return cls(**fields)
+
+    def for_context(self, context: int | None) -> Limits:
+        """These limits for a model that attends over ``context`` tokens (None: unknown).
+
+        Every sequence must fit the context (``max_seq_len``), and ``max_tokens``
+        becomes the context too unless it was set explicitly (``--max-tokens``): the
+        cost of a sequence grows with the square of its length, and a model scores
+        positions past its context silently wrong.
+        """
+        return self if context is None else _for_context(self, int(context))
+
+
+@lru_cache(maxsize=16)
+def _for_context(limits: Limits, context: int) -> Limits:
+    fields = limits.model_dump()
+    fields["max_seq_len"] = min(limits.max_seq_len or context, context)
+    if "max_tokens" not in limits.model_fields_set:
+        fields["max_tokens"] = context
+    return Limits(**fields)

@@ -32,6 +32,7 @@ from miniverl.common.errors import (
     TeacherError,
     TeacherUnavailable,
     TokenizerMismatch,
+    Unauthorized,
 )
 from miniverl.protocol.codec import decode, encode
 from miniverl.protocol.endpoints import CurveClientKeys, check_endpoint
@@ -64,6 +65,7 @@ class LinkSettings:
     ``tokenizer_fp=None`` makes an admin-only link (no HELLO, no SCORE). ``curve``
     keys go to the default ZeroMQ transport; ``transport_factory`` replaces it
     (tests). ``limits`` are this side's before ``HELLO_OK`` tightens them.
+    ``admin_token``/``admin_token_file``: the ``auth`` of admin calls (client.py).
     """
 
     endpoint: str
@@ -76,6 +78,8 @@ class LinkSettings:
     curve: CurveClientKeys | None = None
     transport_factory: TransportFactory | None = None
     limits: Limits | None = None
+    admin_token: str | None = None
+    admin_token_file: str | None = None
 
 
 class Link:
@@ -258,7 +262,8 @@ class Link:
             raise req.error
         if isinstance(req.result, ErrorReply):
             reply = req.result
-            raise TeacherError(f"teacher refused {msg.t}: {reply.code.value}: {reply.message}")
+            cls = Unauthorized if reply.code == ErrorCode.UNAUTHORIZED else TeacherError
+            raise cls(f"teacher refused {msg.t}: {reply.code.value}: {reply.message}")
         return req.result
 
     # ----------------------------------------------------------------- keeping it up

@@ -18,7 +18,15 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from miniverl.common.errors import ProtocolError
 from miniverl.protocol.limits import Limits
@@ -169,21 +177,46 @@ class HelloOk(Message):
     server_version: Name
 
 
+# The temperatures a SCORE may ask for; docs/protocol.md ("Temperature") says why.
+TEMPERATURE_MIN = 0.05
+TEMPERATURE_MAX = 20.0
+
+
 class Score(Message):
-    """Score ``positions`` of packed ``tokens``; ``deadline_ms`` is a budget from receipt."""
+    """Score ``positions`` of packed ``tokens``; ``deadline_ms`` is a budget from receipt.
+
+    ``deterministic`` (optional; off the wire when false, so an older teacher still
+    parses the header): score it alone, bit-identical however requests arrive.
+    """
 
     t: Literal["SCORE"] = "SCORE"
     student_version: Count
     kind: Kind
     k: int = Field(0, ge=0, le=2**31 - 1)
-    temperature: float = Field(1.0, gt=0, le=1e6)
+    temperature: float = 1.0
     deadline_ms: int | None = Field(None, ge=0, le=MAX_ID)
+    deterministic: bool = False
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_in_range(cls, value: float) -> float:
+        if not TEMPERATURE_MIN <= value <= TEMPERATURE_MAX:
+            raise ValueError(f"temperature={value} is outside [{TEMPERATURE_MIN}, "
+                             f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
+        return value
 
     @model_validator(mode="after")
     def _k_matches_kind(self) -> Score:
         if self.kind == "topk" and self.k < 1:
             raise ValueError(f"k={self.k} but a topk SCORE needs k >= 1")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_deterministic(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not data.get("deterministic"):
+            data.pop("deterministic", None)
+        return data
 
 
 class ScoreOk(Message):
@@ -241,7 +274,26 @@ class StatusOk(_Liveness):
     memory: DeviceMemory | None = None
 
 
-class Reload(Message):
+class AdminRequest(Message):
+    """An admin message (``RELOAD``, ``PARK``, ``WAKE``, ``SHUTDOWN``): ``auth`` carries
+    the teacher's admin token when the connection has no admin CURVE key. Optional, and
+    left off the wire when None, so a teacher that predates it still parses the header."""
+
+    t: str
+    auth: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_auth(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("auth") is None:
+            data.pop("auth", None)
+        return data
+
+
+ADMIN_TYPES = frozenset({"RELOAD", "PARK", "WAKE", "SHUTDOWN"})
+
+
+class Reload(AdminRequest):
     t: Literal["RELOAD"] = "RELOAD"
     model: Name
     revision: Name | None = None
@@ -256,7 +308,7 @@ class ReloadOk(Message):
     teacher: TeacherInfo
 
 
-class Park(Message):
+class Park(AdminRequest):
     t: Literal["PARK"] = "PARK"
 
 
@@ -265,7 +317,7 @@ class ParkOk(Message):
     state: State
 
 
-class Wake(Message):
+class Wake(AdminRequest):
     t: Literal["WAKE"] = "WAKE"
 
 
@@ -274,7 +326,7 @@ class WakeOk(Message):
     state: State
 
 
-class Shutdown(Message):
+class Shutdown(AdminRequest):
     t: Literal["SHUTDOWN"] = "SHUTDOWN"
     mode: Mode = "drain"
     timeout_s: float | None = Field(None, ge=0, le=86400)
@@ -435,3 +487,4 @@ def validate_score(
             f"but V={vocab_size}; ask for kind=topk",
             ErrorCode.UNSUPPORTED,
         )
+

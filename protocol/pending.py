@@ -55,7 +55,7 @@ REPLY_TO = {
 _NOT_RESENT = {"RELOAD", "SHUTDOWN"}  # not idempotent: never sent twice
 COUNTERS = (
     "sent", "received", "stale_dropped", "retries", "reconnects",
-    "bytes_sent", "bytes_received", "malformed", "late_control_replies",
+    "bytes_sent", "bytes_received", "malformed", "late_control_replies", "nonfinite_replies",
 )  # fmt: skip
 
 StaleReason = Literal["not_pending", "version", "lag", "teacher"]

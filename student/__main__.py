@@ -1,5 +1,6 @@
 """The student process: ``python -m miniverl.student RECIPE [--teacher ENDPOINT]
-[--run-id ID] [--resume] [--offline] [--control] [--no-progress]``.
+[--run-id ID] [--resume] [--offline] [--control] [--no-progress]
+[--curve-secret-key FILE --curve-server-key FILE] [--admin-token FILE]``.
 
 The same entry as ``miniverl train``; ``miniverl up`` starts it with ``--control`` so the
 run answers ``STATUS``, ``RETARGET`` and ``STOP`` on ``ipc://<run>/control.sock``.
@@ -12,6 +13,8 @@ import argparse
 import sys
 
 from miniverl.common.errors import MiniverlError
+from miniverl.common.os_errors import os_error_line
+from miniverl.protocol.endpoints import curve_key_files
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("--control", action="store_true", help="bind the control socket")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--curve-secret-key", default=None, help="student CURVE secret key file")
+    parser.add_argument("--curve-server-key", default=None, help="teacher CURVE public key file")
+    parser.add_argument("--admin-token", default=None, help="teacher admin token file (swap)")
     args = parser.parse_args(argv)
 
     # start-up: --help and argument errors answer before torch and the trainer load.
@@ -35,9 +41,17 @@ def main(argv: list[str] | None = None) -> int:
             args.recipe, teacher=args.teacher, run_id=args.run_id, resume=args.resume,
             offline=args.offline, output_dir=args.output_dir,
             show_progress=not args.no_progress, control=args.control, stop_event=stop,
+            teacher_curve=curve_key_files(args.curve_secret_key, args.curve_server_key),
+            teacher_admin_token=args.admin_token,
         )
     except MiniverlError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a missing path, a full disk: one line, not a traceback
+        line = os_error_line(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted: checkpoint written; continue with --resume", file=sys.stderr)

@@ -36,8 +36,14 @@ def train_from_file(
     show_progress: bool = True,
     stop_event: Any = None,
     control: bool = False,
+    teacher_curve: tuple[str, str] | None = None,
+    teacher_admin_token: str | None = None,
 ):
-    """Run the recipe at ``recipe_path``; returns the :class:`TrainResult`."""
+    """Run the recipe at ``recipe_path``; returns the :class:`TrainResult`.
+
+    ``teacher_curve`` (secret key file, server public key file) and
+    ``teacher_admin_token`` (a token file) say how to reach and steer the teacher.
+    """
     recipe = load_recipe(recipe_path)
     if output_dir is not None:
         recipe = recipe.model_copy(
@@ -47,6 +53,7 @@ def train_from_file(
     with Trainer(
         recipe, teacher_endpoint=teacher, run_id=run_id, resume=resume, offline=offline,
         recipe_text=text, show_progress=show_progress, stop_event=stop_event,
+        teacher_curve=teacher_curve, teacher_admin_token=teacher_admin_token,
     ) as trainer:
         if control:
             with ControlServer(trainer):
@@ -105,6 +112,7 @@ def eval_run(run_path: str | Path, *, split: str | None = None,
              checkpoint: str | None = None) -> dict[str, Any]:
     """Evaluate a run's latest (or a named) checkpoint on a split; returns the summary."""
     run = RunDir.open(run_path)
+    run.verify()  # sealed manifest and trajectories: refuse a tampered run up front
     recipe = run.recipe()
     ckpt = Path(checkpoint) if checkpoint else latest_checkpoint(run.checkpoints_dir)
     if ckpt is None or not Path(ckpt).is_dir():

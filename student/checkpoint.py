@@ -9,7 +9,7 @@ A checkpoint is a directory ``checkpoints/step_<N>/``::
     scheduler.json / .safetensors
     rng.json / rng.safetensors   python ``random``, numpy, torch CPU (+ CUDA) states
     state.json                   step, version, data cursor, recipe digest, extra,
-                                 and the sha256 of every other file
+                                 the sha256 of every other file, and its own digest
 
 Optimizer, scheduler and RNG states are nested Python structures holding tensors:
 the tensors go to safetensors and the structure to JSON with tensors replaced by
@@ -26,6 +26,7 @@ to checkpoint or how to compare recipes beyond their digests.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -42,10 +43,13 @@ from safetensors.torch import load_file, save_file
 
 from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError, ProvenanceError
-from miniverl.common.hashing import sha256_file
+from miniverl.common.hashing import SEAL_FIELD, seal, seal_status, sha256_file
 from miniverl.common.recipe import diff_recipes
 
-FORMAT = "miniverl-checkpoint/1"
+log = logging.getLogger(__name__)
+
+FORMAT = "miniverl-checkpoint/2"  # 2: state.json is sealed (its own "digest")
+UNSEALED_FORMAT = "miniverl-checkpoint/1"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -316,8 +320,8 @@ def save(
             "torch": torch.__version__,
             "files": files,
         }
-        (tmp / STATE_FILE).write_text(
-            json.dumps(state, indent=1, allow_nan=False), encoding="utf-8"
+        (tmp / STATE_FILE).write_text(  # sealed: the file digests cover the rest, not itself
+            json.dumps(seal(state), indent=1, allow_nan=False), encoding="utf-8"
         )
         _fsync_tree(tmp)
         if final.exists():
@@ -348,8 +352,19 @@ def read_state(path: str | Path) -> CheckpointState:
             f"{path}: not a complete checkpoint ({STATE_FILE} unreadable: {exc}); pick another "
             f"with `latest()` or start a new run"
         ) from exc
-    if state.get("format") != FORMAT:
-        raise ProvenanceError(f"{path}: format {state.get('format')!r} is not {FORMAT!r}")
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, UNSEALED_FORMAT):
+        found = state.get("format") if isinstance(state, dict) else None
+        raise ProvenanceError(f"{path}: format {found!r} is not {FORMAT!r}")
+    sealed = seal_status(state, required=state["format"] == FORMAT)
+    if sealed == "mismatch":
+        raise ProvenanceError(
+            f"{path / STATE_FILE} does not match its {SEAL_FIELD} (sha256 of its content): "
+            "it was modified or corrupted; resume from another checkpoint or start a new run"
+        )
+    if sealed == "unsigned":
+        log.warning("warning: %s has no %s (written before state files were sealed): changes "
+                    "to its step, version and cursor cannot be detected", path / STATE_FILE,
+                    SEAL_FIELD)
     return CheckpointState(
         path=path,
         step=int(state["step"]),

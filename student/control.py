@@ -4,7 +4,8 @@ It runs on its own thread so it answers while the training loop computes. ``STAT
 reads a snapshot of the trainer; ``RETARGET`` and ``STOP`` only *request* a change:
 the training loop applies them at the next update boundary (a retarget is validated
 there, and a refused one leaves training on the old teacher with the reason in the
-run's events). The socket's address is written to ``<run>/sockets.json`` for the CLI.
+run's events). The socket's address is written to ``<run>/sockets.json`` for the CLI;
+the socket file is removed when the server stops (normal exit, SIGTERM, error).
 
 This module does not train; it never touches the model.
 """
@@ -37,6 +38,7 @@ from miniverl.protocol.control import (
 )
 from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
 from miniverl.protocol.messages import Ping, Pong
+from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.student.train.optim import planned_cycles
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
     metrics = state.last_metrics if state is not None else {}
     last = {k: metrics.get(k) for k in (
         "loss", "divergence", "train_success", "positions_per_s", "stale_dropped",
+        "nonfinite_replies",
         "time_rollout_s", "time_teacher_wait_s", "time_update_s",
     ) if k in metrics}
     side = trainer.teacher
@@ -148,6 +151,7 @@ class ControlServer:
             self._ready.set()
             sock.close()
             return
+        sock_file = bound_file(self.endpoint)
         self._ready.set()
         try:
             while not self._stop.is_set():
@@ -165,6 +169,7 @@ class ControlServer:
                     log.debug("control reply dropped: %s", exc)
         finally:
             sock.close()
+            remove_bound_file(sock_file)
 
     def _handle(self, req: Any) -> Any:
         trainer = self.trainer

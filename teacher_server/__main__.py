@@ -3,6 +3,7 @@
     python -m miniverl.teacher_server --model DIR|ORG/NAME [--revision SHA] [--adapter DIR]
         [--bind tcp://127.0.0.1:5555] [--device auto] [--dtype auto] [--offline]
         [--log FILE] [--threads N] [--scorer NAME [--scorer-option KEY=VALUE ...]]
+        [--curve-secret-key FILE --curve-authorized-dir DIR [--curve-admin-dir DIR]]
     python -m miniverl.teacher_server --recipe recipe.yaml [--bind ipc://runs/x/teacher.sock]
 
 Binds first, then loads the model on the worker thread (``PING`` answers ``LOADING``
@@ -21,9 +22,10 @@ import time
 from pathlib import Path
 
 from miniverl.common.errors import ConfigError, MiniverlError
+from miniverl.common.os_errors import os_error_line
 from miniverl.common.recipe import load_recipe
 from miniverl.common.runtime import THREAD_ENV_VARS
-from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT
+from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT, admin_token_path
 from miniverl.protocol.limits import Limits
 from miniverl.teacher_server.jsonlog import JsonLog
 from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
@@ -85,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         "0 keeps none.",
     )
     p.add_argument("--max-inflight", type=int, default=64, help="Open requests per client.")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="Packed tokens per SCORE (default: the model's context length). No sequence "
+        "may exceed the context either way.",
+    )
     p.add_argument("--heartbeat-ms", type=int, default=1000, help="Advertised PING interval.")
     p.add_argument(
         "--wait-for-model",
@@ -96,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--curve-secret-key", help="Server CURVE secret certificate file.")
     p.add_argument("--curve-authorized-dir", help="Directory of authorized client public keys.")
+    p.add_argument(
+        "--curve-admin-dir",
+        help="Directory of admin public keys: the clients that may RELOAD, PARK, WAKE, SHUTDOWN.",
+    )
     return p
 
 
@@ -140,6 +153,9 @@ def serve(args: argparse.Namespace) -> int:
         if not args.model:
             raise ConfigError("--wait-for-model needs --model DIR (the directory to wait for)")
         spec = _waiting_spec(spec, args.model, args.wait_for_model)
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1 (got {args.max_tokens}); leave it "
+                          "out to use the model's context length")
     threads = threads or 1
     if threads < 1:
         raise ConfigError(f"--threads must be >= 1 (got {threads})")
@@ -151,11 +167,19 @@ def serve(args: argparse.Namespace) -> int:
     log = JsonLog(args.log, level=args.log_level)
     config = ServerConfig(
         endpoint=bind,
-        limits=Limits(max_inflight=args.max_inflight, max_exact_vocab=args.exact_max_vocab),
+        limits=Limits(max_inflight=args.max_inflight, max_exact_vocab=args.exact_max_vocab,
+                      **({"max_tokens": args.max_tokens} if args.max_tokens else {})),
         heartbeat_ms=args.heartbeat_ms,
         batch_tokens=args.batch_tokens,
         curve_secret_key=args.curve_secret_key,
         curve_authorized_dir=args.curve_authorized_dir,
+        curve_admin_dir=args.curve_admin_dir,
+        # Without CURVE admin messages carry a token written at start: beside an ipc
+        # socket, else beside --log, else in a per-user directory (the log names it).
+        admin_token_file=(
+            str(admin_token_path(bind, args.log))
+            if args.log and not bind.startswith("ipc://") else None
+        ),
     )
     if args.prefix_cache_tokens < 0:
         raise ConfigError(
@@ -204,6 +228,12 @@ def main(argv: list[str] | None = None) -> None:
         code = serve(args)
     except MiniverlError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    except OSError as exc:  # a missing --log folder, a full disk: one line, not a traceback
+        line = os_error_line(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr, flush=True)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

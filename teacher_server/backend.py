@@ -34,7 +34,9 @@ class ScoreJob:
     """One accepted SCORE: the arrays a backend scores plus the server's bookkeeping.
 
     ``tokens_N``, ``cu_seqlens_B1``, ``positions_P``, ``kind``, ``k`` and ``temperature``
-    are all a backend reads.
+    are what a backend scores. ``deterministic``: the batcher hands this job over alone,
+    and a backend must compute it the same way every time (the built-in one skips its
+    prefix cache).
     """
 
     tokens_N: np.ndarray
@@ -49,6 +51,7 @@ class ScoreJob:
     received: float = 0.0
     deadline: float | None = None
     aborted: bool = False
+    deterministic: bool = False
 
 
 class Backend(Protocol):
@@ -57,6 +60,9 @@ class Backend(Protocol):
     info: dict[str, Any]  # HELLO_OK ``teacher``: name, model, revision, adapter_sha256
     tokenizer_fp: str
     vocab_size: int
+    # Optional: the model's context in tokens. When set, longer sequences are TOO_LARGE
+    # and max_tokens defaults to it (protocol/limits.py, Limits.for_context).
+    context_len: int | None
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict[str, np.ndarray] | BackendError]:
         """Score coalesced jobs; one result (arrays) or :class:`BackendError` per job."""

@@ -5,6 +5,10 @@ Admission (``server.py``) appends jobs to ``srv.queue`` and sets ``srv.work``;
 ``batch_tokens`` packed tokens per forward pass, fails those whose ``deadline_ms``
 passed in the queue with a retryable ``DEADLINE_EXCEEDED``, runs the rest on the
 worker thread and sends one ``SCORE_OK`` (or the backend's per-job ``ERROR``) per job.
+A ``deterministic`` job is never coalesced: it runs alone, so its reply does not depend
+on which other requests happened to be queued with it. A reply holding a NaN or an
+infinity the protocol does not allow (``protocol/finite.py``) is never sent: that job
+gets ``ERROR INTERNAL`` naming what was non-finite, whichever backend computed it.
 A parked teacher is woken first (``implicit_wake``). A job aborted meanwhile (by a
 ``RELOAD abort`` or a ``SHUTDOWN``) gets no reply from here.
 
@@ -19,6 +23,7 @@ import traceback
 
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import encode
+from miniverl.protocol.finite import nonfinite_report
 from miniverl.protocol.messages import ErrorCode, TeacherState
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.teacher_server.lifecycle import wake_locked
@@ -61,11 +66,15 @@ async def dispatch_loop(srv: ServerState) -> None:
 
 
 def take_batch(srv: ServerState) -> list[ScoreJob]:
-    """The oldest job plus the following ones while their tokens fit ``batch_tokens``."""
+    """The oldest job plus the following ones while their tokens fit ``batch_tokens``;
+    a deterministic job alone."""
     queue = srv.queue
     batch = [queue.popleft()]
+    if batch[0].deterministic:
+        return batch
     tokens = batch[0].tokens_N.shape[0]
-    while queue and tokens + queue[0].tokens_N.shape[0] <= srv.config.batch_tokens:
+    while (queue and not queue[0].deterministic
+           and tokens + queue[0].tokens_N.shape[0] <= srv.config.batch_tokens):
         job = queue.popleft()
         tokens += job.tokens_N.shape[0]
         batch.append(job)
@@ -129,6 +138,8 @@ async def run_batch(srv: ServerState, batch: list[ScoreJob]) -> None:
         if job.aborted:
             continue
         close_job(srv, job)
+        if not isinstance(result, BackendError):
+            result = _finite_or_error(srv, job, result, backend.vocab_size)
         if isinstance(result, BackendError):
             await send_error(
                 srv, job.client, job.id, result.code, str(result),
@@ -151,3 +162,16 @@ async def run_batch(srv: ServerState, batch: list[ScoreJob]) -> None:
         srv.counters["positions"] += int(job.positions_P.shape[0])
         remember(srv, (job.client, job.id), frames)
         await send(srv, job.client, frames)
+
+
+def _finite_or_error(srv: ServerState, job: ScoreJob, result: dict, vocab_size: int):
+    """``result``, or an ``INTERNAL`` error when it holds a value the protocol forbids."""
+    problem = nonfinite_report(result, kind=job.kind, k=job.k, vocab_size=vocab_size)
+    if problem is None:
+        return result
+    log(srv, "error", "nonfinite_reply", id=job.id, problem=problem)
+    return BackendError(
+        ErrorCode.INTERNAL,
+        f"the teacher computed non-finite values ({problem}); nothing was sent; "
+        "check the teacher's weights and dtype",
+    )

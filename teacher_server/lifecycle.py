@@ -17,6 +17,7 @@ the next message is read. This module does not read the socket or score.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -45,6 +46,8 @@ async def initial_load(srv: ServerState) -> bool:
             backend = await run_compute(srv, srv.loader, None)
         except Exception as exc:
             log(srv, "error", "load_failed", error=describe(exc))
+            # With --log FILE the JSON line goes there; the exit still says why on stderr.
+            print(f"error: teacher failed to load: {describe(exc)}", file=sys.stderr, flush=True)
             for ident, hello in srv.held_hellos:
                 await send_error(
                     srv,

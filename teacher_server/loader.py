@@ -16,6 +16,7 @@ is reported with the files that are missing. This module does not score or serve
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,6 +76,7 @@ class LoadedTeacher:
     device: str
     dtype: str
     extra: dict[str, Any] = field(default_factory=dict)
+    context_len: int | None = None  # tokens the model attends over (None: unknown)
 
 
 def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
@@ -208,4 +210,28 @@ def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
         device=str(weight.device),
         dtype=str(weight.dtype).removeprefix("torch."),
         extra={"threads": torch.get_num_threads()},
+        context_len=context_length(model.config, model_dir),
     )
+
+
+# Tokenizers without a known limit store transformers' VERY_LARGE_INTEGER (1e30) or other
+# placeholders; a model_max_length beyond this is not a context length.
+SANE_MODEL_MAX_LENGTH = 1 << 24
+
+
+def context_length(config: Any, model_dir: Path) -> int | None:
+    """The longest sequence the model scores meaningfully: ``max_position_embeddings``,
+    or the tokenizer's ``model_max_length`` when that is smaller and sane; None when
+    neither says."""
+    candidates = []
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        candidates.append(positions)
+    try:
+        tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        tok_config = {}
+    length = tok_config.get("model_max_length") if isinstance(tok_config, dict) else None
+    if isinstance(length, int) and 0 < length <= SANE_MODEL_MAX_LENGTH:
+        candidates.append(length)
+    return min(candidates) if candidates else None

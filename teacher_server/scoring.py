@@ -18,6 +18,9 @@ How a request is computed:
    the ``k`` best ids and log-probs, ``tail_logmass`` (log of the mass outside the top-k)
    and ``target_logprobs`` (log-prob of the token actually there); ``exact`` returns the
    whole ``[P, V]`` row, only when ``V <= exact_max_vocab``.
+5. The reply is checked before anyone sees it (``protocol/finite.py``): a NaN or an
+   infinity (other than ``tail_logmass = -inf`` when ``k = V``) fails that request with
+   :class:`ScoringNonFinite`, which the server answers as ``ERROR INTERNAL``.
 
 It does not parse the wire, queue requests or know about clients: that is
 ``teacher_server/server.py``, ``batcher.py`` and ``torch_backend.py``.
@@ -31,6 +34,8 @@ import numpy as np
 
 from miniverl.common.errors import MiniverlError
 from miniverl.common.shared_prefix import decoder_hidden
+from miniverl.protocol.finite import nonfinite_report
+from miniverl.protocol.messages import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 # Upper bound on fp32 elements of one logits chunk ([rows, V]). On an accelerator,
 # 2**24 floats (64 MiB) keeps kernels large. On a CPU, buffers above glibc's largest
@@ -47,6 +52,10 @@ class ScoringBadRequest(MiniverlError, ValueError):
 
 class ScoringUnsupported(MiniverlError, ValueError):
     """A well-formed request this teacher does not serve (exact above the vocabulary limit)."""
+
+
+class ScoringNonFinite(MiniverlError, ArithmeticError):
+    """The model produced a NaN or an infinity for a request; nothing is sent for it."""
 
 
 @dataclass
@@ -103,8 +112,11 @@ def check_request(req: ScoreRequest, vocab_size: int, exact_max_vocab: int) -> N
             f"exact scoring is limited to vocabularies of at most exact_max_vocab="
             f"{exact_max_vocab} tokens; this teacher has {vocab_size}; use kind='topk'"
         )
-    if not (float(req.temperature) > 0.0 and np.isfinite(req.temperature)):
-        raise ScoringBadRequest(f"temperature must be a finite number > 0; got {req.temperature}")
+    if not TEMPERATURE_MIN <= float(req.temperature) <= TEMPERATURE_MAX:  # NaN fails too
+        raise ScoringBadRequest(
+            f"temperature must lie in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}]; got "
+            f"{req.temperature} (docs/protocol.md says why)"
+        )
 
 
 def _micro_batches(lengths: list[int], max_batch_tokens: int) -> list[list[int]]:
@@ -244,8 +256,8 @@ def score_requests(
     """Score several requests with one decoder pass over all their sequences (coalescing).
 
     Returns, per request and in order, either its reply arrays or the
-    :class:`ScoringBadRequest` / :class:`ScoringUnsupported` that rejects it; one bad
-    request never fails the others.
+    :class:`ScoringBadRequest` / :class:`ScoringUnsupported` / :class:`ScoringNonFinite`
+    that rejects it; one bad request never fails the others.
     """
     import torch
 
@@ -277,7 +289,12 @@ def score_requests(
             rows[torch.from_numpy(order).to(hidden.device)] = hidden[start : start + n_pos]
             start += n_pos
             targets = req.tokens_N.astype(np.int64)[req.positions_P.astype(np.int64) + 1]
-            results[r] = head(model, rows, targets, req.kind, int(req.k), float(req.temperature))
+            arrays = head(model, rows, targets, req.kind, int(req.k), float(req.temperature))
+            problem = nonfinite_report(arrays, kind=req.kind, k=int(req.k), vocab_size=vocab)
+            results[r] = arrays if problem is None else ScoringNonFinite(
+                f"the teacher computed non-finite values ({problem}) at temperature "
+                f"{req.temperature}; nothing was sent; check the teacher's weights and dtype"
+            )
     return results
 
 
@@ -297,7 +314,8 @@ def score_positions(
     Returns for ``topk``: ``ids i4[P,k]``, ``logprobs f4[P,k]`` (descending),
     ``tail_logmass f4[P]`` (``-inf`` when k = V), ``target_logprobs f4[P]``;
     for ``exact``: ``logprobs f4[P,V]``, ``target_logprobs f4[P]``.
-    Raises :class:`ScoringBadRequest` or :class:`ScoringUnsupported`.
+    Raises :class:`ScoringBadRequest`, :class:`ScoringUnsupported` or
+    :class:`ScoringNonFinite`.
     """
     req = ScoreRequest(
         np.asarray(tokens_N), np.asarray(cu_seqlens), np.asarray(positions_P), kind, k, temperature

@@ -14,7 +14,9 @@ loads, reads every message on an asyncio loop, and admits or refuses it (DESIGN 
   answered in the last ``dedup_ttl_s`` gets the cached reply; an accepted one is queued
   for the batcher (``batcher.py``);
 - ``PING``/``STATUS`` are answered at once, even while a batch computes;
-- ``RELOAD``/``PARK``/``WAKE``/``SHUTDOWN`` go to the lifecycle (``lifecycle.py``).
+- ``RELOAD``/``PARK``/``WAKE``/``SHUTDOWN`` need admin proof (``roles.py``: an admin
+  CURVE key or the admin token), checked before anything else, else ``UNAUTHORIZED``;
+  then they go to the lifecycle (``lifecycle.py``).
 
 The model lives in a backend (``backend.py``) that a loader builds on the worker
 thread, so this module never imports torch and does not know how scoring is computed.
@@ -43,7 +45,8 @@ from miniverl.protocol.endpoints import (
     start_curve_authenticator,
 )
 from miniverl.protocol.messages import ErrorCode, ProtocolViolation, TeacherState
-from miniverl.teacher_server import lifecycle
+from miniverl.protocol.socket_files import bound_file, remove_bound_file
+from miniverl.teacher_server import lifecycle, roles
 from miniverl.teacher_server.backend import Loader, ScoreJob
 from miniverl.teacher_server.batcher import dispatch_loop
 from miniverl.teacher_server.state import (
@@ -86,6 +89,7 @@ class TeacherServer:
         srv = self.srv
         srv.loop = asyncio.get_running_loop()
         srv.sock = _open_socket(srv)
+        sock_file = bound_file(srv.endpoint)  # removed on the way out, whatever the way
         log(srv, "info", "bound", endpoint=srv.endpoint, instance=srv.instance)
         for coro in (_recv_loop(srv), dispatch_loop(srv), _load_then_answer_hellos(srv)):
             spawn(srv, coro)
@@ -96,8 +100,10 @@ class TeacherServer:
                 task.cancel()
             await asyncio.gather(*srv.tasks, return_exceptions=True)
             srv.sock.close(srv.config.linger_ms)
+            remove_bound_file(sock_file)
             if srv.auth is not None:
                 srv.auth.stop()
+            roles.close(srv.admin)
             backend, srv.backend = srv.backend, None
             if backend is not None:
                 with contextlib.suppress(Exception):
@@ -132,8 +138,10 @@ def run_server(server: TeacherServer) -> int:
 def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
     cfg = srv.config
     curve = None
-    if cfg.curve_secret_key or cfg.curve_authorized_dir:
-        curve = load_curve_server_keys(cfg.curve_secret_key or "", cfg.curve_authorized_dir or "")
+    if cfg.curve_secret_key or cfg.curve_authorized_dir or cfg.curve_admin_dir:
+        curve = load_curve_server_keys(
+            cfg.curve_secret_key or "", cfg.curve_authorized_dir or "", cfg.curve_admin_dir
+        )
     check_bind_endpoint(cfg.endpoint, curve_configured=curve is not None)
     ctx = srv.context or zmq.asyncio.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
@@ -161,6 +169,14 @@ def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
             "pick another --bind or stop it with `miniverl teacher shutdown`"
         ) from None
     srv.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        srv.admin = roles.setup(srv, curve)
+    except OSError as exc:
+        sock.close(0)
+        raise MiniverlError(
+            f"cannot write the admin token beside {srv.endpoint}: {exc}; bind a directory "
+            "you can write to"
+        ) from None
     return sock
 
 
@@ -205,6 +221,11 @@ async def _on_frames(srv: ServerState, frames: list) -> None:
         await send_error(
             srv, ident, msg.id, ErrorCode.BAD_REQUEST, f"{msg.t} is not a request a teacher accepts"
         )
+        return
+    # Before any state check: a refused admin message must change and reveal nothing.
+    refused = roles.refusal(srv.admin, msg, roles.user_id(body[0]))
+    if refused is not None:
+        await send_error(srv, ident, msg.id, ErrorCode.UNAUTHORIZED, refused)
         return
     await handler(srv, ident, msg, arrays)
 
@@ -295,6 +316,7 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         positions_P=arrays["positions"], kind=msg.kind, k=msg.k, temperature=msg.temperature,
         client=ident, id=msg.id, student_version=msg.student_version, received=now,
         deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
+        deterministic=msg.deterministic,
     )
     srv.counters["requests"] += 1
     srv.inflight[key] = job

@@ -51,6 +51,11 @@ class ServerConfig:
     dedup_max_bytes: int = 256 << 20
     curve_secret_key: str | None = None
     curve_authorized_dir: str | None = None
+    curve_admin_dir: str | None = None  # public keys that may send admin messages
+    # Without CURVE: the admin token (None: a random one) and where it is written (None:
+    # beside the socket, see protocol/endpoints.admin_token_path). roles.py decides.
+    admin_token: str | None = None
+    admin_token_file: str | None = None
     linger_ms: int = 2000
     server_version: str = SERVER_VERSION
 
@@ -104,11 +109,13 @@ class ServerState:
     sock: zmq.asyncio.Socket | None = None
     loop: asyncio.AbstractEventLoop | None = None
     auth: Any = None
+    admin: Any = None  # roles.AdminRule, set at bind: what admin messages must prove
     counters: dict[str, Any] = field(default_factory=_new_counters)
 
     @property
     def limits(self) -> Limits:
-        return self.config.limits
+        # Bounded by the loaded model's context (a backend without ``context_len``: not).
+        return self.config.limits.for_context(getattr(self.backend, "context_len", None))
 
 
 def log(srv: ServerState, level: str, event: str, /, **fields: Any) -> None:

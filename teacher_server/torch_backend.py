@@ -22,7 +22,12 @@ from miniverl.protocol.messages import ErrorCode
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.teacher_server.loader import LoadedTeacher
 from miniverl.teacher_server.prefix_cache import PrefixCache
-from miniverl.teacher_server.scoring import ScoringBadRequest, ScoringUnsupported, score_requests
+from miniverl.teacher_server.scoring import (
+    ScoringBadRequest,
+    ScoringNonFinite,
+    ScoringUnsupported,
+    score_requests,
+)
 
 
 class TorchTeacher:
@@ -34,6 +39,7 @@ class TorchTeacher:
         self.info = dict(loaded.info)
         self.tokenizer_fp = loaded.tokenizer_fp
         self.vocab_size = loaded.vocab_size
+        self.context_len = loaded.context_len
         self.device = loaded.device
         self.exact_max_vocab = exact_max_vocab
         self.max_batch_tokens = max_batch_tokens
@@ -41,16 +47,22 @@ class TorchTeacher:
         self.parked = False
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict | BackendError]:
+        # A deterministic job comes alone (batcher.take_batch) and skips the prefix cache:
+        # whether a cached prefix is hit depends on earlier requests, and a prefix computed
+        # apart from its suffix rounds differently from one forward pass over both.
+        deterministic = any(getattr(job, "deterministic", False) for job in jobs)
         results = score_requests(
             self.model,
             jobs,
             exact_max_vocab=self.exact_max_vocab,
             max_batch_tokens=self.max_batch_tokens,
-            prefix_cache=self.prefix_cache,
+            prefix_cache=None if deterministic else self.prefix_cache,
         )
         out: list[dict | BackendError] = []
         for result in results:
-            if isinstance(result, ScoringUnsupported):
+            if isinstance(result, ScoringNonFinite):
+                out.append(BackendError(ErrorCode.INTERNAL, str(result)))
+            elif isinstance(result, ScoringUnsupported):
                 out.append(BackendError(ErrorCode.UNSUPPORTED, str(result)))
             elif isinstance(result, ScoringBadRequest):
                 out.append(BackendError(ErrorCode.BAD_REQUEST, str(result)))

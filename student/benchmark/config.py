@@ -117,6 +117,9 @@ def load_benchmark_config(path: str | Path) -> tuple[BenchmarkConfig, dict[str, 
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"benchmark config {path} does not exist; pass a YAML file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"benchmark config {path} cannot be read ({why}); pass a YAML file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     try:
@@ -129,7 +132,7 @@ def load_benchmark_config(path: str | Path) -> tuple[BenchmarkConfig, dict[str, 
     recipe_path = (path.parent / config.recipe).resolve()
     try:
         base = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"{path}: recipe {config.recipe!r} cannot be read ({type(exc).__name__}); "
             "give a recipe path relative to the config file"

@@ -28,6 +28,7 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_text
 from miniverl.common.manifest import PACKAGES, package_versions
 from miniverl.common.redact import redact
+from miniverl.common.rundir import RunDir
 from miniverl.student.benchmark.config import StrictModel
 from miniverl.student.benchmark.results import cell_result_from_run, load_results
 from miniverl.student.report.load import load_run
@@ -263,10 +264,27 @@ def _from_results(path: Path) -> dict[str, Any]:
     }
 
 
+def _check_json_object(path: Path) -> None:
+    """Refuse a file that is not a JSON object (binary, truncated, a list)."""
+    try:
+        ok = isinstance(json.loads(path.read_bytes()), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"{path} is not a JSON object; the file is corrupted, restore it from a copy or rerun"
+        )
+
+
 def build_hardware_result(source: str | Path) -> HardwareResult:
     """The redacted, validated result for a run directory or a benchmark results file."""
     source = Path(source)
     if source.is_dir():
+        # A shared result must not come from a run whose status or manifest is unreadable.
+        run = RunDir.open(source)
+        run.read_status()
+        if run.manifest_path.is_file():
+            _check_json_object(run.manifest_path)
         record = _from_run(source)
     elif source.is_file():
         record = _from_results(source)

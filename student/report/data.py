@@ -28,6 +28,9 @@ class ReportData:
 
     run_dir: Path
     problems: list[str] = field(default_factory=list)
+    # Sealed files or lines that do not match their digest (also in ``problems``):
+    # `miniverl report` still writes the page but exits 1 on any.
+    tampered: list[str] = field(default_factory=list)
     recipe_text: str | None = None
     resolved_text: str | None = None
     resolved: dict[str, Any] = field(default_factory=dict)

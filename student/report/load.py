@@ -23,7 +23,9 @@ from typing import Any
 import yaml
 
 from miniverl.common.errors import MiniverlError, ProvenanceError
-from miniverl.common.trajectory import Trajectory, trajectory_from_json
+from miniverl.common.hashing import SEAL_FIELD
+from miniverl.common.manifest import manifest_seal_status
+from miniverl.common.trajectory import Trajectory, parse_trajectory_line, unsigned_warning
 from miniverl.student.report.data import ReportData, as_number
 from miniverl.student.report.targets import load_strip_targets
 
@@ -88,6 +90,37 @@ def _read_jsonl(path: Path, data: ReportData, what: str) -> list[dict[str, Any]]
 def _lines(numbers: list[int]) -> str:
     shown = ", ".join(str(n) for n in numbers[:5])
     return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+
+
+def _read_manifest(path: Path, data: ReportData) -> dict[str, Any]:
+    """The manifest without its digest; a mismatch is listed (it is still shown).
+
+    A manifest that exists but is not a JSON object counts as tampered too: the run
+    wrote a valid one, so anything else is damage.
+    """
+    known = len(data.problems)
+    manifest = _read_json(path, data, "the manifest")
+    if not manifest:
+        if path.is_file() and len(data.problems) > known:
+            data.tampered.append(
+                f"{data.problems[-1]}; the manifest was modified or corrupted after the run "
+                "wrote it; restore it from a copy or rerun"
+            )
+        return manifest
+    status = manifest_seal_status(manifest)
+    if status == "mismatch":
+        problem = (
+            f"manifest.json does not match its {SEAL_FIELD} (sha256 of its content): it was "
+            "modified or corrupted after the run wrote it; restore it from a copy or rerun"
+        )
+        data.problems.append(problem)
+        data.tampered.append(problem)
+    elif status == "unsigned":
+        data.problems.append(
+            f"manifest.json has no {SEAL_FIELD} (written before manifests were sealed): "
+            "changes to it cannot be detected"
+        )
+    return {k: v for k, v in manifest.items() if k != SEAL_FIELD}
 
 
 def _read_yaml(text: str | None, data: ReportData, name: str) -> dict[str, Any]:
@@ -162,8 +195,9 @@ def _read_trajectories(data: ReportData) -> None:
     last: deque[Trajectory] = deque(maxlen=STRIP_TRAJECTORIES - 1)
     bad: list[int] = []
     first_error = ""
+    unsigned = 0
     try:
-        fh = path.open(encoding="utf-8", errors="replace")
+        fh = path.open(encoding="utf-8", errors="surrogateescape")
     except OSError as exc:
         data.problems.append(f"{path.name} is unreadable ({exc.strerror})")
         return
@@ -172,11 +206,12 @@ def _read_trajectories(data: ReportData) -> None:
             if not line.strip():
                 continue
             try:
-                traj = trajectory_from_json(line, where=f"{path.name}:{lineno}")
+                traj, sealed = parse_trajectory_line(line, where=f"{path.name}:{lineno}")
             except ProvenanceError as exc:
                 bad.append(lineno)
                 first_error = first_error or str(exc)
                 continue
+            unsigned += not sealed
             data.n_trajectories += 1
             data.by_version[traj.policy_version] += 1
             for span in traj.spans:
@@ -200,6 +235,11 @@ def _read_trajectories(data: ReportData) -> None:
             f"{path.name}: {len(bad)} bad line(s) skipped (line {_lines(bad)}); "
             f"first: {first_error[:200]}"
         )
+        data.tampered.append(
+            f"{first_error}" + (f" ({len(bad) - 1} more bad line(s))" if len(bad) > 1 else "")
+        )
+    if unsigned:
+        data.problems.append(unsigned_warning(path.name, unsigned))
     data.strip = [t for t in ([first] if first else []) + list(last)]
 
 
@@ -259,7 +299,7 @@ def load_run(run_dir: str | Path) -> ReportData:
     data.recipe_text = _read_text(run_dir / "recipe.yaml", data, "the submitted recipe")
     data.resolved_text = _read_text(run_dir / "recipe.resolved.yaml", data, "the resolved recipe")
     data.resolved = _read_yaml(data.resolved_text or data.recipe_text, data, "recipe")
-    data.manifest = _read_json(run_dir / "manifest.json", data, "the manifest")
+    data.manifest = _read_manifest(run_dir / "manifest.json", data)
     data.status = _read_json(run_dir / "status.json", data, "the run status")
     data.events = _read_jsonl(run_dir / "events.jsonl", data, "the timeline")
     data.metrics = _read_jsonl(run_dir / "metrics.jsonl", data, "the learning curves")

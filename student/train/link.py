@@ -66,6 +66,11 @@ class TeacherSide:
     link: TeacherLink | None = None  # bound by teacher.connect
     identity: dict[str, Any] = field(default_factory=dict)
     memory: str = "resident"
+    # How to prove who we are: (CURVE secret key file, server public key file) for a
+    # remote teacher (else the recipe's teacher.curve_*), and the admin token file that
+    # lets swap PARK/WAKE (else the default beside the teacher's socket; teacher.py).
+    curve: tuple[str, str] | None = None
+    admin_token_file: str | None = None
     # A RETARGET asked for (control socket); teacher.apply_retarget takes it at the
     # next update boundary.
     pending_endpoint: str | None = None
@@ -85,6 +90,9 @@ class TeacherLink:
     k: int
     temperature: float
     on_teacher_changed: Callable[[dict, int, str], None] | None = None
+    # run.deterministic: ask the teacher to score each SCORE alone (never coalesced, no
+    # prefix cache), so pipelined scoring gives the same bits however replies race.
+    deterministic: bool = False
     # The teacher's view of a trajectory: (traj, positions_P) -> (tokens_N, positions_P)
     # it sends instead (teacher.mode: privileged_context, rollout/privileged.py). Reply
     # rows follow the request's positions, so they stay aligned with positions_P.
@@ -126,6 +134,7 @@ class TeacherLink:
         job.request_id = self.client.submit(
             tokens_N, cu_seqlens, positions_P, kind=self.kind, k=self.k,
             temperature=self.temperature,
+            **({"deterministic": True} if self.deterministic else {}),
         )
 
     def collect(self) -> list[Scored]:

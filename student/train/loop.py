@@ -131,6 +131,7 @@ def log_cycle(state: TrainState, done: CycleResult) -> None:
         "teacher": ({k: side.identity.get(k) for k in ("name", "instance", "gen")}
                     if side.link is not None else None),
         "stale_dropped": counters.get("stale_dropped", 0),
+        "nonfinite_replies": counters.get("nonfinite_replies", 0),
         "time_rollout_s": done.t_rollout,
         "time_teacher_wait_s": done.t_wait,
         "time_update_s": done.t_update,

@@ -10,7 +10,13 @@ The functions here change a run's :class:`~miniverl.student.train.link.TeacherSi
 - :func:`memory_strategy`: ``resident`` keeps the teacher's weights on the device;
   ``swap`` asks the teacher to ``PARK`` before each update and ``WAKE`` before scoring;
   ``auto`` picks from measured free memory and says why (DESIGN §4). On CPU there is
-  no device memory to share, so ``auto`` is ``resident`` there.
+  no device memory to share, so ``auto`` is ``resident`` there. PARK and WAKE are admin
+  messages: :func:`park` and :func:`wake` send them with the admin token (the file ``up``
+  names, else the one beside the teacher's socket) or an admin CURVE key; a teacher that
+  answers ``UNAUTHORIZED`` (an attached student without the token) stays resident, and
+  the run says so once (event ``memory_swap_refused``) and goes on.
+- :func:`client_proof`: the CURVE keys (flags, else ``teacher.curve_*``) and the token
+  file a client is built with.
 
 This module does not score trajectories (``link.py``) or train.
 """
@@ -19,8 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniverl.common.errors import ConfigError, MiniverlError
+from miniverl.common.errors import ConfigError, MiniverlError, Unauthorized
 from miniverl.common.manifest import record_teacher, update_manifest
+from miniverl.protocol.endpoints import load_curve_client_keys
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.qualify import require_qualified
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
@@ -45,6 +52,7 @@ def connect(state: TrainState) -> None:
             heartbeat_ms=rt.heartbeat_ms,
             request_timeout_s=rt.request_timeout_s,
             unavailable_timeout_s=rt.unavailable_timeout_s,
+            **client_proof(state),
         )
     side.client.connect(recipe.runtime.teacher_startup_timeout_s)
     identity = teacher_identity(side.client)
@@ -56,13 +64,48 @@ def connect(state: TrainState) -> None:
     side.link = TeacherLink(
         side.client, kind=state.kind, k=recipe.loss.top_k,
         temperature=recipe.loss.temperature, on_teacher_changed=changed,
-        view=teacher_view(state),
+        view=teacher_view(state), deterministic=recipe.run.deterministic,
     )
     side.identity = identity
     state.run.event("teacher_connected", teacher=identity, version=state.version,
                     endpoint=side.endpoint)
     record_teacher(state.run, state.version, identity, how="connect")
     side.memory = choose_memory(state)
+
+
+def client_proof(state: TrainState) -> dict[str, Any]:
+    """``curve`` keys and ``admin_token_file`` for the teacher client (DESIGN §3)."""
+    side, teacher = state.teacher, state.recipe.teacher
+    files = side.curve
+    if files is None and teacher is not None and teacher.curve_secret_key is not None:
+        files = (teacher.curve_secret_key, teacher.curve_server_key)
+    curve = load_curve_client_keys(*files) if files is not None else None
+    # Without a file named here the client reads the one beside the teacher's socket.
+    return {"curve": curve, "admin_token_file": side.admin_token_file}
+
+
+def park(state: TrainState) -> None:
+    """Swap: move the teacher's weights off the device before the update."""
+    _swap_call(state, "park")
+
+
+def wake(state: TrainState) -> None:
+    """Swap: bring the teacher's weights back before scoring."""
+    _swap_call(state, "wake")
+
+
+def _swap_call(state: TrainState, what: str) -> None:
+    side = state.teacher
+    try:
+        getattr(side.client, what)()
+    except Unauthorized as exc:
+        # Not an admin of this teacher (an attached student without its token): the
+        # teacher stays resident; the update may then need more memory than measured.
+        side.memory = "resident"
+        reason = f"{what.upper()} refused ({exc}); the teacher stays resident"
+        state.run.event("memory_swap_refused", reason=reason, version=state.version)
+        update_manifest(state.run, memory={"wanted": state.recipe.teacher.memory,
+                                           "chosen": "resident", "reason": reason})
 
 
 def check_qualified(state: TrainState, identity: dict) -> None:

@@ -56,6 +56,7 @@ def open_run(recipe: Recipe, run_id: str | None, resume: bool,
         if run_id is None:
             raise ConfigError("--resume needs --run-id ID (the run to continue)")
         run_dir = RunDir.open(out / run_id)
+        run_dir.verify()  # a tampered manifest or trajectory line stops the resume here
         differing = recipe_changes(run_dir.recipe(), recipe)
         if differing:
             raise ConfigError(
@@ -91,6 +92,8 @@ class Trainer:
         recipe: Recipe,
         *,
         teacher_endpoint: str | None = None,
+        teacher_curve: tuple[str, str] | None = None,
+        teacher_admin_token: str | None = None,
         client: Any = None,
         run_id: str | None = None,
         resume: bool = False,
@@ -103,7 +106,8 @@ class Trainer:
     ):
         self.recipe = recipe
         endpoint = teacher_endpoint or (recipe.teacher.endpoint if recipe.teacher else None)
-        self.teacher = TeacherSide(client=client, endpoint=endpoint)
+        self.teacher = TeacherSide(client=client, endpoint=endpoint, curve=teacher_curve,
+                                   admin_token_file=teacher_admin_token)
         self.offline = offline
         self.stop_event = stop_event or threading.Event()
         self.show_progress = show_progress

@@ -32,6 +32,7 @@ CASES = {
         "student.model.hub_id",
         "Qwen/Qwen3-0.6B",
     ),
+    "actor_rollout_ref.model.lora_adapter_path": (None, "informational", None, None),
     "actor_rollout_ref.model.enable_gradient_checkpointing": (True, "informational", None, None),
     "actor_rollout_ref.model.lora_rank": (8, "exact", "student.lora.r", 8),
     "actor_rollout_ref.model.lora_alpha": (16, "exact", "student.lora.alpha", 16),

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from miniverl.common.errors import ProvenanceError
+from miniverl.common.hashing import seal
 from miniverl.common.trajectory import (
     CONTEXT_SPANS,
     MODEL_SPANS,
@@ -91,7 +92,7 @@ def test_tampered_mask_is_rejected_with_file_and_line(tmp_path):
     lines = path.read_text().splitlines()
     record = json.loads(lines[1])
     record["loss_mask"] = "1111"  # claims the prompt is trainable
-    lines[1] = json.dumps(record)
+    lines[1] = json.dumps(seal(record))  # resealed: the mask rule itself must catch it
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ProvenanceError, match=rf"{path}:2: stored loss_mask"):
         read_trajectories(path)

@@ -25,6 +25,9 @@ from tests.toy_kit import ONE_LAYER, alien_tokenizer_copy, spawn_teacher, toy_di
 pytestmark = pytest.mark.integration
 
 HEARTBEAT = ["--heartbeat-ms", "200"]
+# The kill -9 test packs four sequences of 1,000 tokens (each within the toy's 1,024-token
+# context) into one long request: the packed total is above max_tokens' default (the context).
+PACKED = ["--max-tokens", "4000"]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,7 @@ def teachers(tmp_path_factory, toy_dirs):
         served = {}
         for name, endpoint in endpoints.items():
             served[name] = spawn_teacher(toy_dirs["first"], root, name, endpoint=endpoint,
-                                         extra=HEARTBEAT)
+                                         extra=[*HEARTBEAT, *PACKED])
             stack.callback(served[name].stop)
         for teacher in served.values():
             teacher.wait_ready()
@@ -225,14 +228,13 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
         )
         with client:
             tokens = np.random.default_rng(2).integers(0, vocab, 4000).astype(np.int32)
-            cu = np.array([0, 2000, 4000], np.int32)
-            positions = np.arange(0, 3999, 2, dtype=np.int32)
-            positions = positions[positions != 1999]
+            cu = np.array([0, 1000, 2000, 3000, 4000], np.int32)
+            positions = np.arange(0, 3999, 2, dtype=np.int32)  # even: no sequence's last token
             rid = client.submit(tokens, cu, positions, k=16)
             first.proc.send_signal(signal.SIGKILL)
             first.proc.wait(10)
             second = spawn_teacher(toy_dirs["first"], tmp_path, "second", endpoint=endpoint,
-                                   extra=HEARTBEAT)
+                                   extra=[*HEARTBEAT, *PACKED])
             new = second.wait_ready()
             assert new["instance"] != old["instance"]
             result = client.wait([rid], timeout_s=120)[rid]
@@ -246,8 +248,11 @@ def test_kill9_mid_request_then_a_new_teacher_at_the_same_endpoint(tmp_path, toy
         try:
             assert hand_written_hello(sock, fp, vocab, "drain")["t"] == "HELLO_OK"
             hand_written_score(sock, tokens, cu, positions, k=16)
+            # An admin message: it carries the token the teacher wrote beside its log.
+            token = second.log.with_suffix(".admin-token").read_text().strip()
             sock.send_multipart(
-                [msgpack.packb({"v": 1, "t": "SHUTDOWN", "id": 3, "mode": "drain"})]
+                [msgpack.packb({"v": 1, "t": "SHUTDOWN", "id": 3, "mode": "drain",
+                                "auth": token})]
             )
             kinds = []
             for _ in range(2):

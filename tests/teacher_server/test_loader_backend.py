@@ -185,7 +185,7 @@ def test_cli_reload_sends_the_adapter_revision(monkeypatch):
         def __exit__(self, *exc):
             pass
 
-    monkeypatch.setattr(teacher_cmds, "_admin", lambda *a: Admin())
+    monkeypatch.setattr(teacher_cmds, "_admin", lambda *a, **kw: Admin())
     result = CliRunner().invoke(app, ["teacher", "reload", "tcp://127.0.0.1:1", "--model", "m",
                                       "--adapter", "org/lora", "--adapter-revision", "c" * 40])
     assert result.exit_code == 0, result.output

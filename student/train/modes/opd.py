@@ -22,6 +22,8 @@ from miniverl.protocol.pending import within_lag
 from miniverl.student.train.cached_targets import put_scored
 from miniverl.student.train.link import Scored
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
+from miniverl.student.train.teacher import park as park_teacher
+from miniverl.student.train.teacher import wake as wake_teacher
 from miniverl.student.train.updates import (
     EarlyForward,
     StepStats,
@@ -49,7 +51,7 @@ def rollout_and_score(state: TrainState, lag: int):
     side = state.teacher
     link = side.link
     if side.memory == "swap":
-        side.client.wake()
+        wake_teacher(state)
     link.begin_update(state.version, lag)
     pipelined = recipe.train.pipelining
 
@@ -88,7 +90,7 @@ def rollout_and_score(state: TrainState, lag: int):
     scored.sort(key=lambda s: rank[id(s.traj)])
     if side.memory == "swap":
         # The update runs with the teacher's weights off the device (DESIGN §4).
-        side.client.park()
+        park_teacher(state)
     write_trajectories(state.run.trajectories_path, trajs, append=True)
     put_scored(state.cache, recipe, scored)
     return trajs, scored, t_rollout, link.wait_s

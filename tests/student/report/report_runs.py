@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from miniverl.common.hashing import seal
 from miniverl.common.trajectory import (
     Span,
     SpanType,
@@ -179,7 +180,7 @@ def make_run(
     }
     if with_tokenizer:
         manifest["tokenizer_dir"] = str(write_tokenizer(path / "tokenizer"))
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    (path / "manifest.json").write_text(json.dumps(seal(manifest), indent=2), encoding="utf-8")
     (path / "status.json").write_text(
         json.dumps(
             {"status": "completed", "updated_at": "2025-01-01T00:10:00+00:00", "reason": None}

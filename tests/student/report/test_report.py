@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from miniverl.common.errors import MiniverlError
+from miniverl.common.hashing import seal
 from miniverl.student.report.build import build_report
 from miniverl.student.report.load import load_run
 from miniverl.student.report.markdown import render_markdown
@@ -98,6 +99,7 @@ def test_values_from_files_are_escaped(run: Path) -> None:
         fh.write(f"# {payload}\n")
     rows = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
     rows[0]["verifier"] = {"success": False, "score": 0.0, "reason": payload}
+    rows[0] = seal(rows[0])  # as a run would have written it
     (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     html = build_report(run).read_text(encoding="utf-8")
     assert payload not in html
@@ -140,7 +142,7 @@ def test_corrupted_lines_are_skipped_and_counted(run: Path) -> None:
     lines = (run / "trajectories.jsonl").read_text().splitlines()
     bad_mask = json.loads(lines[1])
     bad_mask["loss_mask"] = "1" * len(bad_mask["tokens"])
-    lines[1] = json.dumps(bad_mask)
+    lines[1] = json.dumps(seal(bad_mask))
     lines.insert(3, "not json at all")
     (run / "trajectories.jsonl").write_text("\n".join(lines) + "\n")
     (run / "eval" / "broken.json").write_text("{")

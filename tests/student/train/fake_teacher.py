@@ -66,7 +66,8 @@ class FakeTeacherClient:
         self._bound = (self.instance, self.gen)
         return self._bound
 
-    def submit(self, tokens_N, cu_seqlens_B1, positions_P, *, kind="topk", k=16, temperature=1.0):
+    def submit(self, tokens_N, cu_seqlens_B1, positions_P, *, kind="topk", k=16, temperature=1.0,
+               deterministic=False):  # in process, every request is scored alone anyway
         rid = next(self._ids)
         arrays = score_positions(self.model, tokens_N, cu_seqlens_B1, positions_P, kind=kind, k=k,
                                  temperature=temperature, exact_max_vocab=self.exact_max_vocab)
