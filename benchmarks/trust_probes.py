@@ -328,7 +328,12 @@ def probe_determinism(work: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip", nargs="*", default=[], choices=PROBES)
+    parser.add_argument("--table", action="store_true",
+                        help="Print the table of the last run's JSON and exit.")
     args = parser.parse_args()
+    if args.table:
+        print_table(json.loads((RESULTS / "trust_probes.json").read_text())["probes"])
+        return 0
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mvl-trust-") as tmp:
         work = Path(tmp)
@@ -351,33 +356,43 @@ def main() -> int:
             results["flips"] = probe_flips()
         if "determinism" not in args.skip:
             results["determinism"] = probe_determinism(work)
-    lines = {
-        "fuzz": lambda r: f"{r['messages']:,} malformed messages, {r['crashes']} crashes, "
-                          f"valid SCORE identical after: {r['valid_identical']}",
-        "unauthorised": lambda r: f"{r['refused']}/{r['sent']} unauthorised RELOAD/PARK/WAKE/"
-                                  f"SHUTDOWN refused, paths revealed {r['paths_revealed']}, "
-                                  f"teacher unchanged: {r['teacher_unchanged']}",
-        "finite": lambda r: f"{r['requests']} hostile SCOREs: {r['refused']} refused, "
-                            f"{r['scored']} scored, {r['non_finite_delivered']} non-finite "
-                            "delivered",
-        "tools": lambda r: f"tool_bounds exit {r['exit']}: {r['summary']}",
-        "cli": lambda r: f"{r['bad_inputs']} bad CLI inputs: {r['pytest']}",
-        "flips": lambda r: "byte flips: " + ", ".join(
-            f"{k} {v.get('rate', v) if isinstance(v, dict) else v}"
-            for k, v in (r["result"].get("rates") or r["result"]).items()
-            if not isinstance(v, list))[:300],
-        "determinism": lambda r: f"toy_cpu_opd: exits {r['exit_codes']}, distinct final "
-                                 f"hashes {len(set(r['hashes'].values()))}",
-    }
-    print(f"{'probe':<13} {'ok':<5} result")
-    for name, r in results.items():
-        print(f"{name:<13} {('yes' if r['ok'] else 'NO'):<5} {lines[name](r)}")
+    print_table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": "trust_probes", "machine": platform.machine(),
               "python": platform.python_version(), "probes": results}
     (RESULTS / "trust_probes.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"wrote {RESULTS / 'trust_probes.json'}")
     return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+LINES = {
+    "fuzz": lambda r: f"{r['messages']:,} malformed messages, {r['crashes']} crashes, "
+                      f"valid SCORE identical after: {r['valid_identical']}",
+    "unauthorised": lambda r: f"{r['refused']}/{r['sent']} unauthorised RELOAD/PARK/WAKE/"
+                              f"SHUTDOWN refused, paths revealed {r['paths_revealed']}, "
+                              f"teacher unchanged: {r['teacher_unchanged']}",
+    "finite": lambda r: f"{r['requests']} hostile SCOREs: {r['refused']} refused, "
+                        f"{r['scored']} scored, {r['non_finite_delivered']} non-finite "
+                        "delivered",
+    "tools": lambda r: "{} hostile tool calls, {} over 1 s, slowest {:.3f} s".format(
+        r["summary"].get("total_calls"),
+        sum(e["over_1s"] for e in r["summary"].get("environments", {}).values()),
+        max((e["slowest_s"] for e in r["summary"].get("environments", {}).values()),
+            default=float("nan"))),
+    "cli": lambda r: f"{r['bad_inputs']} bad CLI inputs: {r['pytest']}",
+    "flips": lambda r: "single-byte flips detected: " + ", ".join(
+        f"{name} {v['detected']}/{v['flips'] - v.get('semantically_identical', 0)}"
+        for name, v in r["result"].get("results", {}).items()
+        if isinstance(v, dict) and "flips" in v),
+    "determinism": lambda r: f"toy_cpu_opd: exits {r['exit_codes']}, distinct final "
+                             f"hashes {len(set(r['hashes'].values()))}",
+}
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{'probe':<13} {'ok':<5} result")
+    for name, r in results.items():
+        print(f"{name:<13} {('yes' if r['ok'] else 'NO'):<5} {LINES[name](r)}")
 
 
 if __name__ == "__main__":
