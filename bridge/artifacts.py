@@ -21,18 +21,15 @@ This module reads runs and copies files; torch, transformers and peft are not im
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from miniverl.common.atomic import atomic_write_json
+from miniverl.common.atomic import atomic_write_json, publishing
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.common.hashing import sha256_file
 from miniverl.common.modeling import resolve_model_dir
-from miniverl.common.os_errors import disk_full, is_disk_full
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 
@@ -223,9 +220,7 @@ def export_adapter(run: Path, out: Path) -> dict:
     recipe = load_run_recipe(run)
     ckpt = latest_checkpoint(run)
     identity = base_identity(recipe.student.model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with publishing(out, folder=True) as tmp:
         if ckpt.kind == "lora":
             shape = lora_shape(write_adapter_files(ckpt, tmp, identity))
         else:
@@ -246,12 +241,4 @@ def export_adapter(run: Path, out: Path) -> dict:
             "files": {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         atomic_write_json(tmp / "miniverl_export.json", summary, default=str, allow_nan=True, shared=True)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(exc):
-            raise disk_full(out) from exc
-        raise
     return summary

@@ -29,20 +29,16 @@ This module writes bundles; ``doctor.py`` checks them. It does not run verl.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from miniverl.bridge import artifacts, parquet, profile
-from miniverl.common.atomic import atomic_write_json
+from miniverl.common.atomic import atomic_write_json, publishing
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import write_sums
 from miniverl.common.manifest import load_manifest
-from miniverl.common.os_errors import disk_full, is_disk_full
 from miniverl.common.redact import redact
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.student.environments import make_tasks
@@ -283,9 +279,7 @@ def export_verl(run: Path, out: Path) -> dict:
     env = parquet.env_facts(env_cfg.name, env_cfg.params)
     files = profile.BUNDLE_FILES
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with publishing(out, folder=True) as tmp:
         # model/
         if ckpt.kind == "lora":
             lora = artifacts.lora_shape(
@@ -367,10 +361,4 @@ def export_verl(run: Path, out: Path) -> dict:
         source_run = _source_run(run)
         atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
         write_sums(tmp)
-        os.replace(tmp, out)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(exc):
-            raise disk_full(out) from exc
-        raise
     return manifest

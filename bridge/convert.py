@@ -10,13 +10,11 @@ final name and renamed. This module dispatches; the row format lives in ``parque
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 from miniverl.bridge import parquet
+from miniverl.common.atomic import publishing
 from miniverl.common.errors import ConfigError
-from miniverl.common.os_errors import disk_full, is_disk_full
 from miniverl.common.recipe import load_recipe
 from miniverl.student.environments import make_tasks
 
@@ -46,18 +44,9 @@ def convert_dataset(src: Path, dst: Path, to: str, environment: str | None = Non
         raise ConfigError(
             f"input {src} does not exist; pass a .jsonl task set, a recipe or a .parquet file"
         )
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    # A failed conversion leaves neither a half-written output nor its temp file.
+    with publishing(dst) as tmp:
         n = _convert(src, tmp, to, environment)
-        os.replace(tmp, dst)
-    except BaseException as exc:
-        # A failed conversion leaves neither a half-written output nor its temp file.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if is_disk_full(exc):
-            raise disk_full(dst) from exc
-        raise
     return n
 
 

@@ -235,34 +235,28 @@ def shutdown(
     typer.echo(f"{endpoint}: shut down ({mode})")
 
 
-@teacher_app.command("park")
-def park(
-    endpoint: str = ENDPOINT_ARG,
-    timeout: float = TIMEOUT_OPT,
-    curve_secret_key: str = CURVE_SECRET_OPT,
-    curve_server_key: str = CURVE_SERVER_OPT,
-    admin_token: str = ADMIN_TOKEN_OPT,
-) -> None:
-    """Move the teacher's weights off the accelerator (a SCORE or `wake` brings them back)."""
-    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, None, admin_token,
-                proof=True) as client:
-        ok = client.park()
-    typer.echo(f"{endpoint}: {ok.state.value}")
+def _move_command(name: str, doc: str) -> None:
+    """``miniverl teacher park|wake``: the two commands differ only in the call they make."""
+
+    def command(
+        endpoint: str = ENDPOINT_ARG,
+        timeout: float = TIMEOUT_OPT,
+        curve_secret_key: str = CURVE_SECRET_OPT,
+        curve_server_key: str = CURVE_SERVER_OPT,
+        admin_token: str = ADMIN_TOKEN_OPT,
+    ) -> None:
+        with _admin(endpoint, timeout, curve_secret_key, curve_server_key, None, admin_token,
+                    proof=True) as client:
+            ok = getattr(client, name)()
+        typer.echo(f"{endpoint}: {ok.state.value}")
+
+    command.__doc__ = doc
+    teacher_app.command(name)(command)
 
 
-@teacher_app.command("wake")
-def wake(
-    endpoint: str = ENDPOINT_ARG,
-    timeout: float = TIMEOUT_OPT,
-    curve_secret_key: str = CURVE_SECRET_OPT,
-    curve_server_key: str = CURVE_SERVER_OPT,
-    admin_token: str = ADMIN_TOKEN_OPT,
-) -> None:
-    """Move a parked teacher's weights back onto the accelerator."""
-    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, None, admin_token,
-                proof=True) as client:
-        ok = client.wake()
-    typer.echo(f"{endpoint}: {ok.state.value}")
+_move_command("park", "Move the teacher's weights off the accelerator (a SCORE or `wake` "
+                      "brings them back).")
+_move_command("wake", "Move a parked teacher's weights back onto the accelerator.")
 
 
 @teacher_app.command("keys")

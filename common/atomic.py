@@ -14,33 +14,56 @@ import contextlib
 import json
 import os
 import secrets
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .os_errors import disk_full, is_disk_full
 
 
+@contextlib.contextmanager
+def publishing(out: str | Path, *, folder: bool = False) -> Iterator[Path]:
+    """A temporary file (or ``folder``) beside ``out`` to build it in; renamed onto ``out``
+    when the ``with`` body succeeds.
+
+    On any failure the temporary file or folder is removed and ``out`` is left as it was,
+    so a reader never sees half an output; a full disk becomes :class:`DiskFullError`
+    naming ``out``. A folder replaces only a missing or empty ``out``.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if folder:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    else:
+        tmp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        yield tmp
+        if folder and out.is_dir():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException as exc:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if is_disk_full(exc):
+            raise disk_full(out) from exc
+        raise
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, *, shared: bool = False) -> Path:
     """Replace ``path`` with ``data`` atomically; returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    # O_EXCL on a random name, like mkstemp; the umask still applies to 0o666.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if shared else 0o600)
-    try:
+    with publishing(path) as tmp:
+        # O_EXCL on a random name, like mkstemp; the umask still applies to 0o666.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if shared else 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        # A failed write must not leave a stray temp file next to the real one.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if is_disk_full(exc):
-            raise disk_full(path) from exc
-        raise
     return path
 
 
