@@ -11,8 +11,10 @@ corpus it is uniform. ``P(next | previous)`` is the row of the token at the scor
 position.
 
 Served: HELLO -> HELLO_OK (or ERROR TOKENIZER_MISMATCH), PING -> PONG,
-SCORE kind=topk -> SCORE_OK (kind=exact -> ERROR UNSUPPORTED), SHUTDOWN ->
-SHUTDOWN_OK and exit; anything else -> ERROR BAD_REQUEST (unknown types included),
+SCORE kind=topk -> SCORE_OK (kind=exact -> ERROR UNSUPPORTED), SHUTDOWN carrying the
+admin token -> SHUTDOWN_OK and exit (without it: ERROR UNAUTHORIZED, nothing changes;
+the token is written to ``--admin-token-file``, 0600, as miniverl's own teacher does, so
+`miniverl teacher shutdown ENDPOINT --admin-token FILE` stops it); anything else -> ERROR BAD_REQUEST (unknown types included),
 a header with v != 1 -> ERROR VERSION_MISMATCH. SIGTERM exits. One request at a
 time, no batching, no CURVE: an example, not a production server.
 """
@@ -20,6 +22,9 @@ time, no batching, no CURVE: an example, not a production server.
 from __future__ import annotations
 
 import argparse
+import hmac
+import os
+import secrets
 import signal
 import sys
 import time
@@ -90,6 +95,10 @@ class StandaloneTeacher:
         self.hello: set[bytes] = set()
         self.last_progress = time.monotonic()
         self.running = True
+        self.admin_token = secrets.token_hex(32)
+        fd = os.open(args.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.admin_token + "\n")
 
     def error(self, rid, code: str, message: str, retryable: bool = False) -> list:
         return encode({"t": "ERROR", "id": rid, "ref_id": rid, "code": code,
@@ -113,6 +122,10 @@ class StandaloneTeacher:
                 return self.error(rid, "NEED_HELLO", "say HELLO first")
             return self.on_score(rid, header, arrays)
         if kind == "SHUTDOWN":
+            auth = header.get("auth")
+            if not isinstance(auth, str) or not hmac.compare_digest(auth, self.admin_token):
+                return self.error(rid, "UNAUTHORIZED", "SHUTDOWN needs this teacher's admin "
+                                  "token in 'auth'; nothing was changed")
             self.running = False
             return encode({"t": "SHUTDOWN_OK", "id": rid})
         return self.error(rid, "BAD_REQUEST", f"unknown or unsupported message type {kind!r}")
@@ -205,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", default=None, help=".npy of int token ids to count bigrams from.")
     p.add_argument("--alpha", type=float, default=0.1, help="Add-alpha smoothing.")
     p.add_argument("--name", default="bigram")
+    p.add_argument("--admin-token-file", default="standalone-teacher.admin-token",
+                   help="Where to write the admin token SHUTDOWN must carry (0600).")
     args = p.parse_args(argv)
     teacher = StandaloneTeacher(args)
     signal.signal(signal.SIGTERM, lambda *_: setattr(teacher, "running", False))

@@ -16,6 +16,7 @@ import asyncio
 import importlib.util
 import json
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -218,8 +219,8 @@ def test_standalone_teacher_imports_only_numpy_zmq_msgpack():
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             names.add((node.module or "").split(".")[0])
-    assert names <= {"__future__", "argparse", "signal", "sys", "time", "uuid", "msgpack",
-                     "numpy", "zmq"}, names
+    third_party = names - set(sys.stdlib_module_names)
+    assert third_party <= {"msgpack", "numpy", "zmq"}, names
 
 
 def free_port() -> int:
@@ -252,9 +253,11 @@ def corpus(tmp_path_factory, toy_vocab):
 
 
 def start_standalone(endpoint: str, fp: str, vocab: int, corpus: Path) -> subprocess.Popen:
+    token_file = corpus.parent / f"standalone-{abs(hash(endpoint))}.admin-token"
     proc = subprocess.Popen(
         [sys.executable, str(STANDALONE), "--bind", endpoint, "--tokenizer-fp", fp,
-         "--vocab-size", str(vocab), "--corpus", str(corpus), "--name", "bigram"],
+         "--vocab-size", str(vocab), "--corpus", str(corpus), "--name", "bigram",
+         "--admin-token-file", str(token_file)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     line = proc.stdout.readline()
@@ -337,6 +340,21 @@ def test_standalone_teacher_wire_behaviour(tmp_path, toy_vocab, corpus):
         sock.send(msgpack.packb({"v": 1, "t": "PING", "id": 10}))
         assert sock.poll(5000)
         assert msgpack.unpackb(sock.recv_multipart()[0])["t"] == "PONG"
+        # Every message a server obeys is authorised: SHUTDOWN without the admin token
+        # changes nothing; with the token from its 0600 file it stops the teacher.
+        token_file = corpus.parent / f"standalone-{abs(hash(endpoint))}.admin-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        for auth in (None, "0" * 64):
+            sock.send(msgpack.packb({"v": 1, "t": "SHUTDOWN", "id": 11,
+                                     **({"auth": auth} if auth else {})}))
+            assert sock.poll(5000)
+            assert msgpack.unpackb(sock.recv_multipart()[0])["code"] == "UNAUTHORIZED"
+        assert proc.poll() is None
+        sock.send(msgpack.packb({"v": 1, "t": "SHUTDOWN", "id": 12,
+                                 "auth": token_file.read_text().strip()}))
+        assert sock.poll(5000)
+        assert msgpack.unpackb(sock.recv_multipart()[0])["t"] == "SHUTDOWN_OK"
+        assert proc.wait(10) == 0
         sock.close()
         ctx.term()
     finally:
