@@ -28,6 +28,7 @@ import anyio
 import numpy as np
 
 from miniverl.common.errors import (
+    ConfigError,
     ProtocolError,
     TeacherError,
     TeacherUnavailable,
@@ -50,7 +51,7 @@ from miniverl.protocol.messages import (
     StatusOk,
 )
 from miniverl.protocol.pending import REPLY_TO, RETRYABLE_CODES, Identity, PendingTable, Request
-from miniverl.protocol.transport import Transport, TransportFactory, frame_nbytes
+from miniverl.protocol.transport import Transport, TransportFactory, checked_factory, frame_nbytes
 from miniverl.protocol.transport import zmq_transport_factory as _zmq_factory
 
 MISSED_PINGS = 3
@@ -103,7 +104,7 @@ class Link:
         self.heartbeat_s = settings.heartbeat_ms / 1000.0
         self.request_timeout_s = settings.request_timeout_s
         self.unavailable_timeout_s = settings.unavailable_timeout_s
-        self.factory = settings.transport_factory or _zmq_factory(settings.curve)
+        self.factory = checked_factory(settings.transport_factory) or _zmq_factory(settings.curve)
         self._base_limits = settings.limits or Limits()
         self.limits = self._base_limits
         self._on_score_ok = on_score_ok
@@ -356,7 +357,7 @@ class Link:
                     self._up()
                 elif self._state == "hello":
                     self._down()  # the handshake timed out
-            except (TokenizerMismatch, TeacherError) as exc:
+            except (TokenizerMismatch, TeacherError, ConfigError) as exc:  # never retried
                 self._fatal, self._state = exc, "fatal"
                 self._close_transport()
                 self.table.fail_all(exc)

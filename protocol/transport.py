@@ -4,8 +4,9 @@ A :class:`Transport` is one connected DEALER-like pipe with three methods:
 ``await send_multipart(frames)``, ``await recv_multipart() -> frames`` and
 ``close()``. :class:`ZmqTransport` is the real one (pyzmq asyncio DEALER, send and
 receive with ``copy=False``, optional CURVE). Tests pass their own factory to the
-client instead, so the client logic runs with no ZeroMQ at all. This module does
-not encode, decode or retry anything.
+client instead (``miniverl.testing`` has in-memory ones), so the client logic runs with
+no ZeroMQ at all; :func:`checked_factory` makes a wrong one fail at once. This module
+does not encode, decode or retry anything.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
+from miniverl.common.errors import ConfigError
 from miniverl.protocol.endpoints import CurveClientKeys, apply_curve_client, check_endpoint
 
 
@@ -31,6 +33,43 @@ class Transport(Protocol):
 
 TransportFactory = Callable[[str], Transport]
 """Opens a :class:`Transport` connected to an endpoint (called inside the event loop)."""
+
+TRANSPORT_METHODS = ("send_multipart", "recv_multipart", "close")
+
+
+def checked_factory(factory: Any) -> TransportFactory | None:
+    """``factory`` (None: the default ZeroMQ one) wrapped so a mistake fails at once.
+
+    The client calls it for every (re)connection. A transport object passed where its
+    factory belongs used to end, after ``unavailable_timeout_s``, in a misleading
+    ``TeacherUnavailable``; now it is a :class:`ConfigError` when the client is made,
+    and a factory that returns something without the transport methods is one at
+    ``connect()``.
+    """
+    if factory is None:
+        return None
+    if not callable(factory):
+        has = [name for name in TRANSPORT_METHODS if hasattr(factory, name)]
+        what = "a transport" if has else "not callable"
+        raise ConfigError(
+            f"transport_factory is {what} ({type(factory).__name__} object); it must be a "
+            "callable endpoint -> Transport that opens a new connection each time the "
+            "client (re)connects, e.g. miniverl.testing's fake_teacher.transport_factory "
+            "(docs/testing.md)"
+        )
+
+    def open_checked(endpoint: str) -> Transport:
+        transport = factory(endpoint)
+        missing = [n for n in TRANSPORT_METHODS if not callable(getattr(transport, n, None))]
+        if missing:
+            raise ConfigError(
+                f"transport_factory({endpoint!r}) returned a {type(transport).__name__} "
+                f"without {', '.join(missing)}; it must return a Transport (async "
+                "send_multipart, async recv_multipart, close; protocol/transport.py)"
+            )
+        return transport
+
+    return open_checked
 
 
 class ZmqTransport:

@@ -72,8 +72,13 @@ class TeacherServer:
         *,
         log: LogFn | None = None,
         context: zmq.asyncio.Context | None = None,
+        open_socket: Callable[[ServerState], Any] | None = None,
     ):
+        """``open_socket(srv)`` replaces the ZeroMQ bind: it sets ``srv.endpoint`` and
+        ``srv.admin`` and returns the ROUTER (async ``recv_multipart``/``send_multipart``,
+        ``close``); ``miniverl.testing`` passes an in-memory one."""
         self.srv = ServerState(config=config, loader=loader, log_fn=log, context=context)
+        self._open_socket = open_socket or _open_socket
 
     @property
     def endpoint(self) -> str | None:
@@ -88,7 +93,7 @@ class TeacherServer:
         """Bind, load in the background, answer until shut down; returns the exit code."""
         srv = self.srv
         srv.loop = asyncio.get_running_loop()
-        srv.sock = _open_socket(srv)
+        srv.sock = self._open_socket(srv)
         sock_file = bound_file(srv.endpoint)  # removed on the way out, whatever the way
         log(srv, "info", "bound", endpoint=srv.endpoint, instance=srv.instance)
         for coro in (_recv_loop(srv), dispatch_loop(srv), _load_then_answer_hellos(srv)):

@@ -5,6 +5,8 @@
 - student/ and teacher_server/ never import each other (the process boundary is the
   wire, not a Python import);
 - bridge/ imports only miniverl.common and miniverl.student.environments;
+- testing/ (the public test kit) imports only common, protocol and teacher_server, and
+  nothing imports it (it sits on the top layer, beside cli/);
 - student/environments/ is torch-free everywhere (verl reward functions import it);
 - no arrow from a lower layer up to a higher one (common < protocol < student,
   teacher_server, bridge < cli);
@@ -34,6 +36,7 @@ PACKAGES = {
     "student": "miniverl.student",
     "bridge": "miniverl.bridge",
     "cli": "miniverl.cli",
+    "testing": "miniverl.testing",
 }
 HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "accelerate")
 # Optional dependencies a module may import inside a function, so that the module still
@@ -42,7 +45,7 @@ OPTIONAL = (*HEAVY, "pyarrow", "gguf", "safetensors", "tokenizers", "huggingface
             "zmq.auth", "chromium")
 LAYER = {"miniverl.common": 0, "miniverl.protocol": 1, "miniverl.student.environments": 1,
          "miniverl.teacher_server": 2, "miniverl.student": 2, "miniverl.bridge": 2,
-         "miniverl.cli": 3}
+         "miniverl.cli": 3, "miniverl.testing": 3}
 MAX_LINES = 500
 MAX_MEDIAN_LINES = 200
 
@@ -155,6 +158,26 @@ def test_bridge_imports_only_common_and_environments():
         for f in files("bridge")
         for i in imports_of(f)
         if i.top_level and any(is_under(i.module, h) for h in HEAVY)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_test_kit_imports_only_the_wire_and_the_server_and_nothing_imports_it():
+    allowed = ("miniverl.common", "miniverl.protocol", "miniverl.teacher_server",
+               "miniverl.testing")
+    bad = [
+        where(i)
+        for f in files("testing")
+        for i in imports_of(f)
+        if is_under(i.module, "miniverl") and not any(is_under(i.module, a) for a in allowed)
+    ]
+    bad += [
+        where(i)
+        for folder in PACKAGES
+        if folder != "testing"
+        for f in files(folder)
+        for i in imports_of(f)
+        if is_under(i.module, "miniverl.testing")
     ]
     assert not bad, "\n".join(bad)
 

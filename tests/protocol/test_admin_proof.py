@@ -1,7 +1,7 @@
 """The client's half of "who may do what": token files, CURVE key files, the ``auth`` field.
 
-No sockets: token files in a temporary directory, the client over the in-memory
-``FakeTeacher`` transport.
+No sockets: token files in a temporary directory, the client over
+``miniverl.testing``'s in-memory fake teacher.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from miniverl.protocol.endpoints import (
     write_admin_token,
 )
 from miniverl.protocol.sync_client import SyncTeacherClient
-from tests.protocol.protocol_fakes import FakeTeacher
+from miniverl.testing import FakeTeacher
 
 
 def test_token_paths_sit_beside_the_socket_or_the_log(tmp_path, monkeypatch):
@@ -83,7 +83,7 @@ def test_created_keys_load_by_role_and_are_never_overwritten(tmp_path):
 def _client(teacher, **settings):
     return SyncTeacherClient("ipc:///tmp/miniverl-test.sock", tokenizer_fp=None, vocab_size=1,
                              heartbeat_ms=50, request_timeout_s=0.5, unavailable_timeout_s=2,
-                             transport_factory=teacher.factory, **settings)
+                             transport_factory=teacher.transport_factory, **settings)
 
 
 def test_admin_calls_carry_the_token_and_scoring_calls_do_not(tmp_path):
@@ -109,7 +109,8 @@ def test_an_admin_message_without_a_token_leaves_the_field_off_the_wire():
 
 
 def test_unauthorized_raises_its_own_error():
-    teacher = FakeTeacher()
-    teacher.answer = lambda conn, msg, arrays: [teacher.error(msg.id, m.ErrorCode.UNAUTHORIZED)]
-    with _client(teacher) as client, pytest.raises(Unauthorized, match="UNAUTHORIZED"):
-        client.park()
+    teacher = FakeTeacher(admin_token="ab" * 32)
+    with _client(teacher, admin_token="cd" * 32) as client:
+        with pytest.raises(Unauthorized, match="UNAUTHORIZED"):
+            client.park()
+        assert client.status()["state"] == "READY"  # nothing was changed

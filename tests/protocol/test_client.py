@@ -1,9 +1,10 @@
-"""TeacherClient against a scripted fake teacher over an in-memory transport (no ZeroMQ).
+"""TeacherClient against ``miniverl.testing``'s scripted fake teacher (no ZeroMQ).
 
 Each test pins one promise DESIGN §3 makes to the trainer: a reply is trained on
 only if it is pending, for the same student version, within the lag and from the
 bound teacher; a lost or refused request is resent under the same id; a restarted
-teacher is re-handshaken; a tokenizer mismatch stops everything.
+teacher is re-handshaken; a tokenizer mismatch stops everything; a transport passed
+where its factory belongs fails at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from miniverl.common.errors import (
+    ConfigError,
     ProtocolError,
     StaleTargetError,
     TeacherError,
@@ -22,7 +24,22 @@ from miniverl.common.errors import (
 from miniverl.protocol import messages as m
 from miniverl.protocol.client import TeacherChanged, TeacherClient
 from miniverl.protocol.sync_client import SyncTeacherClient
-from tests.protocol.protocol_fakes import FP, VOCAB, FakeTeacher
+from miniverl.testing import (
+    FAKE_TOKENIZER_FP,
+    FAKE_VOCAB,
+    FakeTeacher,
+    MemoryNetwork,
+    answer,
+    drop,
+    error,
+    hold,
+    reload,
+    restart,
+    stale,
+    wrong_id,
+)
+
+FP, VOCAB = FAKE_TOKENIZER_FP, FAKE_VOCAB
 
 TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
 CU = np.array([0, 5, 9], np.int32)
@@ -36,7 +53,7 @@ def make_client(teacher: FakeTeacher, **kw) -> TeacherClient:
         heartbeat_ms=20,
         request_timeout_s=0.15,
         unavailable_timeout_s=1.5,
-        transport_factory=teacher.factory,
+        transport_factory=teacher.transport_factory,
     )
     opts.update(kw)
     return TeacherClient("tcp://127.0.0.1:5555", **opts)
@@ -57,11 +74,12 @@ def run(test, teacher: FakeTeacher | None = None, **kw):
 def test_hello_then_topk_and_exact_scores():
     async def body(client, teacher):
         hello = await client.connect()
-        assert hello.tokenizer_fp == FP and hello.instance == "inst-A"
+        assert hello.tokenizer_fp == FP and hello.instance == "teacher-A"
         result = await client.score(TOKENS, CU, POS, k=4)
         assert result.arrays["ids"].shape == (5, 4)
         assert result.arrays["ids"].dtype == np.int32
-        np.testing.assert_array_equal(result.arrays["target_logprobs"], POS.astype(np.float32))
+        # Row i belongs to POS[i]: the fake teacher's favourite is the token that follows.
+        np.testing.assert_array_equal(result.arrays["ids"][:, 0], TOKENS[POS + 1])
         exact = await client.score(TOKENS, CU, POS, kind="exact")
         assert exact.arrays["logprobs"].shape == (5, VOCAB)
         counters = client.counters
@@ -74,12 +92,10 @@ def test_hello_then_topk_and_exact_scores():
 def test_several_requests_in_flight_matched_by_id():
     async def body(client, teacher):
         await client.connect()
-        held: list = []
-        teacher.on_score = lambda conn, msg, arrays: held.append((conn, msg, arrays)) or []
+        teacher.default = hold()
         ids = [await client.submit(TOKENS, CU, POS[: i + 1], k=2) for i in range(3)]
         await anyio.sleep(0.02)
-        for conn, msg, arrays in reversed(held):  # answer out of order
-            conn.deliver(teacher.score_ok(msg, arrays))
+        assert teacher.release(reverse=True) == 3  # answer out of order
         results = await client.wait(ids)
         assert [len(results[rid].arrays["target_logprobs"]) for rid in ids] == [1, 2, 3]
 
@@ -90,18 +106,15 @@ def test_several_requests_in_flight_matched_by_id():
     "stray",
     [
         # A reply echoing another student version must never be trained on.
-        lambda msg: {"student_version": msg.student_version + 1},
+        stale(),
         # A reply for an id nobody is waiting for is dropped, not matched to another.
-        lambda msg: {"id": msg.id + 1000},
+        wrong_id(),
     ],
     ids=["wrong_student_version", "unknown_id"],
 )
 def test_stray_reply_is_dropped_and_counted(stray):
     teacher = FakeTeacher()
-    teacher.on_score = lambda conn, msg, arrays: [
-        teacher.score_ok(msg, arrays, **stray(msg)),
-        teacher.score_ok(msg, arrays),
-    ]
+    teacher.default = stray + answer()
 
     async def body(client, teacher):
         await client.connect()
@@ -116,13 +129,13 @@ def test_stray_reply_is_dropped_and_counted(stray):
 def test_reply_outside_allowed_lag_is_refused():
     async def body(client, teacher):
         await client.connect()
-        teacher.on_score = lambda *args: []  # hold the reply
+        teacher.default = hold()
         rid = await client.submit(TOKENS, CU, POS, k=4)
         client.set_version(1)  # strict OPD: lag 0
         with pytest.raises(StaleTargetError):
             await client.wait([rid])
         # replay with max_lag=1 accepts a reply one version old
-        teacher.on_score = None
+        teacher.default = answer()
         client.set_version(1)
         rid = await client.submit(TOKENS, CU, POS, k=4)
         client.set_version(2, allowed_lag=1)
@@ -136,20 +149,14 @@ def test_old_gen_after_reload_is_dropped_when_bound():
     # bound to gen 0 is dropped and wait() asks the trainer to rebind.
     async def body(client, teacher):
         await client.connect()
-        assert await client.bind() == ("inst-A", 0)
-
-        def reload_then_reply(conn, msg, arrays):
-            teacher.gen = 1
-            return [teacher.score_ok(msg, arrays)]
-
-        teacher.on_score = reload_then_reply
+        assert await client.bind() == ("teacher-A", 0)
+        teacher.script(reload() + answer())
         rid = await client.submit(TOKENS, CU, POS, k=4)
         with pytest.raises(TeacherChanged) as info:
             await client.wait([rid])
-        assert info.value.how == "reload" and info.value.new == ("inst-A", 1)
+        assert info.value.how == "reload" and info.value.new == ("teacher-A", 1)
         assert client.counters["stale_dropped"] == 1
-        teacher.on_score = None
-        assert await client.bind() == ("inst-A", 1)
+        assert await client.bind() == ("teacher-A", 1)
         result = await client.score(TOKENS, CU, POS, k=4)
         assert result.gen == 1 and client.hello.gen == 1
 
@@ -157,19 +164,13 @@ def test_old_gen_after_reload_is_dropped_when_bound():
 
 
 def test_timeout_resends_the_same_id_then_succeeds():
-    seen: list[int] = []
-
-    def drop_first(conn, msg, arrays):
-        seen.append(msg.id)
-        return [] if len(seen) == 1 else None
-
     teacher = FakeTeacher()
-    teacher.on_score = drop_first
+    teacher.script(drop())
 
     async def body(client, teacher):
         await client.connect()
         result = await client.score(TOKENS, CU, POS, k=4)
-        assert seen == [result.id, result.id]
+        assert [msg.id for msg in teacher.scores] == [result.id, result.id]
         assert client.counters["retries"] == 1
 
     run(body, teacher)
@@ -178,7 +179,7 @@ def test_timeout_resends_the_same_id_then_succeeds():
 def test_need_hello_triggers_a_new_handshake_and_resend():
     async def body(client, teacher):
         await client.connect()
-        teacher.known.clear()  # the teacher forgot this client
+        teacher.forget()  # the teacher forgot this client
         result = await client.score(TOKENS, CU, POS, k=4)
         assert result.arrays["ids"].shape == (5, 4)
         assert teacher.count("HELLO") == 2
@@ -189,18 +190,13 @@ def test_need_hello_triggers_a_new_handshake_and_resend():
 def test_new_instance_means_handshake_and_resend_of_pending():
     # kill -9 and restart at the same endpoint: the request in flight is lost; the
     # client resends it, meets NEED_HELLO from the new instance, handshakes, resends.
-    def restart_and_lose(conn, msg, arrays):
-        teacher.restart("inst-B")
-        teacher.on_score = None
-        return []
-
     teacher = FakeTeacher()
-    teacher.on_score = restart_and_lose
+    teacher.script(restart())
 
     async def body(client, teacher):
         await client.connect()
         result = await client.score(TOKENS, CU, POS, k=4)
-        assert result.instance == "inst-B" and client.hello.instance == "inst-B"
+        assert result.instance == "teacher-B" and client.hello.instance == "teacher-B"
         assert teacher.count("HELLO") == 2
 
     run(body, teacher)
@@ -210,13 +206,12 @@ def test_new_instance_seen_in_pong_while_bound_raises_teacher_changed():
     async def body(client, teacher):
         await client.connect()
         await client.bind()
-        teacher.on_score = lambda *args: []
+        teacher.script(hold())
         rid = await client.submit(TOKENS, CU, POS, k=4)
         teacher.restart("inst-B")  # the heartbeat PONG reveals it
         with pytest.raises(TeacherChanged) as info:
             await client.wait([rid])
-        assert info.value.how == "restart" and info.value.old == ("inst-A", 0)
-        teacher.on_score = None
+        assert info.value.how == "restart" and info.value.old == ("teacher-A", 0)
         assert await client.bind() == ("inst-B", 0)
         assert (await client.score(TOKENS, CU, POS, k=4)).instance == "inst-B"
 
@@ -224,7 +219,9 @@ def test_new_instance_seen_in_pong_while_bound_raises_teacher_changed():
 
 
 def test_tokenizer_mismatch_is_fatal_and_names_both_fingerprints():
+    # The client checks HELLO_OK itself, even against a teacher that does not.
     teacher = FakeTeacher(tokenizer_fp="sha256:" + "cd" * 32)
+    teacher.checks_tokenizer = False
 
     async def body(client, teacher):
         with pytest.raises(TokenizerMismatch) as info:
@@ -236,12 +233,16 @@ def test_tokenizer_mismatch_is_fatal_and_names_both_fingerprints():
     run(body, teacher)
 
 
-def test_vocab_size_mismatch_is_fatal():
+@pytest.mark.parametrize("teacher_checks", [True, False])
+def test_vocab_size_mismatch_is_fatal(teacher_checks):
+    teacher = FakeTeacher(vocab_size=VOCAB + 1)
+    teacher.checks_tokenizer = teacher_checks
+
     async def body(client, teacher):
         with pytest.raises(TokenizerMismatch):
             await client.connect()
 
-    run(body, FakeTeacher(vocab_size=VOCAB + 1))
+    run(body, teacher)
 
 
 def test_server_side_tokenizer_mismatch_error_is_fatal():
@@ -282,23 +283,13 @@ def test_silent_teacher_becomes_unavailable():
 
 
 def test_retryable_error_is_retried_and_fatal_error_raised():
-    calls: list[int] = []
-
-    def overloaded_once(conn, msg, arrays):
-        calls.append(msg.id)
-        if msg.k == 3:
-            return [teacher.error(msg.id, m.ErrorCode.UNSUPPORTED)]
-        if len(calls) == 1:
-            return [teacher.error(msg.id, m.ErrorCode.OVERLOADED, retryable=True)]
-        return None
-
     teacher = FakeTeacher()
-    teacher.on_score = overloaded_once
+    teacher.script(error(m.ErrorCode.OVERLOADED), answer(), error(m.ErrorCode.UNSUPPORTED))
 
     async def body(client, teacher):
         await client.connect()
         result = await client.score(TOKENS, CU, POS, k=4)
-        assert calls == [result.id, result.id]
+        assert [msg.id for msg in teacher.scores] == [result.id, result.id]
         with pytest.raises(TeacherError, match="UNSUPPORTED"):
             await client.score(TOKENS, CU, POS, k=3)
 
@@ -326,11 +317,11 @@ def test_sync_facade_scores_and_runs_admin_calls():
         heartbeat_ms=50,
         request_timeout_s=0.5,
         unavailable_timeout_s=2,
-        transport_factory=teacher.factory,
+        transport_factory=teacher.transport_factory,
     ) as client:
-        assert client.hello.instance == "inst-A"
+        assert client.hello.instance == "teacher-A"
         client.set_version(2)
-        assert client.bind() == ("inst-A", 0)
+        assert client.bind() == ("teacher-A", 0)
         ids = [client.submit(TOKENS, CU, POS, k=4) for _ in range(2)]
         results = client.wait(ids)
         assert sorted(results) == sorted(ids)
@@ -347,7 +338,7 @@ def test_sync_facade_scores_and_runs_admin_calls():
 def test_admin_only_client_needs_no_handshake():
     async def body(client, teacher):
         await client.connect()
-        assert (await client.status())["instance"] == "inst-A"
+        assert (await client.status())["instance"] == "teacher-A"
         with pytest.raises(ProtocolError):
             await client.submit(TOKENS, CU, POS)
         assert teacher.count("HELLO") == 0
@@ -356,19 +347,19 @@ def test_admin_only_client_needs_no_handshake():
 
 
 def test_retarget_validates_before_switching():
-    other = FakeTeacher(instance="inst-C")
-    wrong = FakeTeacher(tokenizer_fp="sha256:" + "ee" * 32)
-    teachers = {"tcp://127.0.0.1:5555": None, "tcp://127.0.0.1:6000": other}
-    teachers["tcp://127.0.0.1:7000"] = wrong
+    network = MemoryNetwork({
+        "tcp://127.0.0.1:6000": FakeTeacher(instance="inst-C"),
+        "tcp://127.0.0.1:7000": FakeTeacher(tokenizer_fp="sha256:" + "ee" * 32),
+    })
 
     async def body(client, teacher):
-        teachers["tcp://127.0.0.1:5555"] = teacher
+        network.add("tcp://127.0.0.1:5555", teacher)
         await client.connect()
         await client.bind()
         with pytest.raises(TokenizerMismatch):
             await client.retarget("tcp://127.0.0.1:7000")
         assert client.endpoint == "tcp://127.0.0.1:5555"
-        assert (await client.score(TOKENS, CU, POS, k=2)).instance == "inst-A"
+        assert (await client.score(TOKENS, CU, POS, k=2)).instance == "teacher-A"
         hello = await client.retarget("tcp://127.0.0.1:6000")
         assert hello.instance == "inst-C"
         rid = await client.submit(TOKENS, CU, POS, k=2)
@@ -376,7 +367,32 @@ def test_retarget_validates_before_switching():
             await client.wait([rid])
         assert info.value.how == "retarget"
 
-    def factory(endpoint):
-        return teachers[endpoint].factory(endpoint)
+    run(body, transport_factory=network.transport_factory)
 
-    run(body, transport_factory=factory)
+
+def test_a_transport_passed_as_its_factory_fails_at_once():
+    # docs/protocol.md: transport_factory is a callable endpoint -> Transport. A transport
+    # object there used to end in TeacherUnavailable after the timeout; now it is refused
+    # when the client is made, naming the fix.
+    class Transport:
+        async def send_multipart(self, frames): ...
+
+        async def recv_multipart(self): ...
+
+        def close(self): ...
+
+    with pytest.raises(ConfigError, match="is a transport .*callable endpoint -> Transport"):
+        TeacherClient("tcp://127.0.0.1:5555", tokenizer_fp=FP, vocab_size=VOCAB,
+                      transport_factory=Transport())
+    with pytest.raises(ConfigError, match="not callable"):
+        SyncTeacherClient("tcp://127.0.0.1:5555", tokenizer_fp=FP, vocab_size=VOCAB,
+                          transport_factory="tcp")
+
+
+def test_a_factory_returning_no_transport_fails_at_connect_not_after_the_timeout():
+    async def body(client, teacher):
+        with anyio.fail_after(2):  # unavailable_timeout_s is 60 here
+            with pytest.raises(ConfigError, match="returned a NoneType without send_multipart"):
+                await client.connect()
+
+    run(body, transport_factory=lambda endpoint: None, unavailable_timeout_s=60)

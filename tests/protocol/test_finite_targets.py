@@ -21,7 +21,16 @@ from miniverl.protocol.client import TeacherClient
 from miniverl.protocol.codec import decode, encode
 from miniverl.protocol.finite import nonfinite_report
 from miniverl.protocol.limits import Limits
-from tests.protocol.protocol_fakes import FP, VOCAB, FakeTeacher
+from miniverl.testing import (
+    FAKE_TOKENIZER_FP,
+    FAKE_VOCAB,
+    FakeTeacher,
+    ScoreJob,
+    answer,
+    next_token_targets,
+)
+
+FP, VOCAB = FAKE_TOKENIZER_FP, FAKE_VOCAB
 
 TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
 CU = np.array([0, 5, 9], np.int32)
@@ -34,7 +43,7 @@ def run_client(body, teacher: FakeTeacher) -> None:
             async with TeacherClient(
                 "tcp://127.0.0.1:5555", tokenizer_fp=FP, vocab_size=VOCAB, heartbeat_ms=20,
                 request_timeout_s=0.15, unavailable_timeout_s=1.5,
-                transport_factory=teacher.factory,
+                transport_factory=teacher.transport_factory,
             ) as client:
                 await client.connect()
                 await body(client)
@@ -42,16 +51,16 @@ def run_client(body, teacher: FakeTeacher) -> None:
     anyio.run(main, backend="asyncio")
 
 
-def poisoned(teacher: FakeTeacher, name: str, value: float):
-    """An ``on_score`` that answers every SCORE with ``value`` in row 0 of ``name``."""
+def poisoned(name: str, value: float):
+    """A step answering every SCORE with ``value`` in row 0 of ``name``."""
 
-    def on_score(conn, msg, arrays):
-        header, reply = decode(teacher.score_ok(msg, arrays))
-        reply = {key: np.array(arr) for key, arr in reply.items()}
+    def scorer(job: ScoreJob) -> dict:
+        reply = next_token_targets(job.tokens_N, job.cu_seqlens_B1, job.positions_P,
+                                   kind=job.kind, k=job.k, vocab_size=VOCAB)
         reply[name].reshape(reply[name].shape[0], -1)[0, 0] = value
-        return [encode(header, reply)]
+        return reply
 
-    return on_score
+    return answer(scorer=scorer)
 
 
 # -- the rule ------------------------------------------------------------------------------
@@ -84,7 +93,7 @@ def test_tail_is_minus_inf_only_when_k_covers_the_vocabulary():
 @pytest.mark.parametrize("name", ["target_logprobs", "logprobs", "tail_logmass"])
 def test_client_never_accepts_a_nan_reply_and_counts_it(name):
     teacher = FakeTeacher()
-    teacher.on_score = poisoned(teacher, name, np.nan)
+    teacher.default = poisoned(name, np.nan)
 
     async def body(client):
         rid = await client.submit(TOKENS, CU, POS, k=4)
@@ -92,7 +101,7 @@ def test_client_never_accepts_a_nan_reply_and_counts_it(name):
             await client.wait([rid])
         assert client.counters["nonfinite_replies"] == 1
         # The connection stays usable: the next (finite) reply is accepted.
-        teacher.on_score = None
+        teacher.default = answer()
         rid = await client.submit(TOKENS, CU, POS, k=4)
         assert (await client.wait([rid]))[rid].arrays["logprobs"].shape == (len(POS), 4)
 
@@ -101,7 +110,7 @@ def test_client_never_accepts_a_nan_reply_and_counts_it(name):
 
 def test_client_accepts_minus_inf_tail_when_k_is_the_vocabulary():
     teacher = FakeTeacher()
-    teacher.on_score = poisoned(teacher, "tail_logmass", -np.inf)
+    teacher.default = poisoned("tail_logmass", -np.inf)
 
     async def body(client):
         rid = await client.submit(TOKENS, CU, POS, k=VOCAB)
@@ -109,8 +118,7 @@ def test_client_accepts_minus_inf_tail_when_k_is_the_vocabulary():
         assert result.arrays["tail_logmass"][0] == -np.inf
         assert client.counters["nonfinite_replies"] == 0
 
-    with np.errstate(divide="ignore"):  # the fake computes the tail as log1p(-1) = -inf
-        run_client(body, teacher)
+    run_client(body, teacher)
 
 
 # -- temperature, sequence length, the deterministic flag ------------------------------------

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.teacher_server.fake_backend import FakeBackend
-from tests.teacher_server.harness import Harness
+from miniverl.testing import FakeBackend, TeacherHarness
+from tests.teacher_server.harness import unsupported_at_7
 
 
 @pytest.fixture
 def harness():
-    """``make(backend=None, loader=None, log=None, **config) -> (Harness, backend)``."""
+    """``make(backend=None, loader=None, log=None, **config) -> (TeacherHarness, backend)``;
+    the default backend fails a job whose temperature is 7 with ``UNSUPPORTED``."""
     made = []
 
     def make(backend=None, loader=None, **config):
-        backend = backend or FakeBackend()
-        h = Harness(loader or (lambda request: backend), **config)
+        backend = backend or FakeBackend(fail=unsupported_at_7)
+        h = TeacherHarness(loader=loader or (lambda request: backend), **config)
         made.append(h)
         return h, backend
 

@@ -1,66 +1,29 @@
-"""A real teacher server on a background loop, raw DEALER clients, and wire helpers.
+"""Wire helpers for the teacher server's tests, over ``miniverl.testing``'s harness.
 
-:class:`Harness` runs a :class:`TeacherServer` on its own event-loop thread over
-``inproc://``; the helpers speak the codec directly, so what the tests assert is what
-any client written from DESIGN §3 would see on the wire. No torch, no processes.
+The server runs in a :class:`miniverl.testing.TeacherHarness` (the real
+``TeacherServer`` over an in-memory ROUTER, no sockets); a test talks to it through
+``h.raw()`` connections, and these helpers speak the codec directly, so what the tests
+assert is what any client written from DESIGN §3 would see on the wire. No torch, no
+processes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
-import uuid
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
 from miniverl.protocol.codec import decode, encode
-from miniverl.teacher_server.server import TeacherServer
-from miniverl.teacher_server.state import ServerConfig
-from tests.teacher_server.fake_backend import FP, VOCAB, FakeBackend
+from miniverl.testing import FAKE_TOKENIZER_FP, FAKE_VOCAB, BackendError, FakeBackend
+
+FP, VOCAB = FAKE_TOKENIZER_FP, FAKE_VOCAB
 
 
-class Harness:
-    """A server on a background loop plus raw DEALER clients."""
-
-    def __init__(self, loader, log=None, **config):
-        self.ctx = zmq.asyncio.Context()
-        self.sync_ctx = zmq.Context.shadow(self.ctx.underlying)
-        self.endpoint = f"inproc://teacher-{uuid.uuid4().hex[:8]}"
-        self.server = TeacherServer(
-            ServerConfig(endpoint=self.endpoint, **config), loader, context=self.ctx, log=log
-        )
-        self.result: list = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 5
-        while self.server.endpoint is None and self.thread.is_alive():
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        self.sockets: list = []
-
-    def _run(self):
-        try:
-            self.result.append(asyncio.run(self.server.serve()))
-        except BaseException as exc:  # surfaced by close()
-            self.result.append(exc)
-
-    def client(self):
-        sock = self.sync_ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
-        self.sockets.append(sock)
-        return sock
-
-    def close(self):
-        if self.thread.is_alive():
-            self.server.shutdown_threadsafe("abort")
-            self.thread.join(10)
-        for sock in self.sockets:
-            sock.close(0)
-        self.ctx.term()
+def unsupported_at_7(job):
+    """A scripted per-job failure: a temperature of 7 is ``UNSUPPORTED``."""
+    if job.temperature == 7.0:
+        return BackendError("UNSUPPORTED", "temperature 7 is not served")
+    return None
 
 
 def send(sock, header, arrays=None):
@@ -127,7 +90,7 @@ def busy(harness, first_id=1, **config):
     backend = FakeBackend(gate=gate)
     h, _ = harness(loader=lambda request: backend if request is None else FakeBackend("second"),
                    **config)
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     send(sock, score_header(first_id), score_arrays())
     assert backend.entered.wait(5)

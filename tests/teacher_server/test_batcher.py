@@ -1,14 +1,14 @@
 """The batcher: coalescing queued SCORE jobs, per-job backend errors, deadlines, stats.
 
-Real TeacherServer over inproc:// with the numpy fake backend
-(``fake_backend.py``, ``harness.py``).
+Real TeacherServer in ``miniverl.testing``'s harness (in memory) with its numpy
+``FakeBackend`` (``harness.py``).
 """
 
 from __future__ import annotations
 
 import time
 
-from tests.teacher_server.fake_backend import FakeBackend
+from miniverl.testing import FakeBackend
 from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
 
 
@@ -19,7 +19,7 @@ def test_a_backends_own_counters_are_logged_with_each_batch(harness):
 
     lines = []
     h, _ = harness(backend=Counting(), log=lambda level, event, **f: lines.append((event, f)))
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     call(sock, score_header(2), score_arrays())
     batches = [f for event, f in lines if event == "batch"]
@@ -30,7 +30,7 @@ def test_a_backends_own_counters_are_logged_with_each_batch(harness):
 def test_a_backend_without_counters_logs_none(harness):
     lines = []
     h, _ = harness(log=lambda level, event, **f: lines.append((event, f)))
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     call(sock, score_header(2), score_arrays())
     batches = [f for event, f in lines if event == "batch"]
@@ -50,7 +50,7 @@ def test_coalescing_queued_requests_into_one_batch(harness):
 
 def test_backend_error_is_per_request(harness):
     h, _ = harness()
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     header = {**score_header(5), "temperature": 7.0}
     err, _ = call(sock, header, score_arrays())

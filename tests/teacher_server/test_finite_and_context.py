@@ -30,7 +30,7 @@ from miniverl.teacher_server.scoring import (
     score_requests,
 )
 from miniverl.teacher_server.torch_backend import TorchTeacher
-from tests.teacher_server.fake_backend import FakeBackend
+from miniverl.testing import FakeBackend
 from tests.teacher_server.harness import (
     busy,
     call,
@@ -96,7 +96,7 @@ class NaNBackend(FakeBackend):
 
 def test_the_server_answers_a_nan_result_with_internal_naming_it(harness):
     h, _ = harness(backend=NaNBackend())
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     reply, arrays = call(sock, score_header(5), score_arrays())
     assert isinstance(reply, m.ErrorReply) and reply.code == m.ErrorCode.INTERNAL
@@ -113,7 +113,7 @@ class ShortContextBackend(FakeBackend):
 
 def test_hello_advertises_the_context_and_a_longer_sequence_is_too_large(harness):
     h, _ = harness(backend=ShortContextBackend())
-    sock = h.client()
+    sock = h.raw()
     assert hello(sock).limits.max_tokens == 16  # no longer 262,144
     reply, _ = call(sock, score_header(2), score_arrays(n=20, positions=(0, 3)))
     assert reply.code == m.ErrorCode.TOO_LARGE and reply.ref_id == 2

@@ -1,7 +1,7 @@
 """The teacher's lifecycle: LOADING, PARK/WAKE, RELOAD (drain, abort, refusals), SHUTDOWN.
 
-Real TeacherServer over inproc:// with the numpy fake backend
-(``fake_backend.py``, ``harness.py``).
+Real TeacherServer in ``miniverl.testing``'s harness (in memory) with its numpy
+``FakeBackend`` (``harness.py``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,18 @@ import threading
 
 from miniverl.common.errors import ConfigError
 from miniverl.protocol.messages import TeacherState
-from tests.teacher_server.fake_backend import FP, VOCAB, FakeBackend
-from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
+from miniverl.testing import FakeBackend
+from tests.teacher_server.harness import (
+    FP,
+    VOCAB,
+    busy,
+    call,
+    hello,
+    recv,
+    score_arrays,
+    score_header,
+    send,
+)
 
 
 def test_loading_state_pings_and_held_hello(harness):
@@ -23,8 +33,8 @@ def test_loading_state_pings_and_held_hello(harness):
         release.wait(10)
         return backend
 
-    h, _ = harness(loader=slow_loader)
-    sock = h.client()
+    h, _ = harness(loader=slow_loader, wait_ready=False)
+    sock = h.raw()
     pong, _ = call(sock, {"v": 1, "t": "PING", "id": 1})
     assert pong.state == TeacherState.LOADING
     err, _ = call(sock, score_header(2), score_arrays())
@@ -44,13 +54,12 @@ def test_failed_initial_load_exits_nonzero(harness):
         raise ConfigError("model path '/nope' has no config.json")
 
     h, _ = harness(loader=loader)
-    h.thread.join(5)
-    assert h.result == [1]
+    assert h.wait_stopped(5) == 1
 
 
 def test_park_wake_and_implicit_wake(harness):
     h, backend = harness()
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     ok, _ = call(sock, {"v": 1, "t": "PARK", "id": 2})
     assert ok.t == "PARK_OK" and ok.state == TeacherState.PARKED and backend.parked
@@ -67,7 +76,7 @@ def test_reload_bumps_gen_and_refuses_another_tokenizer(harness):
     backends = {
         "first": FakeBackend("first"),
         "second": FakeBackend("second"),
-        "alien": FakeBackend("alien", fp="sha256:" + "00" * 32),
+        "alien": FakeBackend("alien", tokenizer_fp="sha256:" + "00" * 32),
     }
 
     def loader(request):
@@ -78,7 +87,7 @@ def test_reload_bumps_gen_and_refuses_another_tokenizer(harness):
         return backends[request["model"]]
 
     h, _ = harness(loader=loader)
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     ok, _ = call(sock, {"v": 1, "t": "RELOAD", "id": 2, "model": "second", "mode": "drain"})
     assert ok.t == "RELOAD_OK" and ok.gen == 1 and ok.teacher.name == "second"
@@ -103,7 +112,7 @@ def test_reload_passes_every_pin_to_the_loader(harness):
         return FakeBackend("first" if request is None else "second")
 
     h, _ = harness(loader=loader)
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     pins = {"model": "org/teacher", "revision": "a" * 40, "adapter": "org/lora",
             "adapter_revision": "b" * 40}
@@ -136,6 +145,5 @@ def test_shutdown_drains_open_requests(harness):
     first, _ = recv(sock)
     second, _ = recv(sock)
     assert (first.t, second.t) == ("SCORE_OK", "SHUTDOWN_OK")
-    h.thread.join(5)
-    assert not h.thread.is_alive() and h.result == [0]
+    assert h.wait_stopped(5) == 0
     assert "close" in backend.calls

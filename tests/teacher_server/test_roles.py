@@ -1,7 +1,8 @@
 """Who may do what on a teacher: admin messages need proof, scoring messages do not.
 
-A real server on ``inproc://`` with a configured admin token (the same rule a teacher
-process applies on ipc and loopback TCP); raw DEALER clients speak the wire. The CURVE
+A real server in ``miniverl.testing``'s harness (named ``inproc://``) with a configured
+admin token (the same rule a teacher process applies on ipc and loopback TCP); raw
+in-memory connections speak the wire. The CURVE
 half of the rule is checked on :func:`roles.refusal` with the user ids ZeroMQ reports.
 """
 
@@ -11,7 +12,7 @@ import pytest
 
 from miniverl.protocol.messages import Park, Reload, Shutdown, TeacherState
 from miniverl.teacher_server import roles
-from tests.teacher_server.fake_backend import FakeBackend
+from miniverl.testing import FakeBackend
 from tests.teacher_server.harness import call, hello, score_arrays, score_header
 
 TOKEN = "ab" * 32
@@ -31,7 +32,7 @@ def _server(harness):
         return FakeBackend("first" if request is None else "second")
 
     h, _ = harness(loader=loader, admin_token=TOKEN)
-    sock = h.client()
+    sock = h.raw()
     assert hello(sock).t == "HELLO_OK"
     return h, sock, requests
 
@@ -53,7 +54,7 @@ def test_admin_message_without_the_token_is_refused_and_changes_nothing(harness,
     pong, _ = call(sock, {"v": 1, "t": "PING", "id": 3})
     assert pong.state == TeacherState.READY and pong.gen == 0
     assert requests == [None]  # the loader never saw a reload
-    assert h.thread.is_alive()  # not shut down
+    assert h.running  # not shut down
     ok, _ = call(sock, score_header(4), score_arrays())
     assert ok.t == "SCORE_OK"
 
@@ -67,8 +68,7 @@ def test_admin_message_with_the_token_is_served(harness, t):
     if t == "RELOAD":
         assert reply.gen == 1 and requests[-1]["model"] == "second"
     if t == "SHUTDOWN":
-        h.thread.join(5)
-        assert h.result == [0]
+        assert h.wait_stopped(5) == 0
 
 
 def test_scoring_messages_need_no_token(harness):
@@ -113,7 +113,7 @@ def test_unauthorized_is_counted_among_errors(harness):
 def test_inproc_without_a_token_is_this_process_only_and_open(harness):
     # An embedding process talking to its own inproc teacher needs no proof.
     h, _ = harness()
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     assert call(sock, {"v": 1, "t": "PARK", "id": 2})[0].t == "PARK_OK"
 

@@ -1,8 +1,8 @@
-"""The server loop and admission over inproc:// with a numpy-only fake backend.
+"""The server loop and admission, in ``miniverl.testing``'s harness with its numpy backend.
 
 HELLO/SCORE/PING/STATUS, the per-client limit, resends, every refusal a malformed or
 hostile message gets, and the bind rules. Each test runs a real TeacherServer and
-talks to it with a raw DEALER socket (``fake_backend.py``, ``harness.py``).
+talks to it through a raw in-memory connection (``harness.py``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,26 @@ from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import TeacherState
 from miniverl.teacher_server.server import TeacherServer
 from miniverl.teacher_server.state import ServerConfig
-from tests.teacher_server.fake_backend import FP, VOCAB, FakeBackend
-from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
+from miniverl.testing import FakeBackend
+from tests.teacher_server.harness import (
+    FP,
+    VOCAB,
+    busy,
+    call,
+    hello,
+    recv,
+    score_arrays,
+    score_header,
+    send,
+)
 
 
 def test_hello_score_ping_status(harness):
     h, backend = harness()
-    sock = h.client()
+    sock = h.raw()
     ok = hello(sock)
     assert ok.t == "HELLO_OK" and ok.tokenizer_fp == FP and ok.vocab_size == VOCAB
-    assert ok.instance == h.server.instance and ok.gen == 0
+    assert ok.instance == h.instance and ok.gen == 0
     assert ok.kinds.exact is not None and ok.kinds.exact.max_vocab >= VOCAB
     msg, arrays = call(sock, score_header(2), score_arrays())
     assert msg.t == "SCORE_OK" and msg.id == 2 and msg.student_version == 3 and msg.k == 4
@@ -64,13 +74,13 @@ def test_ping_answered_while_a_batch_computes(harness):
 def test_overloaded_beyond_max_inflight(harness):
     gate = threading.Event()
     h, backend = harness(FakeBackend(gate=gate), limits=Limits(max_inflight=2))
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     for rid in (10, 11, 12):
         send(sock, score_header(rid), score_arrays())
     err, _ = recv(sock)
     assert err.t == "ERROR" and err.code.value == "OVERLOADED" and err.id == 12 and err.retryable
-    other = h.client()  # the limit is per client
+    other = h.raw()  # the limit is per client
     hello(other)
     send(other, score_header(10), score_arrays())
     gate.set()
@@ -95,7 +105,7 @@ def test_duplicate_ids_are_not_computed_twice(harness):
 
 def test_need_hello_version_mismatch_and_tokenizer_mismatch(harness):
     h, _ = harness()
-    sock = h.client()
+    sock = h.raw()
     err, _ = call(sock, score_header(1), score_arrays())
     assert err.code.value == "NEED_HELLO" and err.id == 1 and err.ref_id == 1
     err, _ = call(sock, {"v": 2, "t": "PING", "id": 2})
@@ -127,7 +137,7 @@ def test_need_hello_version_mismatch_and_tokenizer_mismatch(harness):
 )
 def test_bad_requests_get_error_with_id(harness, mutate, code):
     h, _ = harness()
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     header, arrays = mutate(score_header(42), score_arrays())
     err, _ = call(sock, header, arrays)
@@ -136,7 +146,7 @@ def test_bad_requests_get_error_with_id(harness, mutate, code):
 
 def test_frames_that_break_the_codec(harness):
     h, _ = harness()
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     frames = encode(score_header(9), score_arrays())
     sock.send_multipart(frames[:-1])  # one data frame missing
@@ -192,7 +202,7 @@ def _fuzz_messages(rng: np.random.Generator, n: int):
 def test_fuzzed_messages_never_kill_the_loop(harness):
     # Users rely on: nothing a client sends can stop the teacher.
     h, backend = harness()
-    sock = h.client()
+    sock = h.raw()
     hello(sock)
     rng = np.random.default_rng(0)
     for frames in _fuzz_messages(rng, 1000):
@@ -206,7 +216,36 @@ def test_fuzzed_messages_never_kill_the_loop(harness):
             break
     msg, arrays = call(sock, score_header(123_456), score_arrays())
     assert msg.t == "SCORE_OK" and arrays["ids"].shape == (3, 4)
-    assert h.thread.is_alive()
+    assert h.running
+
+
+def test_the_zeromq_router_serves_the_same_wire():
+    # The other tests run the server on miniverl.testing's in-memory ROUTER; this one
+    # keeps the ZeroMQ socket path (zmq.Frame bodies, ROUTER_MANDATORY) under test.
+    ctx = zmq.asyncio.Context()
+    server = TeacherServer(ServerConfig(endpoint="inproc://zmq-path"),
+                           lambda request: FakeBackend(), context=ctx)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while server.endpoint is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    sock = zmq.Context.shadow(ctx.underlying).socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(server.endpoint)
+    try:
+        assert hello(sock).t == "HELLO_OK"
+        msg, arrays = call(sock, score_header(2), score_arrays())
+        assert msg.t == "SCORE_OK" and arrays["ids"].shape == (3, 4)
+        sock.send_multipart([b"\xc1 garbage"])  # dropped, the loop goes on
+        assert call(sock, {"v": 1, "t": "PING", "id": 3})[0].t == "PONG"
+    finally:
+        sock.close(0)
+        server.shutdown_threadsafe("abort")
+        thread.join(10)
+        ctx.term()
+    assert not thread.is_alive()
 
 
 def test_bind_rules(tmp_path):

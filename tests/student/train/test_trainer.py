@@ -1,7 +1,7 @@
 """Trainer equivalences and the strict on-policy guarantee, on toy models in process.
 
 - Injected stale, duplicate and wrong-generation SCORE_OK replies reach the real
-  ``SyncTeacherClient`` (scripted in-memory transport) and never the loss: what the
+  ``SyncTeacherClient`` (``miniverl.testing``'s fake teacher) and never the loss: what the
   loss saw is compared with the teacher's true targets for the current version.
 - Resume is exact: N cycles, stop, resume for the rest gives bitwise the parameters
   of an uninterrupted run (CPU, deterministic mode); another recipe is refused with
@@ -17,12 +17,15 @@ import torch
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
 from miniverl.student.train.trainer import Trainer
+from miniverl.testing import answer, reload, stale, wrong_id
 from tests.student.train.trainer_kit import (
     LossRecorder,
-    ScriptedTeacher,
     load_toy_teacher,
     parameters,
+    poison,
     same_parameters,
+    scripted_client,
+    scripted_teacher,
 )
 from tests.toy_kit import events, make_recipe, metrics, recipe_dict
 
@@ -59,23 +62,13 @@ def assert_true_targets(toy, recorder, k, gen=0):
 
 
 def test_stale_duplicate_and_unknown_replies_never_reach_the_loss(tmp_path, toy, monkeypatch):
-    teacher = ScriptedTeacher(toy)
-
-    def misbehave(conn, msg, arrays):
-        # Before the honest reply: one for another student version, one for an id
-        # nobody asked about. After it: a duplicate of the same id with poisoned numbers.
-        return [
-            teacher.poison(msg, arrays, student_version=msg.student_version + 1),
-            teacher.poison(msg, arrays, student_version=max(0, msg.student_version - 1))
-            if msg.student_version else teacher.poison(msg, arrays, id=msg.id + 10_000),
-            teacher.poison(msg, arrays, id=msg.id + 10_000),
-            teacher.honest(msg, arrays),
-            teacher.poison(msg, arrays),
-        ]
-
-    teacher.misbehave = misbehave
+    teacher = scripted_teacher(toy)
+    # Before the honest reply: two for other student versions, one for an id nobody
+    # asked about. After it: a duplicate of the same id with poisoned numbers.
+    teacher.default = (stale(scorer=poison) + stale(lag=2, scorer=poison)
+                       + wrong_id(scorer=poison) + answer() + answer(scorer=poison))
     recipe = make_recipe("opd", tmp_path, cycles=3)
-    client = teacher.client()
+    client = scripted_client(teacher)
     _, result, recorder = run_and_record(recipe, client, monkeypatch)
     assert result.status == "completed" and result.final_version == 3
     assert_true_targets(toy, recorder, recipe.loss.top_k)
@@ -90,20 +83,12 @@ def test_reply_from_another_teacher_generation_is_never_trained_on(tmp_path, toy
     # The teacher reloads (gen 0 -> 1) while cycle 1 is being scored: the first reply
     # of that update comes from gen 1 and a poisoned gen-0 reply trails it. The update
     # is rebound to gen 1 and scored again as a whole; nothing else reaches the loss.
-    teacher = ScriptedTeacher(toy)
-    state = {"reloaded": False}
-
-    def misbehave(conn, msg, arrays):
-        if msg.student_version == 1 and not state["reloaded"]:
-            state["reloaded"] = True
-            old = teacher.poison(msg, arrays)  # still tagged gen 0
-            teacher.gen = 1
-            return [teacher.poison(msg, arrays), old]
-        return [teacher.honest(msg, arrays)]
-
-    teacher.misbehave = misbehave
+    teacher = scripted_teacher(toy)
+    # Cycle 0 sends four SCOREs; the first of cycle 1 meets the reload.
+    teacher.script(*[answer()] * 4,
+                   reload() + answer(scorer=poison) + answer(scorer=poison, gen=0))
     recipe = make_recipe("opd", tmp_path, cycles=3)
-    client = teacher.client()
+    client = scripted_client(teacher)
     _, result, recorder = run_and_record(recipe, client, monkeypatch)
     assert result.status == "completed"
     gens = [{s[4]["gen"] for s in call["scored"]} for call in recorder.calls]

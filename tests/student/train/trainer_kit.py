@@ -4,8 +4,9 @@ The recipes and shapes come from ``tests/toy_kit.py`` (32-wide two-layer student
 48-wide teacher, four rollouts per cycle, twelve new tokens per turn). The teacher
 model is loaded once per test session and scored in process, either through
 ``FakeTeacherClient`` (the trainer's client interface, no protocol) or through the
-real ``SyncTeacherClient`` over a scripted in-memory transport (``ScriptedTeacher``),
-which exercises the client's staleness rule byte for byte.
+real ``SyncTeacherClient`` talking to ``miniverl.testing``'s fake teacher scoring with
+the toy model (``scripted_teacher``), which exercises the client's staleness rule byte
+for byte.
 
 Not a test module: pytest collects nothing here.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.protocol.protocol_fakes import FakeTeacher
+from miniverl.testing import FakeTeacher
 from tests.student.train.fake_teacher import FakeTeacherClient
 from tests.toy_kit import TEACHER, toy_dir
 
@@ -32,6 +33,14 @@ class ToyTeacher:
 
     def fake_client(self) -> FakeTeacherClient:
         return FakeTeacherClient(self.model, self.tokenizer_fp, self.vocab_size)
+
+    def score_job(self, job) -> dict[str, np.ndarray]:
+        """What an honest teacher returns for one ``ScoreJob`` (the in-process scorer)."""
+        from miniverl.teacher_server.scoring import score_positions
+
+        return score_positions(self.model, job.tokens_N, job.cu_seqlens_B1, job.positions_P,
+                               kind=job.kind, k=job.k, temperature=job.temperature,
+                               exact_max_vocab=1 << 20)
 
     def reference(self, traj, positions_P, *, k: int, kind: str = "topk") -> dict[str, np.ndarray]:
         """What an honest teacher returns for one trajectory (the in-process scorer)."""
@@ -82,67 +91,31 @@ class LossRecorder:
         return self
 
 
-class ScriptedTeacher(FakeTeacher):
-    """A protocol-level fake teacher that scores with the real toy teacher model.
+def scripted_teacher(toy: ToyTeacher) -> FakeTeacher:
+    """A protocol-level fake teacher (``miniverl.testing``) scoring with the real toy model.
 
-    ``misbehave(conn, msg, arrays, honest_frames)`` may return the list of replies to
-    send instead of the honest one (stale, duplicate, foreign-generation replies...).
+    Script its misbehaviour with the kit's steps (``stale``, ``wrong_id``, ``reload``...);
+    :func:`poison` makes a step's reply wrong on purpose.
     """
+    return FakeTeacher(tokenizer_fp=toy.tokenizer_fp, vocab_size=toy.vocab_size,
+                       instance="teacher-A", scorer=toy.score_job)
 
-    def __init__(self, toy: ToyTeacher):
-        super().__init__(tokenizer_fp=toy.tokenizer_fp, vocab_size=toy.vocab_size,
-                         instance="teacher-A")
-        self.toy = toy
-        self.misbehave = None
-        self.scores: list[Any] = []
-        self.on_score = self._score
 
-    def honest(self, msg, arrays, **override) -> list:
-        from miniverl.protocol import messages as m
-        from miniverl.protocol.codec import encode
-        from miniverl.teacher_server.scoring import score_positions
+def poison(job) -> dict[str, np.ndarray]:
+    """Well-formed targets whose numbers are wrong on purpose (all mass on id 0)."""
+    p = len(job.positions_P)
+    return {
+        "ids": np.zeros((p, job.k), np.int32),
+        "logprobs": np.full((p, job.k), -0.5, np.float32),
+        "tail_logmass": np.full(p, -3.0, np.float32),
+        "target_logprobs": np.full(p, -7.0, np.float32),
+    }
 
-        out = score_positions(self.toy.model, arrays["tokens"], arrays["cu_seqlens"],
-                              arrays["positions"], kind=msg.kind, k=msg.k,
-                              temperature=msg.temperature, exact_max_vocab=1 << 20)
-        fields = dict(id=msg.id, student_version=msg.student_version, instance=self.instance,
-                      gen=self.gen, kind=msg.kind, k=msg.k,
-                      timing={"queue_ms": 0.0, "compute_ms": 1.0})
-        fields.update(override)
-        return encode(m.ScoreOk(**fields), out)
 
-    def poison(self, msg, arrays, **override) -> list:
-        """A well-formed reply whose numbers are wrong on purpose (all mass on id 0)."""
-        from miniverl.protocol import messages as m
-        from miniverl.protocol.codec import encode
-
-        p = len(arrays["positions"])
-        out = {
-            "ids": np.zeros((p, msg.k), np.int32),
-            "logprobs": np.full((p, msg.k), -0.5, np.float32),
-            "tail_logmass": np.full(p, -3.0, np.float32),
-            "target_logprobs": np.full(p, -7.0, np.float32),
-        }
-        fields = dict(id=msg.id, student_version=msg.student_version, instance=self.instance,
-                      gen=self.gen, kind=msg.kind, k=msg.k,
-                      timing={"queue_ms": 0.0, "compute_ms": 1.0})
-        fields.update(override)
-        return encode(m.ScoreOk(**fields), out)
-
-    def _score(self, conn, msg, arrays):
-        self.scores.append(msg)
-        if self.misbehave is not None:
-            return self.misbehave(conn, msg, arrays)
-        return [self.honest(msg, arrays)]
-
-    def client(self, **kw):
-        from miniverl.protocol.sync_client import SyncTeacherClient
-
-        opts = dict(tokenizer_fp=self.tokenizer_fp, vocab_size=self.vocab_size,
-                    heartbeat_ms=100, request_timeout_s=10, unavailable_timeout_s=20,
-                    transport_factory=self.factory)
-        opts.update(kw)
-        return SyncTeacherClient("tcp://127.0.0.1:5555", **opts)
+def scripted_client(teacher: FakeTeacher, **kw):
+    """A ``SyncTeacherClient`` of ``teacher`` patient enough for in-process toy scoring."""
+    return teacher.client(**{"heartbeat_ms": 100, "request_timeout_s": 10,
+                             "unavailable_timeout_s": 20, **kw})
 
 
 def parameters(trainer) -> list:

@@ -1,0 +1,316 @@
+"""A scriptable fake teacher that speaks ``mvl-score/1`` over in-memory connections.
+
+:class:`FakeTeacher` answers what a client sends the way DESIGN §3 says a teacher
+does — ``HELLO`` (checking the tokenizer), ``SCORE`` (``NEED_HELLO`` before a
+``HELLO``), ``PING``, ``STATUS``, ``PARK``, ``WAKE``, ``RELOAD`` (``gen`` + 1) and
+``SHUTDOWN`` — with every message encoded and decoded by the real codec, so the client
+under test runs exactly its production code. What it does with each ``SCORE`` is
+scripted with the steps of ``script.py`` (late, failing, lost, held, duplicated, stale
+or foreign replies); between requests a test may :meth:`~FakeTeacher.restart` it (a
+new process at the same endpoint), :meth:`~FakeTeacher.reload` it, or make it
+``silent`` (a hung teacher: nothing is answered, ``PING`` included).
+
+Connect a client with ``transport_factory=teacher.transport_factory``, or get one
+with :meth:`FakeTeacher.client`. The teacher's state may be changed from the test's
+thread while the client runs on its own (the ``SyncTeacherClient`` case).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from miniverl.protocol import messages as m
+from miniverl.protocol.client import TeacherClient
+from miniverl.protocol.codec import decode, decode_header_only, encode
+from miniverl.protocol.limits import Limits
+from miniverl.protocol.pending import RETRYABLE_CODES
+from miniverl.protocol.sync_client import SyncTeacherClient
+from miniverl.teacher_server.backend import BackendError, ScoreJob
+from miniverl.testing.backends import FAKE_TOKENIZER_FP, FAKE_VOCAB, job_targets
+from miniverl.testing.memory import MemoryTransport
+from miniverl.testing.script import Received, Step, answer
+
+FAST_SETTINGS: dict[str, Any] = {
+    "heartbeat_ms": 50,
+    "request_timeout_s": 0.5,
+    "unavailable_timeout_s": 5.0,
+}
+"""Client timings for tests: a lost request is resent after 0.5 s, a silent teacher is
+reconnected after three 50 ms heartbeats and declared unavailable after 5 s."""
+
+Scorer = Callable[[ScoreJob], "dict[str, np.ndarray] | BackendError"]
+
+
+class FakeTeacher:
+    """An in-memory teacher; see the module docstring and ``docs/testing.md``.
+
+    ``scorer(job) -> arrays`` computes honest replies (default: ``next_token_targets``);
+    it may return a ``BackendError`` to answer that request with an ``ERROR``.
+    Recorded: ``log`` (every decoded message received), ``scores`` (the ``SCORE`` s),
+    ``held`` (requests kept by :func:`~miniverl.testing.script.hold`), ``transports``
+    (every connection opened; a reconnect adds one).
+    """
+
+    def __init__(
+        self,
+        *,
+        tokenizer_fp: str = FAKE_TOKENIZER_FP,
+        vocab_size: int = FAKE_VOCAB,
+        instance: str = "teacher-A",
+        name: str = "fake",
+        model: str = "fake/model",
+        scorer: Scorer | None = None,
+        k_max: int = 64,
+        exact_max_vocab: int = 1024,
+        max_tokens: int = 4096,
+        max_positions: int = 4096,
+        max_inflight: int = 8,
+        heartbeat_ms: int = 1000,
+        admin_token: str | None = None,
+        endpoint: str = "inproc://fake-teacher",
+    ):
+        self.tokenizer_fp, self.vocab_size = tokenizer_fp, vocab_size
+        self.instance, self.gen, self.name, self.model = instance, 0, name, model
+        self.scorer = scorer
+        # Advertised in HELLO_OK; the size limits are enforced on SCORE, as a teacher does.
+        self.limits = Limits(max_k=k_max, max_exact_vocab=exact_max_vocab, max_tokens=max_tokens,
+                             max_positions=max_positions, max_inflight=max_inflight)
+        self.heartbeat_ms = heartbeat_ms
+        self.admin_token = admin_token
+        self.endpoint = endpoint
+        self.state = m.TeacherState.READY
+        self.silent = False  # a hung teacher: nothing is answered, PING included
+        self.hello_error: m.ErrorCode | None = None  # answer every HELLO with this ERROR
+        # False: HELLO_OK whatever tokenizer the client names (a teacher that does not
+        # check), so a test can see the client's own check refuse it.
+        self.checks_tokenizer = True
+        self.default: Step = answer()
+        self.log: list[m.Message] = []
+        self.scores: list[m.Score] = []
+        self.held: list[Received] = []
+        self.transports: list[MemoryTransport] = []
+        self._known: set[int] = set()  # id() of connections that said HELLO to this instance
+        self._script: deque[Step] = deque()
+        self._lock = threading.RLock()
+
+    # ----------------------------------------------------------------- connecting
+    def transport_factory(self, endpoint: str) -> MemoryTransport:
+        """Open a connection to this teacher (pass as ``transport_factory=``)."""
+        conn = MemoryTransport(self, endpoint)
+        with self._lock:
+            self.transports.append(conn)
+        return conn
+
+    def client(self, endpoint: str | None = None, **settings: Any) -> SyncTeacherClient:
+        """A blocking client of this teacher with :data:`FAST_SETTINGS` (not yet connected:
+        ``with teacher.client() as client:`` connects); ``settings`` override them."""
+        return SyncTeacherClient(endpoint or self.endpoint, **self._settings(settings))
+
+    def async_client(self, endpoint: str | None = None, **settings: Any) -> TeacherClient:
+        """An async client of this teacher (``async with teacher.async_client() as c:``)."""
+        return TeacherClient(endpoint or self.endpoint, **self._settings(settings))
+
+    def _settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return {"tokenizer_fp": self.tokenizer_fp, "vocab_size": self.vocab_size,
+                "transport_factory": self.transport_factory, **FAST_SETTINGS, **settings}
+
+    # ----------------------------------------------------------------- scripting
+    def script(self, *steps: Step) -> None:
+        """Queue ``steps`` for the next ``SCORE`` s, one each (resends count)."""
+        with self._lock:
+            self._script.extend(steps)
+
+    @property
+    def scripted(self) -> int:
+        """Steps still queued."""
+        return len(self._script)
+
+    def restart(self, instance: str | None = None) -> None:
+        """A new process at the same endpoint: new ``instance``, ``gen`` 0, every client
+        forgotten (their next ``SCORE`` gets ``NEED_HELLO``), held requests lost."""
+        with self._lock:
+            self.instance = instance or _next_instance(self.instance)
+            self.gen, self.state = 0, m.TeacherState.READY
+            self._known.clear()
+            self.held.clear()
+
+    def forget(self) -> None:
+        """Forget every client's ``HELLO`` (their next ``SCORE`` gets ``NEED_HELLO``)."""
+        with self._lock:
+            self._known.clear()
+
+    def reload(self, model: str | None = None) -> int:
+        """Reload in place: ``gen`` + 1 (and the model name); returns the new ``gen``."""
+        with self._lock:
+            self.gen += 1
+            self.model = model or self.model
+            return self.gen
+
+    def release(self, step: Step | None = None, *, reverse: bool = False) -> int:
+        """Answer the held requests with ``step`` (default :func:`answer`), oldest first or
+        ``reverse``; returns how many were released."""
+        with self._lock:
+            held, self.held = self.held, []
+            for request in reversed(held) if reverse else held:
+                (step or answer())(self, request)
+            return len(held)
+
+    def count(self, t: str) -> int:
+        """How many messages of type ``t`` (``"SCORE"``, ``"HELLO"``...) were received."""
+        return sum(1 for msg in self.log if msg.t == t)
+
+    # ----------------------------------------------------------------- replies
+    def send(self, conn: MemoryTransport, frames: list, delay_s: float = 0.0) -> None:
+        """Send ``frames`` to ``conn`` (after ``delay_s``); what every step ends in."""
+        conn.deliver(frames, delay_s)
+
+    def targets(self, request: Received, scorer: Scorer | None = None) -> dict | BackendError:
+        """The arrays an honest reply to ``request`` carries (or the scorer's error)."""
+        msg, arrays = request.msg, request.arrays
+        job = ScoreJob(tokens_N=arrays["tokens"], cu_seqlens_B1=arrays["cu_seqlens"],
+                       positions_P=arrays["positions"], kind=msg.kind, k=msg.k,
+                       temperature=msg.temperature, id=msg.id,
+                       student_version=msg.student_version, deterministic=msg.deterministic)
+        scorer = scorer or self.scorer
+        return scorer(job) if scorer is not None else job_targets(job, self.vocab_size)
+
+    def reply(self, request: Received, scorer: Scorer | None = None, **header: Any) -> list:
+        """The frames of the honest ``SCORE_OK`` to ``request`` (``header`` overrides fields)."""
+        out = self.targets(request, scorer)
+        msg = request.msg
+        if isinstance(out, BackendError):
+            return self.error(msg.id, out.code, retryable=out.retryable, message=str(out))
+        fields = dict(id=msg.id, student_version=msg.student_version, instance=self.instance,
+                      gen=self.gen, kind=msg.kind, k=msg.k,
+                      timing={"queue_ms": 0.0, "compute_ms": 0.0})
+        fields.update(header)
+        names = m.TOPK_ARRAYS if msg.kind == "topk" else m.EXACT_ARRAYS
+        return encode(m.ScoreOk(**fields), {name: out[name] for name in names})
+
+    def error(self, rid: int | None, code: m.ErrorCode | str, *, retryable: bool | None = None,
+              message: str | None = None) -> list:
+        """The frames of an ``ERROR`` for request ``rid``."""
+        code = m.ErrorCode(code)
+        if retryable is None:
+            retryable = code in RETRYABLE_CODES or code == m.ErrorCode.NEED_HELLO
+        return encode(m.ErrorReply(id=rid, ref_id=rid, code=code, retryable=retryable,
+                                   message=message or f"fake teacher: {code.value}",
+                                   instance=self.instance, gen=self.gen))
+
+    def teacher_info(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model, "revision": None}
+
+    def liveness(self) -> dict[str, Any]:
+        """The fields ``PONG`` and ``STATUS_OK`` share."""
+        return dict(instance=self.instance, gen=self.gen, state=self.state, inflight=len(self.held),
+                    queue_depth=0, last_progress_ms=0.0)
+
+    def hello_ok(self, rid: int) -> list:
+        return encode(m.HelloOk(id=rid, teacher=self.teacher_info(), instance=self.instance,
+                                gen=self.gen, tokenizer_fp=self.tokenizer_fp,
+                                vocab_size=self.vocab_size, kinds=self._kinds(),
+                                limits={"max_tokens": self.limits.max_tokens,
+                                        "max_positions": self.limits.max_positions,
+                                        "max_inflight": self.limits.max_inflight},
+                                heartbeat_ms=self.heartbeat_ms, server_version="fake-teacher/1"))
+
+    def _kinds(self) -> dict[str, Any]:
+        lim = self.limits
+        served = self.vocab_size <= lim.max_exact_vocab
+        exact = {"max_vocab": lim.max_exact_vocab} if served else None
+        return {"topk": {"k_max": min(lim.max_k, self.vocab_size)}, "exact": exact}
+
+    # ----------------------------------------------------------------- receiving
+    def receive(self, conn: MemoryTransport, frames: list[bytes]) -> None:
+        """One message from ``conn`` (the :class:`~miniverl.testing.memory.Peer` side)."""
+        with self._lock:
+            try:
+                msg, arrays = decode(frames, self.limits)
+            except m.ProtocolViolation as exc:
+                try:
+                    decode_header_only(frames[0], self.limits)
+                except (m.ProtocolViolation, IndexError):
+                    return  # no header parses: dropped, as a teacher does
+                if not self.silent:
+                    self.send(conn, self.error(exc.ref_id, exc.code, message=str(exc)))
+                return
+            self.log.append(msg)
+            if self.silent:
+                return
+            self._answer(conn, msg, arrays)
+
+    def disconnect(self, conn: MemoryTransport) -> None:
+        with self._lock:
+            self._known.discard(id(conn))
+
+    def _answer(self, conn: MemoryTransport, msg: m.Message, arrays: dict) -> None:
+        if isinstance(msg, m.Hello):
+            if self.hello_error is not None:
+                self.send(conn, self.error(msg.id, self.hello_error))
+            elif self.checks_tokenizer and (msg.tokenizer_fp, msg.vocab_size) != (
+                    self.tokenizer_fp, self.vocab_size):
+                self.send(conn, self.error(msg.id, m.ErrorCode.TOKENIZER_MISMATCH, message=(
+                    f"tokenizer mismatch: client has {msg.tokenizer_fp} (V={msg.vocab_size}), "
+                    f"teacher has {self.tokenizer_fp} (V={self.vocab_size})")))
+            else:
+                self._known.add(id(conn))
+                self.send(conn, self.hello_ok(msg.id))
+        elif isinstance(msg, m.Score):
+            self._on_score(conn, msg, arrays)
+        elif isinstance(msg, m.Ping):
+            self.send(conn, encode(m.Pong(id=msg.id, **self.liveness())))
+        elif isinstance(msg, m.Status):
+            self.send(conn, encode(m.StatusOk(id=msg.id, teacher=self.teacher_info(),
+                                              **self.liveness())))
+        elif isinstance(msg, m.AdminRequest):
+            self._on_admin(conn, msg)
+        else:
+            self.send(conn, self.error(msg.id, m.ErrorCode.BAD_REQUEST,
+                                       message=f"{msg.t} is not a request a teacher accepts"))
+
+    def _on_score(self, conn: MemoryTransport, msg: m.Score, arrays: dict) -> None:
+        self.scores.append(msg)
+        if id(conn) not in self._known:
+            self.send(conn, self.error(msg.id, m.ErrorCode.NEED_HELLO))
+            return
+        try:
+            m.validate_score(msg, arrays, self.vocab_size, self.limits)
+        except m.ProtocolViolation as exc:
+            self.send(conn, self.error(msg.id, exc.code, message=str(exc)))
+            return
+        step = self._script.popleft() if self._script else self.default
+        step(self, Received(conn, msg, arrays))
+
+    def _on_admin(self, conn: MemoryTransport, msg: m.AdminRequest) -> None:
+        if self.admin_token is not None and msg.auth != self.admin_token:
+            self.send(conn, self.error(msg.id, m.ErrorCode.UNAUTHORIZED, message=(
+                f"{msg.t} needs the teacher's admin token; nothing was changed")))
+            return
+        if isinstance(msg, m.Park):
+            self.state = m.TeacherState.PARKED
+            reply: m.Message = m.ParkOk(id=msg.id, state=self.state)
+        elif isinstance(msg, m.Wake):
+            self.state = m.TeacherState.READY
+            reply = m.WakeOk(id=msg.id, state=self.state)
+        elif isinstance(msg, m.Reload):
+            self.reload(msg.model)
+            reply = m.ReloadOk(id=msg.id, gen=self.gen, teacher=self.teacher_info())
+        else:  # SHUTDOWN: answered, then nothing more
+            reply = m.ShutdownOk(id=msg.id)
+            self.state = m.TeacherState.DRAINING
+        self.send(conn, encode(reply))
+        if isinstance(msg, m.Shutdown):
+            self.silent = True
+
+
+def _next_instance(instance: str) -> str:
+    """``teacher-A`` → ``teacher-B`` (else a suffix): readable names for restarts."""
+    stem, _, last = instance.rpartition("-")
+    if stem and len(last) == 1 and "A" <= last < "Z":
+        return f"{stem}-{chr(ord(last) + 1)}"
+    return f"{instance}-restarted"
