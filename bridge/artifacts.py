@@ -2,7 +2,8 @@
 
 ``export_adapter(run, out)`` takes the run's latest ``checkpoints/step_N/`` and writes a
 directory that ``PeftModel.from_pretrained(base, out)`` loads (``adapter_config.json``,
-``adapter_model.safetensors``) plus the tokenizer files; a full fine-tune run gives a
+``adapter_model.safetensors``) plus the tokenizer files and a model card (``README.md``,
+:mod:`~miniverl.bridge.model_card`); a full fine-tune run gives a
 plain Hugging Face model directory instead. Files are copied byte for byte (weights are
 never re-serialised) into a temporary directory that is renamed into place.
 
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from miniverl.bridge.model_card import write_model_card
 from miniverl.common.atomic import atomic_write_json, publishing
 from miniverl.common.errors import ConfigError, ProvenanceError
 from miniverl.common.hashing import sha256_file
@@ -121,31 +124,47 @@ def tokenizer_source(run: Path, ckpt: Checkpoint, recipe) -> Path:
     return model_dir
 
 
+# Rebuilds a toy model into a directory. The spec and the destination travel as argv, so
+# the code needs no quotes of its own and the command survives any shell quoting of it
+# (a spec spliced into the code once lost its JSON quotes: NameError: name 'heads').
+_TOY_REBUILD = (
+    "import json, shutil, sys; from miniverl.common.toy import toy_model_dir; "
+    "shutil.copytree(toy_model_dir(json.loads(sys.argv[1])), sys.argv[2])"
+)
+
+
 def base_identity(model, dest: str = "base-model") -> dict:
     """What a ``ModelSource`` names, without local paths.
 
-    ``download`` is the exact command that fetches (or, for a toy, rebuilds) the weights
-    into ``./<dest>``.
+    ``download`` is the exact shell command (``shlex``-quoted) that fetches, or for a toy
+    rebuilds, the weights into ``./<dest>``.
     """
     if model.hub_id:
         return {
             "source": "hub",
             "hub_id": model.hub_id,
             "revision": model.revision,
-            "download": (
-                f"huggingface-cli download {model.hub_id} --revision {model.revision} --local-dir {dest}"
+            "download": shlex.join(
+                ["huggingface-cli", "download", model.hub_id, "--revision", str(model.revision),
+                 "--local-dir", dest]
             ),
         }
     if model.toy is not None:
         spec = model.toy.model_dump()
-        spec_json = json.dumps(spec, sort_keys=True)
         return {
             "source": "toy",
             "toy": spec,
-            "download": (
-                'python -c "from miniverl.common.toy import toy_model_dir; import shutil; '
-                f"shutil.copytree(toy_model_dir({spec_json}), '{dest}')\""
+            "download": shlex.join(
+                ["python", "-c", _TOY_REBUILD, json.dumps(spec, sort_keys=True), dest]
             ),
+        }
+    gguf = getattr(model, "gguf", None)
+    if gguf:
+        name = gguf if gguf == "smollm2" else Path(gguf).name
+        return {
+            "source": "gguf",
+            "gguf": name,
+            "download": shlex.join(["miniverl", "convert-gguf", name, "--out", dest]),
         }
     return {
         "source": "path",
@@ -231,6 +250,7 @@ def export_adapter(run: Path, out: Path) -> dict:
             raise ProvenanceError(
                 f"tokenizer of {run.name} has no tokenizer.json; cannot export it"
             )
+        write_model_card(run, tmp, recipe, kind=ckpt.kind, step=ckpt.step, base=identity)
         summary = {
             "kind": ckpt.kind,
             "run_id": run.name,

@@ -15,6 +15,7 @@ Layout (paths are relative; nothing inside names a local directory)::
     reward/miniverl_tool.py       verl tool class running miniverl's tools
     provenance/manifest.json      what this bundle is and how it was made (redacted)
     provenance/source_run.json    the source run's manifest, recipe and last eval (redacted)
+    README.md                     model card: how the weights were trained (model_card.py)
     SHA256SUMS
 
 The bundle is written into a temporary directory beside ``--out`` and renamed, so a
@@ -29,12 +30,14 @@ This module writes bundles; ``doctor.py`` checks them. It does not run verl.
 from __future__ import annotations
 
 import json
+import shlex
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
-from miniverl.bridge import artifacts, parquet, profile
+from miniverl.bridge import artifacts, parquet, profile, teacher_source
+from miniverl.bridge.model_card import write_model_card
 from miniverl.common.atomic import atomic_write_json, publishing
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import write_sums
@@ -121,6 +124,7 @@ def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str
             "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size": 1,
             "trainer.project_name": "miniverl",
             "trainer.experiment_name": run_name,
+            "trainer.logger": profile.verl_loggers(recipe.run.loggers),
             "trainer.total_training_steps": recipe.train.cycles,
             "trainer.save_freq": recipe.train.save_every or -1,
             "trainer.test_freq": recipe.train.eval_every or -1,
@@ -170,22 +174,28 @@ def tool_config(tool_specs: list) -> dict:
     }
 
 
+def _say(text: str) -> str:
+    """A bash line printing ``text`` to stderr; shlex quotes it, so any command is safe."""
+    return f"    printf '%s\\n' {shlex.quote(text)} >&2\n"
+
+
 def launch_script(identity: dict, teacher_identity: dict, lora: bool) -> str:
     """Bash entry point: checks weights and verl, then runs verl's main_ppo."""
-    base_cmd = identity["download"].replace("'", "'\\''")
-    teacher_cmd = teacher_identity["download"].replace("'", "'\\''")
     model_path = "$BASE_MODEL_DIR" if lora else "$BUNDLE/model/full"
     adapter = 'actor_rollout_ref.model.lora_adapter_path="$BUNDLE/model/adapter"' if lora else ""
     base_check = (
         'if [ -z "${BASE_MODEL_DIR:-}" ] || [ ! -f "${BASE_MODEL_DIR:-}/config.json" ]; then\n'
         '    echo "error: base model weights are not present (set BASE_MODEL_DIR to a directory with config.json)." >&2\n'
-        f"    echo '  fetch them with: {base_cmd}' >&2\n"
-        '    echo "  then: BASE_MODEL_DIR=base-model bash $0" >&2\n'
+        + _say(f"  fetch them with: {identity['download']}")
+        + '    echo "  then: BASE_MODEL_DIR=base-model bash $0" >&2\n'
         "    missing=1\n"
         "fi\n"
         if lora
         else ""
     )
+    teacher_lines = _say(f"  fetch them with: {teacher_identity['download']}")
+    if teacher_identity.get("prepare"):
+        teacher_lines += _say(f"  ({teacher_identity['prepare']})")
     return f"""#!/usr/bin/env bash
 # Launch verl {profile.VERL_VERSION} on this bundle (profile {profile.PROFILE}).
 #
@@ -199,8 +209,7 @@ BUNDLE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")/.." && pwd)"
 missing=0
 {base_check}if [ -z "${{TEACHER_MODEL_DIR:-}}" ] || [ ! -f "${{TEACHER_MODEL_DIR:-}}/config.json" ]; then
     echo "error: teacher model weights are not present (set TEACHER_MODEL_DIR to a directory with config.json)." >&2
-    echo '  fetch them with: {teacher_cmd}' >&2
-    missing=1
+{teacher_lines}    missing=1
 fi
 [ "$missing" = 0 ] || exit 2
 
@@ -227,20 +236,6 @@ exec python -m verl.trainer.main_ppo \\
     reward.custom_reward_function.path="$BUNDLE/reward/compute_score.py" \\
     "$@"
 """
-
-
-def _teacher_identity(recipe) -> dict:
-    if recipe.teacher is None:
-        raise ConfigError(
-            "the run has no teacher; the distillation profile needs one (export a run with teacher:)"
-        )
-    identity = artifacts.base_identity(recipe.teacher.model, dest="teacher-model")
-    if recipe.teacher.adapter:
-        identity["adapter"] = {
-            "name": Path(recipe.teacher.adapter).name,
-            "revision": recipe.teacher.adapter_revision,
-        }
-    return identity
 
 
 def _source_run(run: Path) -> dict:
@@ -274,7 +269,7 @@ def export_verl(run: Path, out: Path) -> dict:
     recipe = artifacts.load_run_recipe(run)
     ckpt = artifacts.latest_checkpoint(run)
     identity = artifacts.base_identity(recipe.student.model)
-    teacher_identity = _teacher_identity(recipe)
+    teacher_identity = teacher_source.teacher_identity(run, recipe)
     env_cfg = recipe.environment
     env = parquet.env_facts(env_cfg.name, env_cfg.params)
     files = profile.BUNDLE_FILES
@@ -360,5 +355,7 @@ def export_verl(run: Path, out: Path) -> dict:
         atomic_write_json(tmp / files["manifest"], manifest, default=str, allow_nan=True, shared=True)
         source_run = _source_run(run)
         atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
+        write_model_card(run, tmp, recipe, kind=ckpt.kind, step=ckpt.step, base=identity,
+                         bundle=True, teacher_source=teacher_identity)
         write_sums(tmp)
     return manifest

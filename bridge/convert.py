@@ -1,11 +1,13 @@
 """``miniverl convert-dataset``: task sets to verl Parquet and back.
 
 Inputs by suffix: ``.jsonl``/``.json`` is a miniverl task set (one ``Task.to_dict()`` per
-line, needs ``--environment``), ``.yaml``/``.yml`` is a recipe whose environment section
+line after a header line naming the environment and its params, or ``--environment`` for
+a file without one), ``.yaml``/``.yml`` is a recipe whose environment section
 generates the train, eval and test tasks, ``.parquet`` is a verl file written by miniverl.
 ``--to verl`` writes Parquet rows (see ``parquet.py``); ``--to miniverl`` writes the task
-set back as JSONL, checking every row's hashes first. The output is written beside its
-final name and renamed. This module dispatches; the row format lives in ``parquet.py``.
+set back as JSONL (headers included, so environment params survive), checking every row's
+hashes first. The output is written beside its final name and renamed. This module
+dispatches; the row format lives in ``parquet.py``.
 """
 
 from __future__ import annotations
@@ -54,11 +56,7 @@ def _convert(src: Path, tmp: Path, to: str, environment: str | None) -> int:
     suffix = src.suffix.lower()
     if to == "verl":
         if suffix in (".jsonl", ".json"):
-            if not environment:
-                raise ConfigError(
-                    f"{src.name} is a task set; pass --environment NAME (the environment that made it)"
-                )
-            tasks, env = parquet.read_tasks_jsonl(src), parquet.env_facts(environment)
+            tasks, env = parquet.read_tasks_jsonl(src, environment)
         elif suffix in (".yaml", ".yml"):
             tasks, env = _tasks_from_recipe(src)
         else:
@@ -71,5 +69,5 @@ def _convert(src: Path, tmp: Path, to: str, environment: str | None) -> int:
             raise ConfigError(
                 f"{src.name}: --to miniverl reads a verl .parquet file written by miniverl"
             )
-        n = parquet.write_tasks_jsonl(tmp, (task for task, _env in parquet.read_verl_parquet(src)))
+        n = parquet.write_tasks_jsonl(tmp, parquet.read_verl_parquet(src))
     return n

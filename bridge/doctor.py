@@ -148,6 +148,11 @@ def _check_overrides(bundle: Path):
             problems.append(f"{key} uses interpolation")
     if flat.get("distillation.distillation_loss.loss_mode") not in ("forward_kl_topk", "k3"):
         problems.append("distillation_loss.loss_mode must be forward_kl_topk or k3")
+    loggers = flat.get("trainer.logger")
+    known = set(profile.VERL_LOGGERS.values())
+    if not isinstance(loggers, list) or "console" not in loggers or set(loggers) - known:
+        problems.append(f"trainer.logger is {loggers!r}; it must list console and only "
+                        f"{', '.join(sorted(known))}")
     if lora:
         adapter = json.loads(
             (bundle / profile.BUNDLE_FILES["adapter_dir"] / "adapter_config.json").read_text()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miniverl.bridge.import_paths import Refused, Trusted, check_location
-from miniverl.bridge.profile import PROFILE, set_dotted
+from miniverl.bridge.profile import PROFILE, VERL_LOGGERS, set_dotted
 
 QWEN3_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -45,6 +45,10 @@ class ImportResult:
     findings: list[Finding] = field(default_factory=list)
     # Local model directories must lie under this folder (the verl config's own).
     base_dir: Path = field(default_factory=Path.cwd)
+    # Values kept between fields (lengths, batch sizes) for rules that need two of them.
+    seen: dict = field(default_factory=dict)
+    # A miniverl bundle's provenance (import_bundle.BundleFacts) when importing one.
+    bundle: object | None = None
 
     def add(
         self, key: str, label: str, value: object, target: str | None = None, note: str = ""
@@ -69,7 +73,7 @@ class ImportResult:
         }
 
 
-def _exact(target: str, kind: type | tuple, note: str = "", check=None):
+def exact(target: str, kind: type | tuple, note: str = "", check=None):
     def handler(key, value, result, *_):
         if (
             isinstance(value, bool)
@@ -92,7 +96,7 @@ def _info(note: str):
     return handler
 
 
-def _required_value(expected: object, note: str):
+def required_value(expected: object, note: str):
     def handler(key, value, result, *_):
         label = "exact" if value == expected else "unsupported"
         why = note if label == "exact" else f"only {expected!r} is supported: {note}"
@@ -225,6 +229,22 @@ def _experiment_name(key, value, result, *_):
     )
 
 
+def _loggers(key, value, result, *_):
+    """verl's trainer.logger -> run.loggers: the trackers both know; console is jsonl."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        result.add(key, "unsupported", value, "run.loggers", "expected a list of logger names")
+        return
+    back = {verl: ours for ours, verl in VERL_LOGGERS.items()}
+    kept = [back[n] for n in names if n in back]
+    dropped = [n for n in names if n not in back]
+    result.recipe["run"]["loggers"] = list(dict.fromkeys(["jsonl", *kept]))
+    note = "console = miniverl's metrics.jsonl and events.jsonl (always on)"
+    if dropped:
+        note += f"; no miniverl tracker for {', '.join(dropped)}: not carried"
+    result.add(key, "derived" if dropped else "exact", value, "run.loggers", note)
+
+
 def _distillation_enabled(key, value, result, *_):
     if value is True:
         result.add(
@@ -276,10 +296,10 @@ HANDLERS = {
     "data.val_files": _info(
         "verl Parquet files are not read; tasks come from the recipe's environment"
     ),
-    "data.prompt_key": _required_value("prompt", "miniverl rows keep chat messages under 'prompt'"),
+    "data.prompt_key": required_value("prompt", "miniverl rows keep chat messages under 'prompt'"),
     "data.max_prompt_length": _length("max_prompt_length", ""),
     "data.max_response_length": _length("max_response_length", "rollout.max_new_tokens_per_turn"),
-    "data.seed": _exact("run.seed", int, "an integer seed"),
+    "data.seed": exact("run.seed", int, "an integer seed"),
     "actor_rollout_ref.model.path": _model("student"),
     "actor_rollout_ref.model.lora_adapter_path": _lora_adapter_path,
     "actor_rollout_ref.model.enable_gradient_checkpointing": _info(
@@ -288,28 +308,31 @@ HANDLERS = {
     "actor_rollout_ref.model.lora_rank": _lora_rank,
     "actor_rollout_ref.model.lora_alpha": _lora_alpha,
     "actor_rollout_ref.model.target_modules": _target_modules,
-    "actor_rollout_ref.actor.optim.lr": _exact(
+    "actor_rollout_ref.actor.optim.lr": exact(
         "train.lr", (int, float), "a positive learning rate", lambda v: v > 0
     ),
     "trainer.save_freq": _freq("train.save_every"),
     "trainer.test_freq": _freq("train.eval_every"),
-    "trainer.project_name": _info("experiment-tracker project; miniverl has no tracker"),
+    "trainer.project_name": _info(
+        "experiment-tracker project; miniverl's trackers use project miniverl (docs/tracking.md)"
+    ),
+    "trainer.logger": _loggers,
     "trainer.experiment_name": _experiment_name,
     "trainer.total_epochs": _info(
         "miniverl counts cycles of fresh rollouts, not passes over a fixed dataset"
     ),
     "distillation.enabled": _distillation_enabled,
-    "distillation.distillation_loss.topk": _exact(
+    "distillation.distillation_loss.topk": exact(
         "loss.top_k", int, "a positive integer", lambda v: v >= 1
     ),
     "distillation.distillation_loss.loss_mode": _loss_mode,
-    "distillation.distillation_loss.use_policy_gradient": _required_value(
+    "distillation.distillation_loss.use_policy_gradient": required_value(
         False, "the divergence is backpropagated directly"
     ),
-    "distillation.distillation_loss.use_task_rewards": _required_value(
+    "distillation.distillation_loss.use_task_rewards": required_value(
         False, "miniverl OPD uses no task reward"
     ),
-    "distillation.distillation_loss.distillation_loss_coef": _required_value(
+    "distillation.distillation_loss.distillation_loss_coef": required_value(
         1.0, "the loss is the divergence alone"
     ),
     "distillation.distillation_loss.loss_max_clamp": _null_only,

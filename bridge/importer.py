@@ -14,6 +14,8 @@ partial import that silently dropped the critic would train a different algorith
 under the same name; refusing is the point. Model and adapter locations are trusted
 only as a directory inside the config's folder or a pinned hub id
 (:mod:`miniverl.bridge.import_paths`); a URL or a ``..`` escape is refused per field.
+miniverl's own bundle (``export-verl``) imports too: :mod:`miniverl.bridge.import_bundle`
+adds the fields its exporter writes and the provenance verl has no field for.
 
 This module maps values; it does not read verl's defaults, run Hydra or contact a hub.
 """
@@ -26,6 +28,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from miniverl.bridge import import_bundle
+from miniverl.bridge.import_bundle import BundleFacts
 from miniverl.bridge.import_fields import HANDLERS, ImportResult
 from miniverl.bridge.profile import PROFILE, flatten
 from miniverl.common.atomic import atomic_write_json, atomic_write_text
@@ -85,7 +89,11 @@ REFUSED_FAMILIES: list[tuple[str, str]] = [
 
 
 def _map(
-    flat: dict, revision: str | None, teacher_revision: str | None, base_dir: Path
+    flat: dict,
+    revision: str | None,
+    teacher_revision: str | None,
+    base_dir: Path,
+    bundle: BundleFacts | None = None,
 ) -> ImportResult:
     recipe: dict = {
         "schema_version": 1,
@@ -96,9 +104,10 @@ def _map(
         "train": {},
         "rollout": {},
     }
-    result = ImportResult(recipe, base_dir=base_dir)
+    result = ImportResult(recipe, base_dir=base_dir, bundle=bundle)
+    handlers = HANDLERS if bundle is None else {**HANDLERS, **import_bundle.handlers()}
     lora: dict = {}
-    seen_lengths: dict[str, int] = {}
+    seen_lengths = result.seen
 
     for key, value in flat.items():
         if isinstance(value, str) and _INTERP.search(value):
@@ -109,7 +118,7 @@ def _map(
                 note="interpolation: ${...} resolves outside the file; write the value",
             )
             continue
-        handler = HANDLERS.get(key)
+        handler = handlers.get(key)
         if handler is None:
             family = next(
                 (why for pattern, why in REFUSED_FAMILIES if re.search(pattern, key)), None
@@ -120,8 +129,18 @@ def _map(
             continue
         handler(key, value, result, lora, seen_lengths, revision, teacher_revision)
 
-    if lora:
+    if recipe["student"].get("lora", "unset") is None:
+        # lora_rank 0 is a full fine-tune: the LoRA shape fields describe nothing.
+        for finding in result.findings:
+            if finding.target and finding.target.startswith("student.lora.") and (
+                finding.label in ("exact", "derived")
+            ):
+                finding.label, finding.target = "informational", None
+                finding.note = "unused: lora_rank 0 is a full fine-tune"
+    elif lora:
         recipe["student"]["lora"] = lora
+    if bundle is not None:
+        import_bundle.finish(result, bundle)
     if "max_prompt_length" in seen_lengths and "max_response_length" in seen_lengths:
         total = seen_lengths["max_prompt_length"] + seen_lengths["max_response_length"]
         recipe["rollout"]["max_total_tokens"] = total
@@ -160,18 +179,22 @@ def import_config(
     revision: str | None = None,
     teacher_revision: str | None = None,
     base_dir: Path | None = None,
+    bundle: BundleFacts | None = None,
 ) -> ImportResult:
     """Map a parsed verl config (nested or dotted keys) to a recipe dict plus findings.
 
     Local model directories must lie under ``base_dir`` (the config's folder; default
-    the current directory), see :mod:`miniverl.bridge.import_paths`.
+    the current directory), see :mod:`miniverl.bridge.import_paths`. ``bundle``: the
+    config is that miniverl bundle's overrides (:mod:`miniverl.bridge.import_bundle`).
     """
     if not isinstance(config, dict):
         raise ConfigError(
             f"a verl config must be a YAML mapping at the top level (got "
             f"{type(config).__name__}); pass verl's ppo_trainer-style config file"
         )
-    return _map(flatten(config), revision, teacher_revision, Path(base_dir or Path.cwd()))
+    return _map(
+        flatten(config), revision, teacher_revision, Path(base_dir or Path.cwd()), bundle
+    )
 
 
 def _validate(recipe: dict) -> list[str]:
@@ -218,6 +241,13 @@ def import_verl(
     The report is written in both cases, so a refused import still explains itself.
     """
     config_path, out_path = Path(config_path), Path(out_path)
+    base_dir, facts = config_path.parent, None
+    found = import_bundle.find_bundle(config_path)
+    if found is not None:
+        # miniverl's own bundle: its paths are bundle-relative, its provenance fills in
+        # what verl has no field for.
+        base_dir, config_path = found
+        facts = import_bundle.load_facts(base_dir)
     config = _read_config(config_path)
     if not config:
         raise ConfigError(
@@ -228,7 +258,8 @@ def import_verl(
         config,
         revision=revision,
         teacher_revision=teacher_revision,
-        base_dir=config_path.parent,
+        base_dir=base_dir,
+        bundle=facts,
     )
     report = result.report(config_path.name)
     errors = [] if result.refused else _validate(result.recipe)

@@ -21,6 +21,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from miniverl.common.errors import ConfigError, ProvenanceError, require
 from miniverl.common.hashing import canonical_json, prefixed, sha256_json, sha256_text
@@ -29,6 +30,10 @@ from miniverl.student.environments import Task, get_environment
 ROW_FORMAT = 1
 DATA_SOURCE_PREFIX = "miniverl/"
 ABILITY = "tool_use"
+# A task set (JSONL) names its environment in header lines; task lines stay Task.to_dict().
+TASK_SET_KEY = "miniverl_task_set"
+TASK_SET_FORMAT = 1
+TASK_SET_KEYS = (TASK_SET_KEY, "environment", "params")
 
 
 def _pa():
@@ -50,9 +55,35 @@ def task_to_dict(task: object) -> dict:
     raise ConfigError(f"cannot convert {type(task).__name__} to a task dict; pass a Task")
 
 
-def read_tasks_jsonl(path: Path) -> list[dict]:
-    """Task dicts from a JSONL file (one ``Task.to_dict()`` per line)."""
-    tasks = []
+def _header(obj: dict, where: str) -> tuple[str, dict]:
+    """``(environment, params)`` of a task-set header line; ConfigError if malformed."""
+    if set(obj) != set(TASK_SET_KEYS) or obj[TASK_SET_KEY] != TASK_SET_FORMAT:
+        raise ConfigError(
+            f"{where}: a task-set header has exactly {list(TASK_SET_KEYS)} with "
+            f"{TASK_SET_KEY}: {TASK_SET_FORMAT} (got {sorted(obj)}); fix the header line"
+        )
+    name, params = obj["environment"], obj["params"]
+    if not isinstance(name, str) or not name or not isinstance(params, dict):
+        raise ConfigError(
+            f"{where}: header environment must be a name and params an object "
+            f"(got {name!r:.60}, {params!r:.60}); fix the header line"
+        )
+    return name, params
+
+
+def read_tasks_jsonl(
+    path: Path, environment: str | None = None
+) -> tuple[list[dict], list[EnvFacts]]:
+    """Task dicts from a JSONL task set, and the environment (with params) of each.
+
+    A header line ``{"miniverl_task_set": 1, "environment": NAME, "params": {...}}`` sets
+    the environment of the task lines after it; task lines before any header need
+    ``environment`` (its default params). ``environment`` must agree with every header.
+    """
+    tasks: list[dict] = []
+    envs: list[EnvFacts] = []
+    facts: dict[str, EnvFacts] = {}
+    current: tuple[str, dict] | None = (environment, {}) if environment else None
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -62,24 +93,61 @@ def read_tasks_jsonl(path: Path) -> list[dict]:
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         try:
             task = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(
-                f"{path}:{lineno}: not JSON ({exc.msg}); expected one task per line"
+                f"{where}: not JSON ({exc.msg}); expected one task per line"
             ) from None
+        if isinstance(task, dict) and TASK_SET_KEY in task:
+            current = _header(task, where)
+            if environment and current[0] != environment:
+                raise ConfigError(
+                    f"{where}: --environment {environment} but the header says "
+                    f"{current[0]}; drop --environment (the file names its environment)"
+                )
+            continue
         try:
             Task.from_dict(task)  # types too: an int prompt must not become a verl row
         except ConfigError as exc:
-            raise ConfigError(f"{path}:{lineno}: {exc}; write tasks with Task.to_dict()") from None
+            raise ConfigError(f"{where}: {exc}; write tasks with Task.to_dict()") from None
+        if current is None:
+            raise ConfigError(
+                f"{where}: no environment for this task; pass --environment NAME or put a "
+                f'header line {{"{TASK_SET_KEY}": {TASK_SET_FORMAT}, "environment": NAME, '
+                '"params": {}} before it'
+            )
+        key = current[0] + canonical_json(current[1])
+        if key not in facts:
+            try:
+                facts[key] = env_facts(*current)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
         tasks.append(task)
-    return tasks
+        envs.append(facts[key])
+    if current is None:
+        raise ConfigError(
+            f"{path} holds no tasks and names no environment; pass --environment NAME"
+        )
+    return tasks, envs
 
 
-def write_tasks_jsonl(path: Path, tasks: Iterable[dict]) -> int:
+def write_tasks_jsonl(path: Path, rows: Iterable[tuple[dict, str, dict]]) -> int:
+    """Write ``(task, environment, params)`` rows as a task set; returns the task count.
+
+    A header line precedes the first task and every change of environment or params,
+    so the file names everything the tasks need (falsy params included).
+    """
     n = 0
+    last = None
     with open(path, "w", encoding="utf-8") as fh:
-        for task in tasks:
+        for task, environment, params in rows:
+            if (environment, params) != last:
+                header = {TASK_SET_KEY: TASK_SET_FORMAT, "environment": environment,
+                          "params": params}
+                fh.write(json.dumps(header, ensure_ascii=False) + "\n")
+                last = (environment, params)
             fh.write(json.dumps(task, ensure_ascii=False) + "\n")
             n += 1
     return n
@@ -267,8 +335,16 @@ def _row_to_task(row: dict, where: str) -> dict:
     return task
 
 
-def read_verl_parquet(path: Path) -> list[tuple[dict, str]]:
-    """``(task dict, environment name)`` for every row of a verl file written by miniverl."""
+class VerlRow(NamedTuple):
+    """One row read back: the task dict and the environment (with params) that made it."""
+
+    task: dict
+    environment: str
+    params: dict
+
+
+def read_verl_parquet(path: Path) -> list[VerlRow]:
+    """Every row of a verl file written by miniverl, as a :class:`VerlRow`."""
     import pyarrow.parquet as pq
 
     pa = _pa()
@@ -284,8 +360,17 @@ def read_verl_parquet(path: Path) -> list[tuple[dict, str]]:
     for i, row in enumerate(rows):
         where = f"{path}: row {i}"
         task = row_to_task(row, where)
-        environment = row["extra_info"]["miniverl"].get("environment")
+        info = row["extra_info"]["miniverl"]
+        environment = info.get("environment")
         if not isinstance(environment, str) or not environment:
             raise ProvenanceError(f"{where}: extra_info.miniverl.environment is missing")
-        out.append((task, environment))
+        try:
+            params = json.loads(info.get("params_json") or "")
+        except (TypeError, json.JSONDecodeError):
+            params = None
+        if not isinstance(params, dict):
+            raise ProvenanceError(
+                f"{where}: extra_info.miniverl.params_json is not a JSON object; the row was edited"
+            )
+        out.append(VerlRow(task, environment, params))
     return out

@@ -45,7 +45,6 @@ BUNDLE_FILES = {
 PROFILE_FIXED: dict[str, object] = {
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 1,
-    "trainer.logger": ["console"],
     "actor_rollout_ref.rollout.name": "vllm",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     # LoRA weights reach vLLM only through the safetensors loader in verl 0.8.0.
@@ -88,7 +87,18 @@ PROFILE_FROM_RUN = (
     "distillation.teacher_models.teacher_model.model_path",
     "trainer.project_name",
     "trainer.experiment_name",
+    "trainer.logger",
 )
+
+# run.loggers -> verl's trainer.logger (verl/utils/tracking.py of 0.8.0 supports each).
+# miniverl's jsonl files (always on) become verl's console logger, which is always on too.
+VERL_LOGGERS = {"jsonl": "console", "tensorboard": "tensorboard", "wandb": "wandb",
+                "mlflow": "mlflow", "trackio": "trackio"}
+
+
+def verl_loggers(loggers: list[str]) -> list[str]:
+    """``trainer.logger`` for a run's ``run.loggers``: console first, then its trackers."""
+    return list(dict.fromkeys(["console", *(VERL_LOGGERS[name] for name in loggers)]))
 
 
 def required_verl_text() -> str:

@@ -11,10 +11,52 @@ from __future__ import annotations
 # Imports inside functions are deliberate: `miniverl --help` stays fast and torch-free.
 import importlib
 import sys
+from typing import Any
 
 import typer
+import typer.core
+
+
+def _blank_flag_metavars(params: list[Any]) -> list[Any]:
+    """An empty metavar on each flag of ``params`` (one it already has is kept)."""
+    for param in params:
+        is_flag = getattr(param, "is_flag", False) and not getattr(param, "count", False)
+        if is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+def _hide_flag_types(command: Any, ctx: Any) -> Any:
+    """Give every flag of ``command`` (and of its subcommands) an empty metavar.
+
+    Why: typer's rich help panel (typer 0.2x, which vendors click) writes
+    ``param.display_type_rich()`` beside every option, flags included, and that answers
+    ``<bool>`` for a flag, so ``miniverl --help`` showed ``--version <bool>`` although
+    a flag takes no value. Its plain formatter skips flags; so do older typers (which
+    skipped click's ``BOOLEAN`` metavar). A set metavar is what that column shows, and
+    click never prints a flag's metavar elsewhere, so an empty one hides the type
+    everywhere without changing parsing. ``get_params(ctx)`` includes the lazily made
+    ``--help`` option.
+    """
+    _blank_flag_metavars(command.get_params(ctx))
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _hide_flag_types(sub, ctx)
+    return command
+
+
+class _Group(typer.core.TyperGroup):
+    """The root command group: help screens show no value type on flags (see above)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _blank_flag_metavars(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        return None if command is None else _hide_flag_types(command, ctx)
+
 
 app = typer.Typer(
+    cls=_Group,
     name="miniverl",
     help="A single-GPU lab for online post-training of tool-using language models.",
     no_args_is_help=True,

@@ -52,7 +52,7 @@ def convert_dataset(
     dst: Path = typer.Argument(..., help="Output file (.parquet for verl, .jsonl for miniverl)."),
     to: str = typer.Option(..., "--to", help="verl or miniverl."),
     environment: str = typer.Option(
-        None, "--environment", help="Environment of a .jsonl task set."
+        None, "--environment", help="Environment of a .jsonl task set without a header line."
     ),
 ) -> None:
     """Convert task sets to verl Parquet rows and back, losslessly."""
@@ -63,7 +63,9 @@ def convert_dataset(
 
 
 def import_verl(
-    config: Path = typer.Argument(..., help="verl config YAML."),
+    config: Path = typer.Argument(
+        ..., help="verl config YAML, or a bundle directory written by export-verl."
+    ),
     out: Path = typer.Option(..., "--out", help="Recipe YAML to write."),
     revision: str = typer.Option(
         None, "--revision", help="40-hex revision for a hub student model."

@@ -1,4 +1,9 @@
-"""``miniverl inspect FILE.jsonl``: check a trajectories file and show where tokens came from.
+"""``miniverl inspect FILE.jsonl|RUN_DIR``: check trajectories and show where tokens came from.
+
+Given a run directory it picks the run's trajectories files and says which:
+``trajectories.jsonl`` (the episodes trained on) and the newest
+``eval/<split>-v<version>.trajectories.jsonl`` of each split (the last held-out
+evaluation), each summarised on its own; older eval files are counted, not read.
 
 Every trajectory is re-validated on read (spans tile the sequence, the stored loss
 mask equals the mask derived from the spans); the first bad line stops the command
@@ -31,13 +36,57 @@ SPAN_STYLES = {
 }
 
 
+def _eval_file_key(path: Path) -> tuple[str, int, str]:
+    """``eval-v12.trajectories.jsonl`` sorts by split, then version as a number."""
+    stem = path.name.removesuffix(".trajectories.jsonl")
+    split, _, version = stem.rpartition("-v")
+    return (split, int(version), stem) if version.isdigit() else (stem, -1, stem)
+
+
+def pick_run_files(run_dir: Path) -> dict[str, list[Path]]:
+    """A run directory's trajectories files: ``{"training": [...], "eval": [...],
+    "not_read": [...]}``; ``eval`` holds the newest file of each split."""
+    from miniverl.common.errors import ConfigError
+
+    evals = sorted((run_dir / "eval").glob("*.trajectories.jsonl"), key=_eval_file_key)
+    newest = {_eval_file_key(p)[0]: p for p in evals}  # sorted: the last one per split wins
+    picked = {
+        "training": [p for p in [run_dir / "trajectories.jsonl"] if p.is_file()],
+        "eval": sorted(newest.values(), key=_eval_file_key),
+        "not_read": [p for p in evals if p not in newest.values()],
+    }
+    if not picked["training"] and not picked["eval"]:
+        raise ConfigError(
+            f"{str(run_dir)!r} is a directory without trajectories files (trajectories.jsonl, "
+            "eval/*.trajectories.jsonl); pass a run directory that has sampled, or a .jsonl file"
+        )
+    return picked
+
+
+def picked_line(run_dir: Path, picked: dict[str, list[Path]]) -> str:
+    """What ``inspect RUN_DIR`` read, in one line."""
+    parts = []
+    if picked["training"]:
+        parts.append("trajectories.jsonl (the episodes trained on)")
+    for path in picked["eval"]:
+        parts.append(f"eval/{path.name} (the last held-out evaluation)")
+    line = f"run {run_dir}: picked " + " and ".join(parts)
+    if picked["not_read"]:
+        line += (f"; {len(picked['not_read'])} earlier eval file(s) not read (pass one to "
+                 "inspect it)")
+    return line
+
+
 def summarize_file(path: Path) -> dict[str, Any]:
     """Validate every trajectory in ``path`` and aggregate provenance statistics."""
     from miniverl.common.errors import ConfigError
     from miniverl.common.trajectory import SpanType, iter_trajectories
 
     if not path.is_file():
-        raise ConfigError(f"trajectories file {str(path)!r} does not exist; pass a .jsonl file")
+        raise ConfigError(
+            f"trajectories file {str(path)!r} does not exist; pass a .jsonl file or a run "
+            "directory"
+        )
     tokens = Counter({t.value: 0 for t in SpanType})
     spans = Counter({t.value: 0 for t in SpanType})
     stops: Counter = Counter()
@@ -231,12 +280,37 @@ def show_trajectory(path: Path, index: int, tokenizer_dir: Path | None, as_json:
         console.print(table)
 
 
+def _inspect_run(run_dir: Path, trajectory: int | None, tokenizer: Path | None,
+                 as_json: bool) -> None:
+    """``inspect RUN_DIR``: the picked files, each summarised; ``--trajectory N`` reads
+    the training file (the newest eval file when there is none) and names it on stderr."""
+    import json
+
+    picked = pick_run_files(run_dir)
+    if trajectory is not None:
+        chosen = (picked["training"] or picked["eval"][-1:])[0]
+        typer.echo(f"run {run_dir}: picked {chosen.relative_to(run_dir)}", err=True)
+        show_trajectory(chosen, trajectory, tokenizer, as_json)
+        return
+    summaries = [summarize_file(p) for p in picked["training"] + picked["eval"]]
+    if as_json:
+        listed = {name: [str(p) for p in paths] for name, paths in picked.items()}
+        typer.echo(json.dumps({"run": str(run_dir), "picked": listed, "files": summaries},
+                              indent=2))
+        return
+    typer.echo(picked_line(run_dir, picked))
+    for info in summaries:
+        _print_summary(info)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``inspect`` to ``app``."""
 
     @app.command("inspect")
     def inspect_cmd(
-        file: Path = typer.Argument(..., help="A trajectories .jsonl file."),
+        file: Path = typer.Argument(
+            ..., help="A trajectories .jsonl file, or a run directory (its files are picked)."
+        ),
         trajectory: int | None = typer.Option(
             None, "--trajectory", "-n", min=0, help="Show trajectory N (0-based) span by span."
         ),
@@ -245,9 +319,12 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     ) -> None:
-        """Validate a trajectories file and show token provenance, stop reasons, tool calls."""
+        """Validate trajectories and show token provenance, stop reasons, tool calls."""
         import json
 
+        if file.is_dir():
+            _inspect_run(file, trajectory, tokenizer, as_json)
+            return
         if trajectory is not None:
             show_trajectory(file, trajectory, tokenizer, as_json)
             return

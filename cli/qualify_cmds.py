@@ -8,6 +8,11 @@ to a prepared teacher, and to ``--out``. ``train`` and ``up`` read it when
 ``teacher.min_success`` is set. The command exits 1 when the measured success is
 below ``teacher.min_success`` (the record is written anyway).
 
+With ``--teacher ENDPOINT`` nothing is loaded: the teacher already serving there is
+measured over the wire (``student/qualify_remote.py``), with the recipe's student
+tokenizer, environment and rollout limits, and the record goes to the cache (and
+``--out``).
+
 This module is the only place that joins the teacher's loader with the student's
 evaluation; it trains nothing and serves nothing.
 """
@@ -67,6 +72,39 @@ def qualify_recipe(
     return record, save_record(record, out=out, beside=beside)
 
 
+def qualify_endpoint(
+    recipe_path: str | Path,
+    endpoint: str,
+    *,
+    split: str = "eval",
+    out: str | Path | None = None,
+    max_tasks: int | None = None,
+    offline: bool = False,
+    timeout_s: float = 30.0,
+    curve_files: tuple[str | None, str | None] = (None, None),
+) -> tuple[dict[str, Any], list[Path]]:
+    """Measure the teacher serving at ``endpoint`` on ``split``, save the record."""
+    from miniverl.common.errors import ConfigError
+    from miniverl.common.recipe import load_recipe
+    from miniverl.common.runtime import apply_cpu_threads
+    from miniverl.protocol.endpoints import check_endpoint, load_curve_client_keys
+    from miniverl.student.qualify import save_record
+    from miniverl.student.qualify_remote import measure_endpoint
+
+    check_endpoint(endpoint)
+    recipe = load_recipe(recipe_path)
+    curve = None
+    if any(curve_files):
+        if not all(curve_files):
+            raise ConfigError("CURVE needs both --curve-secret-key and --curve-server-key")
+        curve = load_curve_client_keys(*curve_files)
+    apply_cpu_threads(recipe.runtime.cpu_threads)
+    record = measure_endpoint(recipe, endpoint, split=split, max_tasks=max_tasks, curve=curve,
+                              offline=offline, timeout_s=timeout_s)
+    record["min_success"] = recipe.teacher.min_success if recipe.teacher is not None else None
+    return record, save_record(record, out=out)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``qualify-teacher`` to ``app``."""
 
@@ -77,12 +115,36 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="Also write the record to this file."),
         max_tasks: int = typer.Option(None, "--max-tasks", min=1, help="Cap the tasks played."),
         offline: bool = typer.Option(False, "--offline", help="Never touch the network."),
+        teacher: str = typer.Option(
+            None, "--teacher",
+            help="Measure the teacher already serving at this endpoint instead of loading "
+            "the recipe's.",
+        ),
+        timeout: float = typer.Option(
+            30.0, "--timeout", min=0.1, help="With --teacher: seconds to wait for its handshake."
+        ),
+        curve_secret_key: str = typer.Option(
+            None, "--curve-secret-key", help="With --teacher: client CURVE secret key file."
+        ),
+        curve_server_key: str = typer.Option(
+            None, "--curve-server-key", help="With --teacher: server CURVE public key file."
+        ),
     ) -> None:
         """Measure the teacher's own greedy success and record it (the competence gate)."""
         from miniverl.student.qualify import describe_teacher
 
-        record, paths = qualify_recipe(recipe, split=split, out=out, max_tasks=max_tasks,
-                                       offline=offline)
+        if teacher is None:
+            if curve_secret_key or curve_server_key:
+                from miniverl.common.errors import ConfigError
+
+                raise ConfigError("--curve-secret-key/--curve-server-key go with --teacher "
+                                  "ENDPOINT (a running teacher); leave them out otherwise")
+            record, paths = qualify_recipe(recipe, split=split, out=out, max_tasks=max_tasks,
+                                           offline=offline)
+        else:
+            record, paths = qualify_endpoint(
+                recipe, teacher, split=split, out=out, max_tasks=max_tasks, offline=offline,
+                timeout_s=timeout, curve_files=(curve_secret_key, curve_server_key))
         env = record["environment"]
         typer.echo(
             f"teacher {describe_teacher(record['teacher'])}: success {record['success']:.1%} "

@@ -1,6 +1,8 @@
 """CLI: ``miniverl report``, ``miniverl benchmark`` and ``miniverl export-benchmark``.
 
-Thin wrappers over :mod:`miniverl.student.report`, :mod:`miniverl.student.benchmark.run`
+``report RUN`` writes one run's page; ``report RUN_A RUN_B ... --out compare.html`` one
+page comparing them (:mod:`miniverl.student.report.compare`). Thin wrappers over
+:mod:`miniverl.student.report`, :mod:`miniverl.student.benchmark.run`
 and :mod:`miniverl.student.benchmark.export`; all three are torch-free (the default
 benchmark cell imports the trainer only when it runs). ``report`` exits 1 when a sealed
 file or line does not match its digest (the page is still written, listing it).
@@ -15,30 +17,49 @@ import typer
 
 
 def report(
-    run: Path = typer.Argument(..., help="Run directory, e.g. runs/<id>."),
-    out: Path | None = typer.Option(None, "--out", help="HTML file (default <run>/report.html)."),
-    markdown: Path | None = typer.Option(None, "--markdown", help="Also write a markdown summary."),
+    runs: list[Path] = typer.Argument(
+        ..., help="Run directory, e.g. runs/<id>; two or more runs: one comparison page."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="HTML file (default <run>/report.html; compare.html for several)."
+    ),
+    markdown: Path | None = typer.Option(
+        None, "--markdown", help="Also write a markdown summary (one run)."
+    ),
 ) -> None:
-    """Write a self-contained offline HTML report of a run."""
-    from miniverl.common.errors import ProvenanceError
-    from miniverl.student.report.build import build_report
-    from miniverl.student.report.load import load_run
+    """Write a self-contained offline HTML report of a run, or compare several runs."""
+    from miniverl.common.errors import ConfigError, ProvenanceError
 
-    if run.is_dir() and not any((run / f).is_file() for f in ("status.json", "manifest.json")):
-        raise ProvenanceError(
-            f"{run} is not a run directory (no status.json or manifest.json); pass runs/<id>"
-        )
-    path = build_report(run, out=out, markdown=markdown)
-    data = load_run(run)
-    typer.echo(f"report: {path}")
-    if markdown:
-        typer.echo(f"markdown: {markdown}")
-    for problem in data.problems:
-        if problem not in data.tampered:
-            typer.echo(f"note: {problem}", err=True)
-    if data.tampered:
+    for run in runs:
+        if run.is_dir() and not any((run / f).is_file() for f in ("status.json", "manifest.json")):
+            raise ProvenanceError(
+                f"{run} is not a run directory (no status.json or manifest.json); pass runs/<id>"
+            )
+    if len(runs) > 1:
+        if markdown:
+            raise ConfigError("--markdown summarises one run; drop it to compare several runs")
+        from miniverl.student.report.compare import build_comparison
+
+        path, parsed = build_comparison(runs, out or Path("compare.html"))
+        typer.echo(f"comparison: {path}")
+    else:
+        from miniverl.student.report.build import build_report
+        from miniverl.student.report.load import load_run
+
+        path = build_report(runs[0], out=out, markdown=markdown)
+        parsed = [load_run(runs[0])]
+        typer.echo(f"report: {path}")
+        if markdown:
+            typer.echo(f"markdown: {markdown}")
+    tampered = [t for data in parsed for t in data.tampered]
+    for data in parsed:
+        for problem in data.problems:
+            if problem not in data.tampered:
+                typer.echo(f"note: {data.run_id}: {problem}" if len(parsed) > 1
+                           else f"note: {problem}", err=True)
+    if tampered:
         # The page lists what was skipped; the exit code must not call the run sound.
-        raise ProvenanceError("; ".join(data.tampered))
+        raise ProvenanceError("; ".join(tampered))
 
 
 def benchmark(

@@ -21,6 +21,39 @@ CURVE_SECRET_OPT = typer.Option(
 CURVE_SERVER_OPT = typer.Option(
     None, "--curve-server-key", help="The teacher's CURVE public key file (server.key)."
 )
+LOGGER_OPT = typer.Option(
+    None, "--logger",
+    help="Add an experiment tracker to run.loggers: tensorboard, wandb, mlflow or trackio "
+    "(repeatable; jsonl is always on).",
+)
+
+
+def cuda_warning(recipe) -> str | None:
+    """One line when the recipe's student wants a CUDA device this machine lacks.
+
+    A dry run loads nothing, so without this it printed a clean plan for a run that
+    would stop at the model load. torch is imported only for a recipe that asks for
+    CUDA (an optional heavy dependency).
+    """
+    import importlib.util
+
+    device = recipe.student.device
+    if not device.startswith("cuda"):
+        return None
+    fix = "run it on a machine with an NVIDIA GPU, or set student.device: cpu (or auto)"
+    if importlib.util.find_spec("torch") is None:
+        return f"warning: student.device is {device!r} but torch is not installed here; {fix}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return (f"warning: student.device is {device!r} but CUDA is not available on this "
+                f"machine (torch.cuda.is_available() is False); {fix}")
+    index = torch.device(device).index
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        return (f"warning: student.device is {device!r} but this machine has {count} CUDA "
+                f"device(s); pick cuda:0..cuda:{count - 1}")
+    return None
 
 
 def register(app: typer.Typer) -> None:
@@ -41,6 +74,7 @@ def register(app: typer.Typer) -> None:
         admin_token: str = typer.Option(
             None, "--admin-token", help="Teacher's admin token file (lets swap PARK/WAKE)."
         ),
+        logger: list[str] = LOGGER_OPT,
     ) -> None:
         """Run the student process alone (opd, replay and offline_kd need --teacher)."""
         from miniverl.common.errors import ConfigError
@@ -49,7 +83,9 @@ def register(app: typer.Typer) -> None:
 
         curve = curve_key_files(curve_secret_key, curve_server_key)
 
-        loaded = load_recipe(recipe)
+        from miniverl.student.trackers import with_loggers
+
+        loaded = with_loggers(load_recipe(recipe), logger)  # an unknown --logger: one line
         if dry_run:
             from miniverl.cli.foundation import plan_lines
 
@@ -58,6 +94,9 @@ def register(app: typer.Typer) -> None:
             endpoint = teacher or (loaded.teacher.endpoint if loaded.teacher else None)
             if loaded.needs_teacher and endpoint is None:
                 typer.echo("teacher      none given: pass --teacher ENDPOINT or use `miniverl up`")
+            warning = cuda_warning(loaded)
+            if warning:
+                typer.echo(warning, err=True)
             typer.echo("dry run: nothing was loaded")
             return
         if loaded.needs_teacher and not (teacher or loaded.teacher.endpoint):
@@ -70,7 +109,7 @@ def register(app: typer.Typer) -> None:
         result = train_from_file(
             recipe, teacher=teacher, run_id=run_id, resume=resume, offline=offline,
             output_dir=output_dir, stop_event=graceful_stop(), teacher_curve=curve,
-            teacher_admin_token=admin_token,
+            teacher_admin_token=admin_token, loggers=logger,
         )
         for line in summary_lines(result):
             typer.echo(line)
@@ -132,6 +171,7 @@ def register_up(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="No child log lines, no progress."),
         curve_secret_key: str = CURVE_SECRET_OPT,
         curve_server_key: str = CURVE_SERVER_OPT,
+        logger: list[str] = LOGGER_OPT,
     ) -> None:
         """Start the teacher and the student, keep them alive, stop them together."""
         from miniverl.cli.supervisor import up as run_up
@@ -140,7 +180,7 @@ def register_up(app: typer.Typer) -> None:
         code, run_dir = run_up(
             recipe, teacher=teacher, run_id=run_id, resume=resume, output_dir=output_dir,
             show_progress=not quiet, echo=not quiet,
-            curve=curve_key_files(curve_secret_key, curve_server_key),
+            curve=curve_key_files(curve_secret_key, curve_server_key), loggers=logger,
         )
         typer.echo(f"run directory: {run_dir}")
         if code:
@@ -151,7 +191,7 @@ def register_up(app: typer.Typer) -> None:
         run: Path = typer.Argument(..., help="Run directory."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Progress of a run: live from its control socket, else from status.json."""
+        """Progress of a running run (its control socket), or a finished run's summary."""
         import json
 
         from miniverl.common.errors import MiniverlError
@@ -168,15 +208,19 @@ def register_up(app: typer.Typer) -> None:
             reply = control_request(control_endpoint(run), StatusRequest(id=new_id())).model_dump()
             live = True
         except MiniverlError:
-            reply = {"run_id": handle.id, **handle.read_status()}
+            from miniverl.cli.run_status import finished_summary
+
+            reply = finished_summary(handle)
             live = False
         reply["live"] = live
         if as_json:
             typer.echo(json.dumps(reply, indent=2, default=str))
             return
         if not live:
-            typer.echo(f"{handle.id}: {reply.get('status')} (not running; "
-                       f"updated {reply.get('updated_at')})")
+            from miniverl.cli.run_status import finished_lines
+
+            for line in finished_lines(reply):
+                typer.echo(line)
             return
         teacher = reply.get("teacher") or {}
         typer.echo(

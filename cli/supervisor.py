@@ -6,11 +6,12 @@ recipe says so (``teacher.prepare``, cached), starts ``python -m miniverl.teache
 on ``ipc://<run>/teacher.sock`` and waits for it to answer ``PING`` with ``READY``
 while watching the child: a crash during load fails fast with the teacher's last log
 lines. While training runs it shows prefixed log lines and one progress bar read from
-``metrics.jsonl``. A teacher that dies is restarted at the same endpoint with bounded
-retries and backoff; the student's client re-handshakes and re-sends. Ctrl-C or
-SIGTERM asks the student to checkpoint and stop at the next update boundary, then shuts
-the teacher down; the exit code is then 130, otherwise the student's. A second Ctrl-C
-does not wait: both children are killed at once (no checkpoint) and the exit code is 130.
+``metrics.jsonl`` (plain progress lines when its output is not a terminal). A
+teacher that dies is restarted at the same endpoint with bounded retries and backoff;
+the student's client re-handshakes and re-sends. Ctrl-C or SIGTERM asks the student to
+checkpoint and stop at the next update boundary, then shuts the teacher down; the exit
+code is then 130, otherwise the student's. A second Ctrl-C does not wait: both children
+are killed at once (no checkpoint) and the exit code is 130.
 
 With ``--teacher ENDPOINT`` no teacher is started: the student attaches to it (over
 CURVE with ``--curve-secret-key``/``--curve-server-key`` or the recipe's
@@ -34,13 +35,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.rundir import RunDir, new_run_id
 from miniverl.protocol.endpoints import admin_token_path
+from miniverl.student.progress import TrainProgress
 from miniverl.student.teacher_process import StudentExited, teacher_command, wait_until_ready
+from miniverl.student.trackers import check_loggers, with_loggers
 
 TEACHER_RESTARTS = 3
 TEACHER_OUTPUT = "teacher.stderr.log"  # the teacher's stdout and stderr, under logs/
@@ -90,9 +92,12 @@ class Supervisor:
         echo: bool = True,
         teacher_restarts: int = TEACHER_RESTARTS,
         curve: tuple[str, str] | None = None,
+        loggers: list[str] | None = None,
     ):
         self.recipe_path = Path(recipe_path).resolve()
-        self.recipe = load_recipe(self.recipe_path)
+        self.recipe = with_loggers(load_recipe(self.recipe_path), loggers)
+        check_loggers(self.recipe.run.loggers)  # before a run directory exists
+        self.loggers = list(loggers or [])
         if output_dir is not None:
             self.recipe = self.recipe.model_copy(
                 update={"run": self.recipe.run.model_copy(update={"output_dir": output_dir})}
@@ -156,6 +161,8 @@ class Supervisor:
                 cmd += ["--curve-secret-key", self.curve[0], "--curve-server-key", self.curve[1]]
         if self.resume:
             cmd.append("--resume")
+        for name in self.loggers:
+            cmd += ["--logger", name]
         self.student = self._spawn(cmd, "[student]", "student.log")
 
     def _teacher_cmd(self) -> list[str]:
@@ -163,7 +170,9 @@ class Supervisor:
                 "--threads", str(threads_per_process(self.recipe)),
                 "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms)]
         if self.teacher_model_dir is not None:
-            args += ["--model", str(self.teacher_model_dir)]
+            # --gate: a RELOAD onto a teacher this recipe's teacher.min_success refuses is
+            # refused by the teacher itself (--recipe implies it).
+            args += ["--model", str(self.teacher_model_dir), "--gate", str(self.recipe_path)]
             if not (self.teacher_model_dir / "config.json").is_file():
                 # Still being prepared: the teacher imports its libraries meanwhile.
                 args += ["--wait-for-model", str(self.recipe.runtime.teacher_startup_timeout_s)]
@@ -315,15 +324,11 @@ class Supervisor:
         restarts = 0
         metrics_pos = 0
         self._first_train_row_seen = False
-        progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
-                            console=self.console, disable=not self.show_progress)
-        with progress:
-            task = progress.add_task("train", total=total, info="")
+        with TrainProgress(total, enabled=self.show_progress, console=self.console) as progress:
             stop_deadline = None
             while self.student.poll() is None:
                 time.sleep(0.2)
-                metrics_pos = self._update_progress(progress, task, metrics_pos)
+                metrics_pos = self._update_progress(progress, metrics_pos)
                 if self._stopping and stop_deadline is None:
                     stop_deadline = time.monotonic() + STOP_GRACE_S
                 if stop_deadline is not None and time.monotonic() > stop_deadline:
@@ -347,7 +352,7 @@ class Supervisor:
                         self._start_teacher()
                     except MiniverlError as exc:
                         self.console.print(f"[bold red]teacher[/bold red] restart failed: {exc}")
-            self._update_progress(progress, task, metrics_pos)
+            self._update_progress(progress, metrics_pos)
         code = self.student.returncode
         self.student.pump.join(5)
         self._say_why(code)
@@ -385,7 +390,7 @@ class Supervisor:
         except (MiniverlError, OSError, ValueError) as exc:
             self.console.print(f"[bold red]run[/bold red] could not record the student's exit: {exc}")
 
-    def _update_progress(self, progress: Progress, task: Any, pos: int) -> int:
+    def _update_progress(self, progress: TrainProgress, pos: int) -> int:
         import json
 
         path = self.run.metrics_path
@@ -402,11 +407,6 @@ class Supervisor:
                 row = json.loads(line)
             except ValueError:
                 continue
-            info = [f"v{row.get('version')}"]
-            if row.get("loss") is not None:
-                info.append(f"loss {row['loss']:.4f}")
-            if row.get("train_success") is not None:
-                info.append(f"rollout success {row['train_success']:.0%}")
             step = row.get("step", 0)
             if row.get("phase") == "train" and not self._first_train_row_seen:
                 # The file's first distillation row follows the warm-up's last step; when
@@ -415,8 +415,8 @@ class Supervisor:
                 self._first_train_row_seen = True
                 warmup = self.recipe.train.sft_warmup_steps
                 if step - 1 < warmup:
-                    progress.update(task, total=self._planned_total - (warmup - (step - 1)))
-            progress.update(task, completed=step, info="  ".join(info))
+                    progress.set_total(self._planned_total - (warmup - (step - 1)))
+            progress.update(step, row)
         return pos + last_newline + 1
 
     def _shutdown(self, code: int, grace_s: float = STOP_GRACE_S) -> int:

@@ -1,7 +1,9 @@
 """``miniverl teacher serve|status|reload|park|wake|shutdown|keys|use``: run and steer a teacher.
 
 ``serve`` runs the teacher in the foreground (the same code as ``python -m
-miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits). ``status`` is a
+miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits); ``serve --recipe`` of a
+recipe with ``teacher.prepare`` prepares the teacher first (or reuses the cached one)
+and refuses one below the recipe's ``teacher.min_success``. ``status`` is a
 scoring-level request; ``reload``, ``park``, ``wake`` and ``shutdown`` are admin requests
 over ``mvl-score/1`` and carry proof (DESIGN §3): an admin CURVE key, or the admin token
 file the teacher wrote at start (``--admin-token FILE``; by default the one beside an
@@ -10,7 +12,8 @@ They need no tokenizer and no torch. ``keys`` creates CURVE certificates for a t
 a student and an admin. Each command is one library call; the
 library raises ``MiniverlError`` for expected failures and ``cli/app.py`` prints them
 as one line. ``use`` asks a running student (by its run directory) to switch
-teachers over its control socket. Other modules may add commands to :data:`teacher_app`.
+teachers over its control socket; the student refuses (exit 1, with the reason) a
+teacher it would not accept: none answering, another tokenizer, below its gate. Other modules may add commands to :data:`teacher_app`.
 """
 
 from __future__ import annotations
@@ -50,7 +53,11 @@ def serve(
     adapter_revision: str = typer.Option(
         None, "--adapter-revision", help="40-hex commit pinning a hub adapter id."
     ),
-    recipe: str = typer.Option(None, "--recipe", help="Use this recipe's teacher section."),
+    recipe: str = typer.Option(
+        None, "--recipe",
+        help="Use this recipe's teacher section (teacher.prepare: prepared first, or the "
+        "cached one; a RELOAD its teacher.min_success refuses is refused).",
+    ),
     scorer: str = typer.Option(
         None, "--scorer", help="causal_lm (default) or a miniverl.scorers entry point."
     ),
@@ -82,11 +89,18 @@ def serve(
         None, "--curve-admin-dir", help="Directory of admin public keys (RELOAD, PARK, SHUTDOWN)."
     ),
 ) -> None:
-    """Load a teacher and serve it until SHUTDOWN or Ctrl-C (binds before loading)."""
+    """Load a teacher and serve it until SHUTDOWN or Ctrl-C (binds before loading).
+
+    With ``--recipe`` whose ``teacher.prepare`` is set, the teacher is prepared first
+    (or the cached one reused) and must pass the recipe's ``teacher.min_success``.
+    """
     from miniverl.teacher_server.__main__ import build_parser
     from miniverl.teacher_server.__main__ import serve as run
 
     argv: list[str] = ["--exact-max-vocab", str(exact_max_vocab)]
+    prepared = prepared_teacher(recipe) if recipe is not None and model is None else None
+    if prepared is not None:
+        argv += ["--prepared-dir", str(prepared)]
     for flag, value in (
         ("--model", model),
         ("--revision", revision),
@@ -113,6 +127,34 @@ def serve(
     code = run(build_parser().parse_args(argv))
     if code:
         raise typer.Exit(code)
+
+
+def prepared_teacher(recipe_path: str):
+    """The directory ``teacher serve --recipe`` serves when the recipe prepares its teacher.
+
+    Runs ``teacher.prepare`` (or reuses the cached result, as ``miniverl up`` does) and
+    applies the recipe's competence gate to it, so a preparation that did not make the
+    teacher competent is refused here, not by each student that attaches. None when the
+    recipe prepares nothing.
+    """
+    from miniverl.common.qualification import require_qualified
+    from miniverl.common.recipe import load_recipe
+    from miniverl.student.teacher_prep import prep_recipe_path, prepare_teacher
+
+    recipe = load_recipe(recipe_path)
+    prep = prep_recipe_path(recipe, recipe_path)
+    if prep is None:
+        return None
+    typer.echo(f"teacher: preparing from {prep.name} (cached after the first run)", err=True)
+    prepared = prepare_teacher(recipe, prep)
+    where = "cached" if prepared.cached else f"trained in {prepared.record['wall_s']:.1f} s"
+    identity = {"name": prepared.model_dir.name, "model": str(prepared.model_dir),
+                "revision": None, "adapter_sha256": None}
+    record = require_qualified(recipe, identity)
+    qualified = (f", qualified: success {record['success']:.3f} >= teacher.min_success "
+                 f"{recipe.teacher.min_success:g}" if record is not None else "")
+    typer.echo(f"teacher: {prepared.model_dir} ({where}{qualified})", err=True)
+    return prepared.model_dir
 
 
 @contextlib.contextmanager
@@ -290,15 +332,16 @@ def use(
     endpoint: str = ENDPOINT_ARG,
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for the student."),
 ) -> None:
-    """Switch a running student to another teacher at its next update boundary (RETARGET)."""
+    """Switch a running student to another teacher at its next update boundary (RETARGET);
+    a teacher the run would refuse is refused now (exit 1)."""
     from miniverl.protocol.control import RetargetRequest, control_endpoint, control_request, new_id
 
     reply = control_request(
         control_endpoint(run), RetargetRequest(id=new_id(), endpoint=endpoint), timeout_s=timeout
     )
     typer.echo(
-        f"retarget to {reply.endpoint} accepted; it takes effect at the {reply.takes_effect} "
-        "(events.jsonl records teacher_changed, or teacher_swap_refused with the reason)"
+        f"retarget to {reply.endpoint} accepted (handshake, tokenizer and gate checked); it "
+        f"takes effect at the {reply.takes_effect} (events.jsonl records teacher_changed)"
     )
 
 def register(app: typer.Typer) -> None:

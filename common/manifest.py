@@ -130,7 +130,11 @@ def build_manifest(recipe: Recipe, run_id: str, **extra: Any) -> dict[str, Any]:
         "run_id": run_id,
         "created_at": utc_now_ms(),
         "mode": recipe.run.mode,
-        "on_policy": recipe.on_policy,
+        # What the plan promises: an SFT warm-up is off-policy. finish_manifest replaces
+        # it with what the run did (counted from its metrics rows).
+        "on_policy": recipe.on_policy and recipe.train.sft_warmup_steps == 0,
+        "steps": {"on_policy": 0, "off_policy": 0},
+        "final_version": None,
         "recipe_digest": recipe_digest(recipe),
         "seeds": {"run": recipe.run.seed, "split": recipe.environment.split_seed},
         "python": platform.python_version(),
@@ -143,7 +147,8 @@ def build_manifest(recipe: Recipe, run_id: str, **extra: Any) -> dict[str, Any]:
             "teacher": _model_entry(recipe.teacher),
         },
         "tokenizer_fp": None,
-        # Each entry: {from_version, to_version|None, name, instance, gen, how}.
+        # Each entry: {from_version, to_version, name, instance, gen, how}; to_version is
+        # the last student version the teacher scored, None while it still serves.
         "teachers": [],
         "measurement": {"status": "not_measured"},
     }
@@ -226,3 +231,23 @@ def record_teacher(run: Any, from_version: int, identity: dict[str, Any], how: s
         teachers[-1]["to_version"] = max(from_version - 1, teachers[-1]["from_version"])
     teachers.append({"from_version": from_version, "to_version": None, "how": how, **identity})
     write_manifest(run, manifest)
+
+
+def finish_manifest(run: Any, final_version: int, *, mode_on_policy: bool,
+                    on_policy_steps: int, off_policy_steps: int) -> dict[str, Any]:
+    """Record how a run ended: its final version, how many of its optimizer steps were
+    on-policy, ``on_policy`` true only if every one was (and the mode, ``recipe.
+    on_policy``, says so), and the open teacher range closed.
+
+    The last teacher scored versions up to ``final_version - 1`` (the final version's
+    weights are the result; nothing scored them), the same rule :func:`record_teacher`
+    uses when a teacher is replaced. A resumed run that connects again opens a new range.
+    """
+    manifest = read_manifest(run)
+    teachers = manifest.setdefault("teachers", [])
+    if teachers and teachers[-1].get("to_version") is None:
+        teachers[-1]["to_version"] = max(final_version - 1, teachers[-1]["from_version"])
+    manifest["final_version"] = final_version
+    manifest["steps"] = {"on_policy": on_policy_steps, "off_policy": off_policy_steps}
+    manifest["on_policy"] = mode_on_policy and off_policy_steps == 0
+    return write_manifest(run, manifest)

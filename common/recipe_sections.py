@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 Mode = Literal["sft", "offline_kd", "opd", "replay", "dpo"]
+# Where a run's metrics and events go: jsonl (metrics.jsonl, events.jsonl) is always on;
+# the others are experiment trackers, each an optional extra (docs/tracking.md).
+Logger = Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
+LOGGERS: tuple[str, ...] = ("jsonl", "tensorboard", "wandb", "mlflow", "trackio")
 
 
 def raise_issues(issues: list[tuple], involves: dict[str, tuple[str, ...]] | None = None) -> None:
@@ -291,3 +295,15 @@ class RunConfig(Section):
     deterministic: bool = Field(
         False, description="Deterministic kernels, and each SCORE scored alone (bitwise reruns)."
     )
+    loggers: list[Logger] = Field(
+        default_factory=lambda: ["jsonl"],
+        max_length=len(LOGGERS),
+        description="jsonl (always on) plus experiment trackers: tensorboard, wandb, mlflow, trackio.",
+    )
+
+    @field_validator("loggers")
+    @classmethod
+    def _jsonl_always_on(cls, loggers: list[str]) -> list[str]:
+        # metrics.jsonl and events.jsonl are the run's own record (report, resume, export):
+        # they are written whatever else is chosen, so the list always starts with jsonl.
+        return ["jsonl", *dict.fromkeys(name for name in loggers if name != "jsonl")]

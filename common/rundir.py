@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ class RunDir:
         self.path = Path(path)
         self.id = self.path.name
         self._lock_fd: int | None = None
+        # Called as observer(kind, record) after each line is written, kind "event" or
+        # "metric": experiment trackers mirror the run from here (student/trackers.py).
+        self.observers: list[Callable[[str, dict[str, Any]], None]] = []
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -251,13 +255,19 @@ class RunDir:
         """Append ``{"ts", "event": name, **fields}`` to events.jsonl."""
         record = {"ts": utc_now_ms(), "event": name, **fields}
         _append_line(self.events_path, record)
+        self._notify("event", record)
         return record
 
     def metric(self, row: dict[str, Any]) -> dict[str, Any]:
         """Append a metrics row (with ``ts``) to metrics.jsonl."""
         record = {"ts": utc_now_ms(), **row}
         _append_line(self.metrics_path, record)
+        self._notify("metric", record)
         return record
+
+    def _notify(self, kind: str, record: dict[str, Any]) -> None:
+        for observer in list(self.observers):
+            observer(kind, record)
 
     def read_jsonl(self, name: str) -> list[dict[str, Any]]:
         """Rows of ``events.jsonl`` / ``metrics.jsonl``; a torn last line is skipped."""

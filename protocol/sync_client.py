@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from concurrent.futures import Future
 from typing import Any
 
 import anyio
@@ -40,13 +41,16 @@ class SyncTeacherClient:
         self._portal = None
         self._client_cm = None
 
-    def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _start(self) -> Any:
         if self._portal is None:
             self._portal_cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
             self._portal = self._portal_cm.__enter__()
             self._client_cm = self._portal.wrap_async_context_manager(self._core)
             self._client_cm.__enter__()
-        return self._portal.call(functools.partial(fn, *args, **kwargs))
+        return self._portal
+
+    def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._start().call(functools.partial(fn, *args, **kwargs))
 
     # Read-only views of the async core's state.
     endpoint = property(lambda self: self._core.endpoint, doc="The teacher endpoint in use.")
@@ -56,6 +60,11 @@ class SyncTeacherClient:
 
     def connect(self, timeout_s: float | None = None) -> HelloOk | None:
         return self._run(self._core.connect, timeout_s)
+
+    def connect_soon(self, timeout_s: float | None = None) -> Future:
+        """Start :meth:`connect` without waiting: the future holds its ``HELLO_OK`` or
+        error (:meth:`close` ends a handshake still waiting)."""
+        return self._start().start_task_soon(self._core.connect, timeout_s)
 
     def set_version(self, version: int, allowed_lag: int = 0) -> None:
         if self._portal is None:

@@ -1,6 +1,6 @@
 """The student process: ``python -m miniverl.student RECIPE [--teacher ENDPOINT]
 [--run-id ID] [--resume] [--offline] [--control] [--no-progress]
-[--curve-secret-key FILE --curve-server-key FILE] [--admin-token FILE]``.
+[--curve-secret-key FILE --curve-server-key FILE] [--admin-token FILE] [--logger NAME]``.
 
 The same entry as ``miniverl train``; ``miniverl up`` starts it with ``--control`` so the
 run answers ``STATUS``, ``RETARGET`` and ``STOP`` on ``ipc://<run>/control.sock``.
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve-secret-key", default=None, help="student CURVE secret key file")
     parser.add_argument("--curve-server-key", default=None, help="teacher CURVE public key file")
     parser.add_argument("--admin-token", default=None, help="teacher admin token file (swap)")
+    parser.add_argument("--logger", action="append", default=None,
+                        help="add an experiment tracker to run.loggers (repeatable)")
     args = parser.parse_args(argv)
 
     # start-up: --help and argument errors answer before torch and the trainer load.
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             offline=args.offline, output_dir=args.output_dir,
             show_progress=not args.no_progress, control=args.control, stop_event=stop,
             teacher_curve=curve_key_files(args.curve_secret_key, args.curve_server_key),
-            teacher_admin_token=args.admin_token,
+            teacher_admin_token=args.admin_token, loggers=args.logger,
         )
     except MiniverlError as exc:
         print(f"error: {exc}", file=sys.stderr)

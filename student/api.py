@@ -21,6 +21,7 @@ from miniverl.student.checkpoint import latest as latest_checkpoint
 from miniverl.student.checkpoint import load as load_checkpoint
 from miniverl.student.control import ControlServer
 from miniverl.student.eval import evaluate
+from miniverl.student.trackers import with_loggers
 from miniverl.student.train.policy import load_policy
 from miniverl.student.train.trainer import Trainer
 
@@ -38,17 +39,20 @@ def train_from_file(
     control: bool = False,
     teacher_curve: tuple[str, str] | None = None,
     teacher_admin_token: str | None = None,
+    loggers: list[str] | None = None,
 ):
     """Run the recipe at ``recipe_path``; returns the :class:`TrainResult`.
 
     ``teacher_curve`` (secret key file, server public key file) and
-    ``teacher_admin_token`` (a token file) say how to reach and steer the teacher.
+    ``teacher_admin_token`` (a token file) say how to reach and steer the teacher;
+    ``loggers`` adds experiment trackers to ``run.loggers`` (``--logger``).
     """
     recipe = load_recipe(recipe_path)
     if output_dir is not None:
         recipe = recipe.model_copy(
             update={"run": recipe.run.model_copy(update={"output_dir": output_dir})}
         )
+    recipe = with_loggers(recipe, loggers)
     text = Path(recipe_path).read_text(encoding="utf-8")
     with Trainer(
         recipe, teacher_endpoint=teacher, run_id=run_id, resume=resume, offline=offline,

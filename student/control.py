@@ -2,9 +2,11 @@
 
 It runs on its own thread so it answers while the training loop computes. ``STATUS``
 reads a snapshot of the trainer; ``RETARGET`` and ``STOP`` only *request* a change:
-the training loop applies them at the next update boundary (a retarget is validated
-there, and a refused one leaves training on the old teacher with the reason in the
-run's events). The socket's address is written to ``<run>/sockets.json`` for the CLI;
+the training loop applies them at the next update boundary. A retarget is validated
+first, here (a teacher answers at the endpoint, its handshake and tokenizer, the
+competence gate): one the run would refuse gets ``ERROR`` with the reason, so
+``miniverl teacher use`` fails, and training goes on with the old teacher. It is checked
+once more at the boundary (a refusal there is the event ``teacher_swap_refused``). The socket's address is written to ``<run>/sockets.json`` for the CLI;
 the socket file is removed when the server stops (normal exit, SIGTERM, error).
 
 This module does not train; it never touches the model.
@@ -40,10 +42,14 @@ from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
 from miniverl.protocol.messages import Ping, Pong
 from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.student.train.optim import planned_cycles
+from miniverl.student.train.teacher import vet_endpoint
 
 log = logging.getLogger(__name__)
 
 RETARGET_PROBE_S = 3.0
+# The handshake of a vetted retarget; with the probe it stays under `teacher use`'s
+# default 10 s wait for the reply.
+RETARGET_HANDSHAKE_S = 5.0
 
 
 def socket_endpoint(run_dir: Path, name: str) -> str:
@@ -180,7 +186,10 @@ class ControlServer:
             # refused here instead, before anything waits on it.
             try:
                 probe_teacher(req.endpoint, RETARGET_PROBE_S)
-            except TeacherUnavailable as exc:
+                if trainer.state is not None and trainer.state.policy is not None:
+                    # The swap the run would refuse is refused now, before it is queued.
+                    vet_endpoint(trainer.state, req.endpoint, RETARGET_HANDSHAKE_S)
+            except MiniverlError as exc:
                 trainer.run.event("teacher_swap_refused", endpoint=req.endpoint,
                                   reason=str(exc), version=trainer.version)
                 raise

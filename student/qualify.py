@@ -1,104 +1,49 @@
-"""The teacher competence gate: qualification records and the check made at connect time.
+"""Measure a teacher's competence: the greedy held-out eval that makes a qualification record.
 
 A teacher is only worth distilling from if it can do the task itself.
 :func:`measure` plays the environment's held-out split with the *teacher's* model
 (greedy, through :func:`~miniverl.student.eval.evaluate`: the rollout code does not
-care whose weights it runs) and returns a **qualification record**::
-
-    {"kind": "miniverl.teacher_qualification", "teacher": {name, model, revision,
-     adapter_sha256}, "model_dir_sha256": "sha256:...", "environment": {name, params,
-     difficulty, split_seed}, "split": "eval", "n": 32, "success": 0.81,
-     "by_difficulty": {...}, "stop_reasons": {...}, "date": "...", "miniverl_version": "..."}
-
-:func:`save_record` writes it to the per-user cache (``<cache>/qualifications/``,
-one file per teacher identity, environment and split), and optionally next to a
-prepared teacher and to a file the user names. With ``teacher.min_success`` set, the
-trainer calls :func:`require_qualified` with the identity the teacher announced in
-``HELLO_OK``: a teacher without a matching record, or whose recorded success is below
-the threshold, is refused with :class:`TeacherNotQualified` naming the measured value.
-
-Matching a record to a live teacher: the environment (name, params, difficulty, split
-seed), the revision and the adapter digest must be equal; the model must be the same
-*content* when its directory is visible from here (a sha256 over the directory, cached
-by file sizes and modification times), otherwise the same model string (a hub id at a
-pinned revision). The most recent record wins, ``eval`` before ``test``.
+care whose weights it runs) and :func:`record_from_eval` turns the summary into a
+**qualification record** (``common/qualification.py`` says what one holds, where records
+live and how the gate, ``teacher.min_success``, matches one to a live teacher; its names
+are re-exported here for the student's callers).
 
 This module does not load teacher weights (``miniverl qualify-teacher`` does, with the
-teacher server's loader) and does not talk to a teacher.
+teacher server's loader; ``student/qualify_remote.py`` measures a running teacher over
+the wire) and does not talk to a teacher.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 from pathlib import Path
 from typing import Any
 
-from miniverl.common.atomic import atomic_write_json
 from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError
-from miniverl.common.hashing import sha256_dir, sha256_text
-from miniverl.common.toy import cache_root
+from miniverl.common.qualification import (  # noqa: F401  (re-exported for the student's callers)
+    IDENTITY_KEYS,
+    RECORD_FILE,
+    RECORD_KIND,
+    TeacherNotQualified,
+    describe_teacher,
+    environment_signature,
+    find_record,
+    model_dir_digest,
+    qualifications_dir,
+    record_key,
+    require_qualified,
+    save_record,
+)
 
-RECORD_KIND = "miniverl.teacher_qualification"
-RECORD_FILE = "miniverl_qualification.json"  # beside a prepared teacher
-# Files miniverl itself writes into a model directory; they never change the weights.
-OWN_FILES = ("miniverl_prepared.json", RECORD_FILE)
-IDENTITY_KEYS = ("name", "model", "revision", "adapter_sha256")
-SPLIT_PREFERENCE = {"eval": 0, "test": 1, "train": 2}
-
-
-class TeacherNotQualified(ConfigError):
-    """``teacher.min_success`` is set and the teacher has no good-enough qualification."""
-
-
-def qualifications_dir() -> Path:
-    """``<cache>/qualifications`` (``$MINIVERL_CACHE`` or the per-user cache)."""
-    return cache_root() / "qualifications"
+HELD_OUT = ("eval", "test")
 
 
-def environment_signature(recipe: Any) -> dict[str, Any]:
-    """What makes two eval splits the same tasks: environment, params, difficulty, seed."""
-    env = recipe.environment
-    return {
-        "name": env.name,
-        "params": dict(env.params),
-        "difficulty": env.difficulty,
-        "split_seed": env.split_seed,
-    }
-
-
-def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in OWN_FILES)
-
-
-def model_dir_digest(model_dir: str | Path) -> str:
-    """``sha256:`` over a model directory's files (miniverl's own notes excluded).
-
-    Hashing gigabytes on every connect would be slow, so the digest is cached per
-    directory under the qualifications folder and reused while every file keeps its
-    size and modification time.
-    """
-    root = Path(model_dir).expanduser().resolve()
-    stat = sha256_text(
-        json.dumps(
-            [[p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns]
-             for p in _files(root)]
+def check_split(split: str) -> None:
+    """A teacher qualifies on a held-out split only."""
+    if split not in HELD_OUT:
+        raise ConfigError(
+            f"--split {split!r}: a teacher qualifies on a held-out split; use eval or test"
         )
-    )
-    index_path = qualifications_dir() / "model_dirs.json"
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        index = {}
-    hit = index.get(str(root))
-    if isinstance(hit, dict) and hit.get("stat") == stat and hit.get("sha256"):
-        return str(hit["sha256"])
-    digest = "sha256:" + sha256_dir(root, exclude=OWN_FILES)
-    index[str(root)] = {"stat": stat, "sha256": digest}
-    index_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(index_path, index)
-    return digest
 
 
 def _version() -> str:
@@ -128,10 +73,7 @@ def measure(
     # reads and records qualifications through this module without them (start-up).
     from miniverl.student.eval import evaluate
 
-    if split not in ("eval", "test"):
-        raise ConfigError(
-            f"--split {split!r}: a teacher qualifies on a held-out split; use eval or test"
-        )
+    check_split(split)
     greedy = recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"greedy": True})})
     model.eval()
     with torch.no_grad():
@@ -146,15 +88,19 @@ def record_from_eval(
     recipe: Any,
     *,
     identity: dict[str, Any],
-    model_dir: str | Path,
+    model_dir: str | Path | None,
     tokenizer_fp: str | None,
 ) -> dict[str, Any]:
-    """The qualification record of a greedy eval (``EvalSummary.to_dict()``) of a teacher."""
+    """The qualification record of a greedy eval (``EvalSummary.to_dict()``) of a teacher.
+
+    ``model_dir`` None: the teacher's weights are not visible from here (a teacher on
+    another machine, or a hub id); the record then matches by the model string alone.
+    """
     return {
         "kind": RECORD_KIND,
         "teacher": {k: identity.get(k) for k in IDENTITY_KEYS},
-        "model_dir": str(Path(model_dir).expanduser().resolve()),
-        "model_dir_sha256": model_dir_digest(model_dir),
+        "model_dir": str(Path(model_dir).expanduser().resolve()) if model_dir else None,
+        "model_dir_sha256": model_dir_digest(model_dir) if model_dir else None,
         "tokenizer_fp": tokenizer_fp,
         "environment": environment_signature(recipe),
         "split": summary["split"],
@@ -166,114 +112,3 @@ def record_from_eval(
         "date": utc_now(timespec="seconds"),
         "miniverl_version": _version(),
     }
-
-
-def record_key(record: dict[str, Any]) -> str:
-    """The cache file name of a record: one per teacher identity, environment and split."""
-    ident = {
-        "teacher": record["teacher"],
-        "model_dir_sha256": record.get("model_dir_sha256"),
-        "environment": record["environment"],
-        "split": record["split"],
-    }
-    return sha256_text(json.dumps(ident, sort_keys=True))[:24]
-
-
-def save_record(
-    record: dict[str, Any], *, out: str | Path | None = None, beside: str | Path | None = None
-) -> list[Path]:
-    """Write ``record`` to the cache (and ``out``, and ``beside/RECORD_FILE``); returns paths."""
-    paths = [qualifications_dir() / f"{record_key(record)}.json"]
-    if beside is not None:
-        paths.append(Path(beside) / RECORD_FILE)
-    if out is not None:
-        paths.append(Path(out))
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, record)
-    return paths
-
-
-def _load(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
-        return None
-    return data
-
-
-def _same_model(record: dict[str, Any], model: str | None, digests: dict[str, str]) -> bool:
-    local = Path(model).expanduser() if model else None
-    if local is not None and local.is_dir():
-        key = str(local.resolve())
-        if key not in digests:
-            digests[key] = model_dir_digest(local)
-        return record.get("model_dir_sha256") == digests[key]
-    return (record.get("teacher") or {}).get("model") == model
-
-
-def find_record(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """The best qualification record for this teacher identity and the recipe's environment."""
-    folder = qualifications_dir()
-    if not folder.is_dir():
-        return None
-    env = environment_signature(recipe)
-    digests: dict[str, str] = {}
-    found = []
-    for path in sorted(folder.glob("*.json")):
-        record = _load(path)
-        if record is None or record.get("environment") != env:
-            continue
-        teacher = record.get("teacher") or {}
-        if teacher.get("revision") != identity.get("revision"):
-            continue
-        if teacher.get("adapter_sha256") != identity.get("adapter_sha256"):
-            continue
-        if not _same_model(record, identity.get("model"), digests):
-            continue
-        found.append(record)
-    if not found:
-        return None
-    found.sort(key=lambda r: (SPLIT_PREFERENCE.get(r.get("split"), 9), _neg_date(r)))
-    return found[0]
-
-
-def _neg_date(record: dict[str, Any]) -> float:
-    try:
-        return -_dt.datetime.fromisoformat(str(record.get("date"))).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def describe_teacher(identity: dict[str, Any]) -> str:
-    """``name (model@rev + adapter sha256:abcd…)`` for messages."""
-    rev = f"@{str(identity['revision'])[:12]}" if identity.get("revision") else ""
-    adapter = identity.get("adapter_sha256")
-    extra = f" + adapter {str(adapter)[:19]}" if adapter else ""
-    return f"{identity.get('name')} ({identity.get('model')}{rev}{extra})"
-
-
-def require_qualified(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """Refuse a teacher below ``teacher.min_success``; returns the record (None if unset)."""
-    threshold = recipe.teacher.min_success if recipe.teacher is not None else None
-    if threshold is None:
-        return None
-    env = recipe.environment
-    record = find_record(recipe, identity)
-    if record is None:
-        raise TeacherNotQualified(
-            f"teacher {describe_teacher(identity)} has no qualification record for "
-            f"{env.name} ({env.difficulty}, split_seed {env.split_seed}) and "
-            f"teacher.min_success is {threshold:g}; run `miniverl qualify-teacher RECIPE` "
-            "first or unset teacher.min_success"
-        )
-    if record["success"] < threshold:
-        raise TeacherNotQualified(
-            f"teacher {describe_teacher(identity)} measured success {record['success']:.3f} "
-            f"on {env.name} {record['split']} (n={record['n']}, {record['date']}), below "
-            f"teacher.min_success {threshold:g}; train the teacher further (teacher.prepare) "
-            "or lower teacher.min_success"
-        )
-    return record

@@ -63,8 +63,9 @@ def _cache_key(prep: Recipe) -> str:
     return recipe_digest(neutral).split(":", 1)[1][:20]
 
 
-def prepared_dir(recipe: Recipe, prep_path: str | Path) -> Path:
-    """Where :func:`prepare_teacher` puts (or finds) the teacher for this prep recipe."""
+def prepared_dir(recipe: Recipe | None, prep_path: str | Path) -> Path:
+    """Where :func:`prepare_teacher` puts (or finds) the teacher for this prep recipe
+    (the directory depends on the prep recipe only)."""
     return cache_root() / "teachers" / f"prepared-{_cache_key(load_recipe(prep_path))}"
 
 
@@ -72,18 +73,33 @@ def prepare_teacher(
     recipe: Recipe, prep_path: str | Path, *, show_progress: bool = True
 ) -> PreparedTeacher:
     """Train (or fetch from cache) the teacher named by ``recipe.teacher.prepare``."""
+    return prepare_model(prep_path, recipe.teacher.model, what="teacher.prepare",
+                         model_field="teacher.model", show_progress=show_progress)
+
+
+def prepare_model(
+    prep_path: str | Path, model: Any, *, what: str, model_field: str = "the model",
+    show_progress: bool = True,
+) -> PreparedTeacher:
+    """Train (or fetch from cache) the model the sft recipe ``prep_path`` makes of
+    ``model`` (a recipe's model source); ``what`` and ``model_field`` name the settings
+    in messages.
+
+    ``prepare_teacher`` is this for a recipe's teacher; the benchmark also warms its
+    student this way (``student_prepare``).
+    """
     prep = load_recipe(prep_path)
     if prep.run.mode != "sft":
         raise ConfigError(
-            f"teacher.prepare: {prep_path} has run.mode {prep.run.mode!r}; a teacher is "
+            f"{what}: {prep_path} has run.mode {prep.run.mode!r}; a model is "
             "prepared by an sft recipe (run.mode: sft)"
         )
-    if prep.student.model != recipe.teacher.model:
+    if prep.student.model != model:
         raise ConfigError(
-            f"teacher.prepare: {prep_path} trains {prep.student.model.describe()}, but "
-            f"teacher.model is {recipe.teacher.model.describe()}; make them the same model"
+            f"{what}: {prep_path} trains {prep.student.model.describe()}, but "
+            f"{model_field} is {model.describe()}; make them the same model"
         )
-    final = prepared_dir(recipe, prep_path)
+    final = prepared_dir(None, prep_path)
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     if (final / PREPARED_FILE).is_file():

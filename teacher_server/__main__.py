@@ -5,6 +5,14 @@
         [--log FILE] [--threads N] [--scorer NAME [--scorer-option KEY=VALUE ...]]
         [--curve-secret-key FILE --curve-authorized-dir DIR [--curve-admin-dir DIR]]
     python -m miniverl.teacher_server --recipe recipe.yaml [--bind ipc://runs/x/teacher.sock]
+        [--prepared-dir DIR]    # the recipe's prepared teacher (teacher.prepare)
+    python -m miniverl.teacher_server --model DIR --gate recipe.yaml
+
+With ``--recipe`` (or ``--gate``) and that recipe's ``teacher.min_success``, a ``RELOAD``
+onto a teacher the recipe's competence gate refuses is refused before it serves
+(``common/qualification.py``). A recipe with ``teacher.prepare`` needs
+``--prepared-dir``: this process serves and never trains, so ``miniverl teacher serve
+--recipe`` prepares the teacher (or reuses the cached one) and passes it here.
 
 Binds first, then loads the model on the worker thread (``PING`` answers ``LOADING``
 meanwhile), then serves ``mvl-score/1`` until ``SHUTDOWN`` or SIGTERM (drain). Exit
@@ -16,13 +24,17 @@ and ``miniverl up`` run exactly this. This module only wires arguments to the li
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.common.os_errors import os_error_line
+from miniverl.common.qualification import require_qualified
 from miniverl.common.recipe import load_recipe
 from miniverl.common.runtime import THREAD_ENV_VARS
 from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT, admin_token_path
@@ -46,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--adapter", help="PEFT adapter directory merged into the teacher.")
     src.add_argument("--adapter-revision", help="40-hex commit pinning a hub adapter id.")
     src.add_argument("--recipe", help="Take the teacher section of this recipe.")
+    src.add_argument(
+        "--prepared-dir",
+        help="With --recipe: serve this prepared teacher (made by the recipe's "
+        "teacher.prepare) instead of teacher.model.",
+    )
+    src.add_argument(
+        "--gate",
+        metavar="RECIPE",
+        help="Refuse a RELOAD onto a teacher this recipe's teacher.min_success refuses "
+        "(implied by --recipe).",
+    )
     src.add_argument(
         "--scorer",
         default=None,
@@ -119,10 +142,17 @@ def serve(args: argparse.Namespace) -> int:
     threads = args.threads
     scorer = args.scorer or DEFAULT_SCORER
     scorer_options = parse_options(args.scorer_option)
-    if args.recipe:
-        recipe = load_recipe(args.recipe)  # validate now: a bad recipe fails before binding
+    if args.prepared_dir and not args.recipe:
+        raise ConfigError("--prepared-dir goes with --recipe (the recipe it was prepared "
+                          "for); to serve any model directory use --model DIR")
+    # Validate now: a bad recipe fails before binding.
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    gate_recipe = load_recipe(args.gate) if args.gate else recipe
+    gate = _gate(gate_recipe) if gate_recipe is not None else None
+    if recipe is not None:
         if recipe.teacher is None:
             raise ConfigError(f"recipe {args.recipe!r} has no teacher section; add one")
+        _check_prepared(args.recipe, recipe.teacher.prepare, args.prepared_dir)
         threads = threads or recipe.runtime.cpu_threads
         bind = args.bind or recipe.teacher.endpoint or DEFAULT_TCP_ENDPOINT
         if args.scorer is None:
@@ -131,13 +161,14 @@ def serve(args: argparse.Namespace) -> int:
 
         def spec() -> TeacherSpec:
             base = spec_from_recipe(args.recipe, offline=args.offline)
-            return TeacherSpec(
-                **{
-                    **base.__dict__,
-                    "device": args.device or base.device,
-                    "dtype": args.dtype or base.dtype,
-                }
-            )
+            fields = {**base.__dict__, "device": args.device or base.device,
+                      "dtype": args.dtype or base.dtype}
+            if args.prepared_dir:
+                # What `up` serves for a prepared teacher: the directory as a plain model
+                # (the preparation merged any adapter), named by the directory.
+                fields.update(model=str(Path(args.prepared_dir).resolve()), revision=None,
+                              adapter=None, adapter_revision=None, name=None)
+            return TeacherSpec(**fields)
     else:
         bind = args.bind or DEFAULT_TCP_ENDPOINT
         spec = TeacherSpec(
@@ -174,6 +205,7 @@ def serve(args: argparse.Namespace) -> int:
         curve_secret_key=args.curve_secret_key,
         curve_authorized_dir=args.curve_authorized_dir,
         curve_admin_dir=args.curve_admin_dir,
+        gate=gate,
         # Without CURVE admin messages carry a token written at start: beside an ipc
         # socket, else beside --log, else in a per-user directory (the log names it).
         admin_token_file=(
@@ -193,6 +225,33 @@ def serve(args: argparse.Namespace) -> int:
         return run_server(TeacherServer(config, loader, log=log))
     finally:
         log.close()
+
+
+def _gate(recipe: Any) -> Callable[[dict[str, Any]], Any] | None:
+    """The recipe's competence gate as ``ServerConfig.gate``; None without min_success."""
+    if recipe.teacher is None or recipe.teacher.min_success is None:
+        return None
+    return functools.partial(require_qualified, recipe)
+
+
+def _check_prepared(recipe_path: str, prepare: str | None, prepared_dir: str | None) -> None:
+    """A recipe that prepares its teacher is served only with the prepared directory."""
+    if prepare and not prepared_dir:
+        raise ConfigError(
+            f"recipe {recipe_path!r} sets teacher.prepare ({prepare}): its teacher is the "
+            "prepared one, which this process does not train; run `miniverl teacher serve "
+            f"--recipe {recipe_path}` (prepares it, or reuses the cached one, then serves it)"
+        )
+    if prepared_dir and not prepare:
+        raise ConfigError(
+            f"--prepared-dir: recipe {recipe_path!r} has no teacher.prepare; leave "
+            "--prepared-dir out, or serve the directory with --model DIR"
+        )
+    if prepared_dir and not (Path(prepared_dir) / "config.json").is_file():
+        raise ConfigError(
+            f"--prepared-dir {prepared_dir}: not a model directory (no config.json); "
+            f"`miniverl teacher serve --recipe {recipe_path}` prepares the teacher"
+        )
 
 
 def _waiting_spec(spec, model_dir: str, timeout_s: float):

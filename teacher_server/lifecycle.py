@@ -4,8 +4,9 @@
   ``LOADING`` meanwhile); a failed load answers the held ``HELLO`` s with
   ``TEACHER_DEAD`` and stops the server with exit code 1;
 - ``RELOAD`` (drain|abort) parks the old teacher, loads and validates the new one
-  (same tokenizer and vocabulary), then closes the old one and bumps ``gen``; on any
-  failure the old teacher wakes and keeps serving;
+  (same tokenizer and vocabulary, and the competence gate of the recipe the server
+  was started with, if any), then closes the old one and bumps ``gen``; on any
+  failure or refusal the old teacher wakes and keeps serving;
 - ``PARK``/``WAKE`` move the weights through the backend (a ``SCORE`` while parked is
   woken by the batcher);
 - ``SHUTDOWN`` drain|abort (SIGTERM means drain) answers or aborts what is open, then
@@ -155,12 +156,11 @@ async def _reload(srv: ServerState, ident: bytes, msg: m.Reload, previous: Teach
             await run_compute(srv, old.park)
             try:
                 new = await run_compute(srv, srv.loader, request)
-                if new.tokenizer_fp != old.tokenizer_fp or new.vocab_size != old.vocab_size:
+                try:
+                    await _vet(srv, old, new)
+                except Exception:
                     await run_compute(srv, new.close)
-                    raise TokenizerMismatch(
-                        f"new teacher's tokenizer {new.tokenizer_fp} (V={new.vocab_size}) "
-                        f"differs from the served one {old.tokenizer_fp} (V={old.vocab_size})"
-                    )
+                    raise
             except Exception:
                 if previous != TeacherState.PARKED:
                     await run_compute(srv, old.wake)
@@ -192,6 +192,19 @@ async def _reload(srv: ServerState, ident: bytes, msg: m.Reload, previous: Teach
     log(srv, "info", "reloaded", gen=srv.gen, teacher=srv.backend.info)
     reply = m.ReloadOk(id=msg.id, gen=srv.gen, teacher=m.TeacherInfo(**srv.backend.info))
     await send(srv, ident, encode(reply))
+
+
+async def _vet(srv: ServerState, old: Any, new: Any) -> None:
+    """Refuse a reload target before it serves: another tokenizer, or a teacher the
+    served recipe's competence gate refuses (``ServerConfig.gate``)."""
+    if new.tokenizer_fp != old.tokenizer_fp or new.vocab_size != old.vocab_size:
+        raise TokenizerMismatch(
+            f"new teacher's tokenizer {new.tokenizer_fp} (V={new.vocab_size}) "
+            f"differs from the served one {old.tokenizer_fp} (V={old.vocab_size})"
+        )
+    if srv.config.gate is not None:
+        # Hashing a model directory the first time can take a while: off the event loop.
+        await run_compute(srv, srv.config.gate, dict(new.info))
 
 
 async def _shutdown(srv: ServerState, ident: bytes | None, msg: m.Shutdown) -> None:

@@ -58,6 +58,10 @@ class ServerConfig:
     admin_token_file: str | None = None
     linger_ms: int = 2000
     server_version: str = SERVER_VERSION
+    # The competence gate a RELOAD must pass before its weights serve: called with the
+    # new teacher's identity {name, model, revision, adapter_sha256}, it raises to refuse
+    # (a recipe's teacher.min_success, common/qualification.py). None: no gate.
+    gate: Callable[[dict[str, Any]], Any] | None = None
 
 
 def _new_counters() -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A benchmark config (YAML, :class:`BenchmarkConfig`) names a base recipe, the arms
 (``sft``, ``offline_kd``, ``opd``, ``replay``; pipelined or serial), the seeds and
 one budget that every cell gets: the same number of optimizer updates, or the same
-wall time. :func:`load_benchmark_config` validates it and reads the base recipe;
+wall time; optionally an sft recipe that warms the student every cell starts from
+(``student_prepare``). :func:`load_benchmark_config` validates it and reads the base recipe;
 :func:`cell_recipe` builds one arm × seed cell's recipe from them.
 
 This module runs nothing and imports no torch (:mod:`~miniverl.student.benchmark.run`
@@ -91,6 +92,14 @@ class BenchmarkConfig(StrictModel):
     teacher_endpoint: str | None = Field(
         None, description="Teacher for arms that need one (start it with `miniverl teacher serve`)."
     )
+    student_prepare: str | None = Field(
+        None,
+        description=(
+            "An sft recipe (relative to this file) that warms the base recipe's student "
+            "once (cached); every cell starts from the model it makes. null: cells start "
+            "from the base recipe's student.model."
+        ),
+    )
     output_dir: str | None = Field(
         None, description="Results folder; null = benchmarks/results/<name>."
     )
@@ -139,6 +148,13 @@ def load_benchmark_config(path: str | Path) -> tuple[BenchmarkConfig, dict[str, 
         ) from exc
     if not isinstance(base, dict):
         raise ConfigError(f"{recipe_path}: a recipe must be a YAML mapping")
+    if config.student_prepare is not None:
+        prep = path.parent / config.student_prepare
+        if not prep.is_file():
+            raise ConfigError(
+                f"{path}: student_prepare {config.student_prepare!r} does not exist (looked "
+                f"at {prep}); give an sft recipe path relative to the config file"
+            )
     return config, base
 
 

@@ -15,6 +15,7 @@ runs. Run with ``miniverl benchmark CONFIG [--resume]``.
 
 from __future__ import annotations
 
+import copy
 import socket
 import subprocess
 import time
@@ -28,6 +29,7 @@ from miniverl.common.atomic import atomic_write_text
 from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
+from miniverl.common.recipe_models import ModelSource
 from miniverl.student.benchmark.config import (
     BenchmarkConfig,
     cell_recipe,
@@ -45,6 +47,7 @@ from miniverl.student.benchmark.results import (
     load_results,
 )
 from miniverl.student.benchmark.stats import summarize, summary_markdown
+from miniverl.student.teacher_prep import prepare_model
 from miniverl.student.teacher_process import start_teacher, stop_teacher
 
 RunCell = Callable[[dict[str, Any], int], CellResult]
@@ -98,7 +101,11 @@ def run_benchmark(
     out_dir.mkdir(parents=True, exist_ok=True)
     owned = None
     if run_cell is None:
-        run_cell = owned = TrainerCells(config.teacher_endpoint, out_dir)
+        folder = Path(config_path).resolve().parent
+        run_cell = owned = TrainerCells(
+            config.teacher_endpoint, out_dir, recipe_dir=(folder / config.recipe).parent,
+            student_prepare=folder / config.student_prepare if config.student_prepare else None,
+        )
     try:
         _run_cells(config, base, out_dir, results, run_cell, on_cell)
     finally:
@@ -161,12 +168,46 @@ class TrainerCells:
     section (``python -m miniverl.teacher_server --recipe``, READY before the first
     cell trains) and stopped by :meth:`close`. The teacher is frozen, so every arm and
     seed is scored by the same one.
+
+    Prepared models are made once, before the first cell that needs them, and cached
+    (``student/teacher_prep.py``): a base recipe's ``teacher.prepare`` (resolved against
+    ``recipe_dir``; only for an arm that needs a teacher) and the config's
+    ``student_prepare``. Each cell's recipe then names
+    the prepared directories (``model.path``), so it says what was trained and served;
+    preparation time is not part of any cell's wall time.
     """
 
-    def __init__(self, teacher_endpoint: str | None, work_dir: Path):
+    def __init__(self, teacher_endpoint: str | None, work_dir: Path, *,
+                 recipe_dir: Path | None = None, student_prepare: Path | None = None):
         self.endpoint = teacher_endpoint
         self.work_dir = work_dir
+        self.recipe_dir = recipe_dir or Path.cwd()
+        self.student_prepare = student_prepare
         self.process: subprocess.Popen | None = None
+        self._prepared: dict[str, str] = {}  # prep recipe path -> prepared model dir
+
+    def _prepared_dir(self, prep: Path, model: dict[str, Any], what: str) -> str:
+        key = str(prep.resolve())
+        if key not in self._prepared:
+            prepared = prepare_model(prep, ModelSource.model_validate(model), what=what,
+                                     model_field="the base recipe's model")
+            self._prepared[key] = str(prepared.model_dir)
+        return self._prepared[key]
+
+    def with_prepared_models(self, recipe_dict: dict[str, Any]) -> dict[str, Any]:
+        """``recipe_dict`` with prepared models as ``model.path`` (prepared on first use)."""
+        recipe = copy.deepcopy(recipe_dict)
+        teacher = recipe.get("teacher")
+        needs_teacher = Recipe.model_validate(recipe_dict).needs_teacher  # sft arms: none
+        if needs_teacher and isinstance(teacher, dict) and teacher.get("prepare"):
+            prep = self.recipe_dir / teacher.pop("prepare")
+            teacher["model"] = {"path": self._prepared_dir(prep, teacher["model"],
+                                                           "teacher.prepare")}
+        if self.student_prepare is not None:
+            student = recipe["student"]
+            student["model"] = {"path": self._prepared_dir(
+                self.student_prepare, student["model"], "student_prepare")}
+        return recipe
 
     def _launch_teacher(self, recipe_dict: dict[str, Any], startup_timeout_s: float) -> str:
         with socket.socket() as probe:  # a free loopback port for this benchmark's teacher
@@ -188,6 +229,7 @@ class TrainerCells:
         # start-up: the trainer imports torch, needed only when a default cell trains
         from miniverl.student.train.trainer import Trainer
 
+        recipe_dict = self.with_prepared_models(recipe_dict)
         recipe = Recipe.model_validate(recipe_dict)
         endpoint = self.endpoint
         if recipe.needs_teacher and endpoint is None and recipe.teacher.endpoint is None:

@@ -31,13 +31,14 @@ def build_report(
     """
     data = load_run(run_dir)
     out_path = Path(out) if out else data.run_dir / "report.html"
-    _write(out_path, render_html(data))
+    write_page(out_path, render_html(data))
     if markdown:
-        _write(Path(markdown), render_markdown(data))
+        write_page(Path(markdown), render_markdown(data))
     return out_path
 
 
-def _write(path: Path, text: str) -> None:
+def write_page(path: Path, text: str) -> None:
+    """Write one report file (shareable permissions); an unwritable path is one line."""
     try:
         atomic_write_text(path, text, shared=True)  # a report is made to be shared
     except OSError as exc:

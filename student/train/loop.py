@@ -1,8 +1,11 @@
 """The training loop: rollout -> score -> update -> log -> checkpoint, over a TrainState.
 
-:func:`run` is one run, top to bottom: evaluate, the SFT warm-up (``train.
-sft_warmup_steps``, cold start), connect the teacher, then cycles until the recipe's
-count, a stop request or the wall budget. Each cycle is one function of
+:func:`run` is one run, top to bottom: evaluate, say HELLO to the teacher (its
+handshake and competence gate end while the warm-up runs, or before it for a teacher
+that is already up), the SFT warm-up (``train.sft_warmup_steps``, cold start), connect
+the teacher, then cycles until the recipe's count, a stop request or the wall budget.
+A teacher failure between updates (a refused teacher, one that is gone) checkpoints
+the run before it fails, so no training is lost to it. Each cycle is one function of
 ``modes/`` (rollout, score, update: ``v -> v + 1`` per optimizer step), and returns
 what it did; this module logs it, evaluates and checkpoints on the recipe's schedule:
 
@@ -25,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 
+from miniverl.common.manifest import finish_manifest
 from miniverl.student.eval import EvalSummary, evaluate
 from miniverl.student.progress import TrainProgress
 from miniverl.student.train.modes.dpo import dpo_cycle
@@ -34,7 +38,13 @@ from miniverl.student.train.modes.replay import replay_cycle, restore_buffer
 from miniverl.student.train.modes.sft import end_warmup, sft_cycle, warmup_converged, warmup_step
 from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
 from miniverl.student.train.state import CycleResult, TrainState, restore, save_checkpoint
-from miniverl.student.train.teacher import apply_retarget, connect
+from miniverl.student.train.teacher import (
+    TEACHER_FAILURES,
+    apply_retarget,
+    check_handshake,
+    connect,
+    start_handshake,
+)
 
 CYCLES: dict[str, Callable[[TrainState], CycleResult | None]] = {
     "sft": sft_cycle,
@@ -51,9 +61,21 @@ def run(state: TrainState, *, resumed: bool, show_progress: bool):
     state.run.event("run_started", mode=recipe.run.mode, on_policy=recipe.on_policy,
                     version=state.version, resumed=resumed)
     eval_before = None if resumed else evaluate_now(state).to_dict()
-    status = train_cycles(state, show_progress=show_progress)
+    try:
+        status = train_cycles(state, show_progress=show_progress)
+    except TEACHER_FAILURES:
+        # Raised while scoring or at a handshake, never inside an optimizer step: the
+        # parameters sit at an update boundary, so never lose the training done so far.
+        if state.step > 0:
+            save_checkpoint(state)
+        raise
     eval_after = evaluate_now(state).to_dict() if status == "completed" else None
     save_checkpoint(state)  # a stop request also checkpoints, at an update boundary
+    # Distinct steps: a run resumed from an earlier checkpoint logs some steps twice.
+    on_policy = len({row.get("step") for row in state.run.metrics()
+                     if row.get("on_policy") is True and (row.get("step") or 0) <= state.step})
+    finish_manifest(state.run, state.version, mode_on_policy=recipe.on_policy,
+                    on_policy_steps=on_policy, off_policy_steps=state.step - on_policy)
     state.run.event("run_completed" if status == "completed" else "run_interrupted",
                     version=state.version, steps=state.step)
     return status, eval_before, eval_after
@@ -73,10 +95,18 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
     total = total_optimizer_steps(recipe)
     if state.warmup_end is not None:  # resumed after a warm-up that ended early
         total -= train.sft_warmup_steps - state.warmup_end
+    handshake = None
+    if (recipe.needs_teacher and state.teacher.link is None and state.warmup_end is None
+            and state.step < train.sft_warmup_steps):
+        # Gate early: a teacher this run would refuse stops it before the warm-up is
+        # spent, not after (the connect below would otherwise be the first to ask).
+        handshake = start_handshake(state)
     with TrainProgress(total, enabled=show_progress, initial=state.step) as progress:
         while state.warmup_end is None and state.step < train.sft_warmup_steps:
             if state.stop_event.is_set():
                 return "interrupted"
+            if handshake is not None:
+                check_handshake(state, handshake)
             log_cycle(state, warmup_step(state))
             progress.update(state.step, state.last_metrics)
             if warmup_converged(state):
@@ -85,9 +115,9 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
         if state.warmup_end is None:
             end_warmup(state, "steps")
         if recipe.needs_teacher and state.teacher.link is None:
-            # Connect only now: under `up` the teacher loads (or is still being
-            # prepared) while the student imports, evaluates and runs its SFT warm-up.
-            connect(state)
+            # Bind only now: under `up` the teacher loads (or is still being prepared)
+            # while the student imports, evaluates and runs its SFT warm-up.
+            connect(state, handshake)
         if recipe.run.mode == "offline_kd" and not state.fixed_scored:
             prepare_fixed_set(state)
         cycle = CYCLES[recipe.run.mode]

@@ -121,10 +121,11 @@ def tasks_for(state: TrainState, cycle: int, n: int) -> list[Any]:
 
 
 def run_digest(recipe: Recipe) -> str:
-    """The recipe digest checkpoints record, with ``run.output_dir`` left out."""
-    return recipe_digest(
-        recipe.model_copy(update={"run": recipe.run.model_copy(update={"output_dir": "-"})})
-    )
+    """The recipe digest checkpoints record, with ``run.output_dir`` and ``run.loggers``
+    left out (where a run lives and which trackers watch it change nothing it learns;
+    checkpoints written before ``run.loggers`` existed still match)."""
+    run = recipe.run.model_copy(update={"output_dir": "-"})
+    return recipe_digest(recipe.model_copy(update={"run": run}), leave_out=("run.loggers",))
 
 
 def seed_everything(seed: int) -> None:

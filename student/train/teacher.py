@@ -3,8 +3,15 @@
 The functions here change a run's :class:`~miniverl.student.train.link.TeacherSide`
 (client, endpoint, link, identity, memory strategy):
 
+- :func:`start_handshake` / :func:`check_handshake`: say ``HELLO`` before the SFT
+  warm-up and gate the teacher as soon as it answers, so a teacher the run would refuse
+  (another tokenizer, below ``teacher.min_success``) stops it before the warm-up is
+  spent; a teacher still loading (or being prepared by ``up``) answers in the background
+  while the warm-up runs.
 - :func:`connect`: handshake, the competence gate (``teacher.min_success``), the view
   the teacher is shown (``teacher.mode: privileged_context``), the memory strategy.
+- :func:`vet_endpoint`: handshake with another teacher on a throwaway client and gate
+  it, so the control socket refuses a ``RETARGET`` the run would refuse at once.
 - :func:`apply_retarget`: a ``RETARGET`` from the control socket, at an update boundary;
   a teacher that fails the gate is refused and training goes on with the old one.
 - :func:`memory_strategy`: ``resident`` keeps the teacher's weights on the device;
@@ -23,13 +30,23 @@ This module does not score trajectories (``link.py``) or train.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
 from typing import Any
 
-from miniverl.common.errors import ConfigError, MiniverlError, Unauthorized
+from miniverl.common.errors import (
+    ConfigError,
+    MiniverlError,
+    TeacherError,
+    TeacherUnavailable,
+    TokenizerMismatch,
+    Unauthorized,
+)
 from miniverl.common.manifest import record_teacher, update_manifest
+from miniverl.common.qualification import TeacherNotQualified, require_qualified
 from miniverl.protocol.endpoints import load_curve_client_keys
 from miniverl.protocol.sync_client import SyncTeacherClient
-from miniverl.student.qualify import require_qualified
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.link import TeacherLink, teacher_identity
 from miniverl.student.train.state import TrainState
@@ -39,24 +56,94 @@ from miniverl.student.train.state import TrainState
 UPDATE_HEADROOM = 4.0
 
 
-def connect(state: TrainState) -> None:
+# A READY teacher answers HELLO within milliseconds: the warm-up waits this long for
+# it, so an attached teacher is gated before the first warm-up step; a teacher still
+# loading or being prepared answers in the background instead, and is gated then.
+HANDSHAKE_GRACE_S = 2.0
+
+# Answers that will not change by waiting: the run stops on them at once. Anything
+# else from an early handshake (a teacher not up yet) is left to connect(), which tries
+# again after the warm-up with its own timeout.
+REFUSALS = (TokenizerMismatch, TeacherNotQualified)
+
+# Teacher failures raised between updates (while scoring, at a handshake): the
+# parameters sit at an update boundary then, so the loop checkpoints before failing.
+TEACHER_FAILURES = (*REFUSALS, TeacherUnavailable, TeacherError)
+
+
+@dataclass
+class Handshake:
+    """A handshake said before the SFT warm-up (:func:`start_handshake`)."""
+
+    future: Future | None  # the client's connect(); None once looked at
+    checked: dict[str, Any] | None = None  # the identity that passed the gate
+
+
+def new_client(state: TrainState, endpoint: str | None = None, *,
+               timeout_s: float | None = None, suffix: str = "") -> SyncTeacherClient:
+    """A client of ``endpoint`` (default: the run's) with the run's tokenizer and proof."""
+    rt = state.recipe.runtime
+    return SyncTeacherClient(
+        endpoint or state.teacher.endpoint,
+        tokenizer_fp=state.policy.tokenizer_fp,
+        vocab_size=state.policy.vocab_size,
+        client_name=f"student:{state.run.id}{suffix}",
+        heartbeat_ms=rt.heartbeat_ms,
+        request_timeout_s=timeout_s or rt.request_timeout_s,
+        unavailable_timeout_s=max(timeout_s or 0.0, rt.unavailable_timeout_s),
+        **client_proof(state),
+    )
+
+
+def start_handshake(state: TrainState) -> Handshake:
+    """Say HELLO now, without waiting for a teacher that is not up yet (see above)."""
+    side = state.teacher
+    if side.client is None:
+        side.client = new_client(state)
+    timeout = state.recipe.runtime.teacher_startup_timeout_s
+    soon = getattr(side.client, "connect_soon", None)
+    if soon is not None:
+        future = soon(timeout)
+    else:  # an in-process client (tests) answers at once
+        future = Future()
+        try:
+            future.set_result(side.client.connect(timeout))
+        except Exception as exc:
+            future.set_exception(exc)
+    handshake = Handshake(future)
+    wait_for([future], timeout=HANDSHAKE_GRACE_S)
+    check_handshake(state, handshake)
+    return handshake
+
+
+def check_handshake(state: TrainState, handshake: Handshake) -> None:
+    """Gate the teacher once its early handshake has ended; raise a refusal."""
+    future = handshake.future
+    if future is None or not future.done():
+        return
+    handshake.future = None
+    error = None if future.cancelled() else future.exception()
+    if error is not None:
+        if isinstance(error, REFUSALS):
+            raise error
+        return
+    identity = teacher_identity(state.teacher.client)
+    check_qualified(state, identity)
+    handshake.checked = identity
+
+
+def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     """Handshake with the teacher, refuse an unqualified one, bind a link, pick memory."""
     recipe, side = state.recipe, state.teacher
     if side.client is None:
-        rt = recipe.runtime
-        side.client = SyncTeacherClient(
-            side.endpoint,
-            tokenizer_fp=state.policy.tokenizer_fp,
-            vocab_size=state.policy.vocab_size,
-            client_name=f"student:{state.run.id}",
-            heartbeat_ms=rt.heartbeat_ms,
-            request_timeout_s=rt.request_timeout_s,
-            unavailable_timeout_s=rt.unavailable_timeout_s,
-            **client_proof(state),
-        )
+        side.client = new_client(state)
+    if handshake is not None and handshake.future is not None:
+        wait_for([handshake.future])  # bounded by its own timeout
+        check_handshake(state, handshake)
     side.client.connect(recipe.runtime.teacher_startup_timeout_s)
     identity = teacher_identity(side.client)
-    check_qualified(state, identity)
+    if handshake is None or handshake.checked != identity:
+        check_qualified(state, identity)
 
     def changed(new: dict, version: int, how: str) -> None:
         teacher_changed(state, new, version, how)
@@ -145,6 +232,24 @@ def teacher_changed(state: TrainState, new: dict, version: int, how: str) -> Non
     side.identity = new
     state.run.event("teacher_changed", how=how, old=prev, new=new, version=version)
     record_teacher(state.run, version, new, how=how)
+
+
+def vet_endpoint(state: TrainState, endpoint: str, timeout_s: float) -> dict[str, Any]:
+    """The identity of the teacher at ``endpoint`` if this run would accept it.
+
+    Handshakes on a throwaway client (the run's tokenizer and proof) and applies the
+    gate; raises ``TokenizerMismatch``, ``TeacherNotQualified`` or
+    ``TeacherUnavailable`` (no handshake within ``timeout_s``). Safe off the training
+    thread: it touches nothing the loop uses.
+    """
+    probe = new_client(state, endpoint, timeout_s=timeout_s, suffix=":vet")
+    try:
+        probe.connect(timeout_s)
+        identity = teacher_identity(probe)
+    finally:
+        probe.close()
+    require_qualified(state.recipe, identity)
+    return identity
 
 
 def apply_retarget(state: TrainState) -> None:

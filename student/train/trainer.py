@@ -23,6 +23,7 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, diff_recipes
 from miniverl.common.rundir import RunDir
 from miniverl.student.report.build import build_report
+from miniverl.student.trackers import Trackers, check_loggers, open_trackers
 from miniverl.student.train.link import TeacherSide
 from miniverl.student.train.loop import resume_from_checkpoint, run
 from miniverl.student.train.state import TrainState, build_state
@@ -43,9 +44,10 @@ class TrainResult:
 
 
 def recipe_changes(old: Recipe, new: Recipe) -> list[str]:
-    """Fields that differ, ignoring ``run.output_dir``: where a run lives (``runs`` or
-    its absolute path, as ``miniverl up`` passes it) does not change what it learns."""
-    return [f for f in diff_recipes(old, new) if f != "run.output_dir"]
+    """Fields that differ, ignoring ``run.output_dir`` and ``run.loggers``: where a run
+    lives (``runs`` or its absolute path, as ``miniverl up`` passes it) and which
+    trackers watch it (``--logger``) do not change what it learns."""
+    return [f for f in diff_recipes(old, new) if f not in ("run.output_dir", "run.loggers")]
 
 
 def open_run(recipe: Recipe, run_id: str | None, resume: bool,
@@ -115,6 +117,8 @@ class Trainer:
         self.checkpoints = checkpoints
         self.started = time.perf_counter()
         self.state: TrainState | None = None
+        self.trackers: Trackers | None = None
+        check_loggers(recipe.run.loggers)  # a missing extra stops before the run exists
         if recipe.needs_teacher and client is None and endpoint is None:
             raise ConfigError(
                 f"mode {recipe.run.mode!r} needs a teacher: pass --teacher ENDPOINT, set "
@@ -127,6 +131,7 @@ class Trainer:
         """Run the recipe to the end (or to a stop request); returns what happened."""
         self.run.set_status("running")
         try:
+            self.trackers = open_trackers(self.run, self.recipe)
             self.state = state = build_state(
                 self.recipe, self.run, self.teacher, offline=self.offline,
                 stop_event=self.stop_event, started=self.started, checkpoints=self.checkpoints,
@@ -149,6 +154,8 @@ class Trainer:
             self.run.set_status("failed", reason=f"{type(exc).__name__}: {exc}")
             raise
         finally:
+            if self.trackers is not None:
+                self.trackers.close(self.run.status)
             self._finish_report()
         return TrainResult(
             run_dir=self.run.path, status=status, final_version=state.version, steps=state.step,

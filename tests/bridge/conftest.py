@@ -3,12 +3,15 @@
 The run has a toy Qwen3 student, a LoRA adapter saved by peft's ``save_pretrained`` under
 ``checkpoints/step_N/adapter`` (two steps, so "latest" is tested), the toy tokenizer
 beside the base model, ``recipe.resolved.yaml`` valid for common/recipe.py and a
-manifest. Built once per session; tests copy nothing into it.
+manifest. Built once per session; tests copy nothing into it. ``prepared_run`` is the
+same run as if its teacher had been a prepared directory in the cache (``teacher.prepare``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,46 @@ def toy_bundle(toy_run, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bundles") / "bundle"
     export_verl(toy_run, out)
     return out
+
+
+def prepared_teacher_dir(name: str, spec: dict) -> Path:
+    """A prepared teacher in the cache, laid out as student/teacher_prep.py leaves it."""
+    from miniverl.bridge import teacher_source
+    from miniverl.common.toy import cache_root, toy_model_dir
+
+    path = cache_root() / "teachers" / name
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(toy_model_dir(spec), path)
+    (path / teacher_source.PREPARED_FILE).write_text(json.dumps({
+        "prep_recipe": "/home/someone/lab/toy_cpu_opd_teacher.yaml",
+        "prep_digest": "sha256:" + "ab" * 32, "steps": 40, "eval": {"success": 0.95},
+        "wall_s": 12.0,
+    }))
+    (path / teacher_source.QUALIFICATION_FILE).write_text(json.dumps({
+        "kind": "miniverl.teacher_qualification",
+        "teacher": {"name": name, "model": str(path), "revision": None, "adapter_sha256": None},
+        "model_dir": str(path), "model_dir_sha256": teacher_source.weights_digest(path),
+        "split": "eval", "n": 6, "success": 0.95,
+    }))
+    return path
+
+
+@pytest.fixture
+def prepared_run(toy_run, tmp_path) -> tuple[Path, Path]:
+    """``(run, prepared dir)``: toy_run's checkpoints in a run whose manifest says its
+    teacher was a prepared directory in the cache (as `up` with teacher.prepare records)."""
+    from miniverl.bridge.artifacts import load_run_recipe
+    from miniverl.common.manifest import record_teacher
+    from miniverl.common.rundir import RunDir
+
+    recipe = load_run_recipe(toy_run)
+    prepared = prepared_teacher_dir(
+        "prepared-0123456789abcdef0123", recipe.teacher.model.toy.model_dump()
+    )
+    run = RunDir.create(tmp_path / "runs", recipe, run_id="prepared-run")
+    shutil.copytree(toy_run / "checkpoints", run.checkpoints_dir, dirs_exist_ok=True)
+    run.event("teacher_prepared", cached=True, model_dir=str(prepared), steps=40,
+              eval_success=0.95)
+    record_teacher(run, 0, {"name": prepared.name, "model": str(prepared), "revision": None,
+                            "adapter_sha256": None}, "hello")
+    return run.path, prepared

@@ -47,6 +47,8 @@ CASES = {
     "trainer.test_freq": (3, "exact", "train.eval_every", 3),
     "trainer.project_name": ("proj", "informational", None, None),
     "trainer.experiment_name": ("exp-1", "exact", "run.name", "exp-1"),
+    "trainer.logger": (["console", "tensorboard"], "exact", "run.loggers",
+                       ["jsonl", "tensorboard"]),
     "trainer.total_epochs": (3, "informational", None, None),
     "distillation.enabled": (True, "derived", "run.mode", "opd"),
     "distillation.distillation_loss.topk": (32, "exact", "loss.top_k", 32),
@@ -243,3 +245,16 @@ def test_cli_refusal_exits_1_one_line_per_field(tmp_path):
     assert (
         "critic.enable: critic" in proc.stderr and "ray_init.num_cpus: Ray resources" in proc.stderr
     )
+
+
+def test_lora_rank_zero_is_a_full_finetune_whatever_the_shape_fields_say():
+    # verl configs keep lora_alpha/target_modules next to lora_rank 0; they describe nothing.
+    result = import_config(
+        {**BASE, "actor_rollout_ref.model.lora_rank": 0, "actor_rollout_ref.model.lora_alpha": 16,
+         "actor_rollout_ref.model.target_modules": "all-linear"},
+        revision=REV, teacher_revision=TREV,
+    )
+    assert not result.refused and result.recipe["student"]["lora"] is None
+    labels = {f.field: f.label for f in result.findings}
+    assert labels["actor_rollout_ref.model.lora_alpha"] == "informational"
+    assert labels["actor_rollout_ref.model.target_modules"] == "informational"

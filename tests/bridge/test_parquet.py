@@ -44,7 +44,7 @@ def test_round_trip_is_lossless(tmp_path_factory, tasks):
     # A user converting to verl and back gets byte-identical task dicts.
     path = tmp_path_factory.mktemp("rt") / "x.parquet"
     parquet.write_verl_parquet(path, tasks, _env())
-    back = [task for task, env in parquet.read_verl_parquet(path)]
+    back = [row.task for row in parquet.read_verl_parquet(path)]
     assert back == tasks
 
 
@@ -55,7 +55,7 @@ def test_never_truncates_long_prompts(tmp_path):
     parquet.write_verl_parquet(path, [task], _env())
     row = pq.read_table(path).to_pylist()[0]
     assert row["prompt"][1]["content"] == task["prompt"]
-    assert parquet.read_verl_parquet(path)[0][0] == task
+    assert parquet.read_verl_parquet(path)[0].task == task
 
 
 def test_mixed_environments_share_one_schema_and_every_tool_key(tmp_path):
@@ -74,7 +74,7 @@ def test_mixed_environments_share_one_schema_and_every_tool_key(tmp_path):
         kwargs = row["extra_info"]["tools_kwargs"]
         assert set(kwargs) == set(envs[0].tool_names) | set(envs[2].tool_names)
         assert all(v is not None and v["create_kwargs"]["task_json"] for v in kwargs.values())
-    assert [t["environment"] if False else e for t, e in parquet.read_verl_parquet(path)] == [
+    assert [row.environment for row in parquet.read_verl_parquet(path)] == [
         "calculator",
         "calculator",
         "jsonnav",
@@ -111,12 +111,105 @@ def test_edited_row_is_refused(tmp_path, field):
 
 
 def test_convert_dataset_both_ways(tmp_path):
+    # A task set without a header converts with --environment; the way back names it.
     tasks = make_tasks("sqlite", "test", 3, "mixed", 0)
     jsonl = tmp_path / "tasks.jsonl"
-    parquet.write_tasks_jsonl(jsonl, (t.to_dict() for t in tasks))
+    jsonl.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in tasks))
     assert convert_dataset(jsonl, tmp_path / "t.parquet", "verl", environment="sqlite") == 3
     assert convert_dataset(tmp_path / "t.parquet", tmp_path / "back.jsonl", "miniverl") == 3
-    assert (tmp_path / "back.jsonl").read_text() == jsonl.read_text()
+    header, *lines = (tmp_path / "back.jsonl").read_text().splitlines(keepends=True)
+    assert json.loads(header) == {"miniverl_task_set": 1, "environment": "sqlite", "params": {}}
+    assert "".join(lines) == jsonl.read_text()
+
+
+@pytest.mark.parametrize(
+    ("environment", "params"),
+    [("calculator", {"units": False}), ("calculator", {}), ("calculator", {"units": True})],
+)
+def test_jsonl_parquet_jsonl_keeps_every_field(tmp_path, environment, params):
+    # The documented "losslessly": a task set written by miniverl comes back byte for byte,
+    # environment params included, falsy ones too ({"units": false} once came back as {}).
+    tasks = make_tasks(environment, "train", 4, "mixed", 0, params)
+    src = tmp_path / "tasks.jsonl"
+    parquet.write_tasks_jsonl(src, ((t.to_dict(), environment, params) for t in tasks))
+    assert convert_dataset(src, tmp_path / "t.parquet", "verl") == 4
+    rows = parquet.read_verl_parquet(tmp_path / "t.parquet")
+    assert [(r.task, r.environment, r.params) for r in rows] == [
+        (t.to_dict(), environment, params) for t in tasks
+    ]
+    assert convert_dataset(tmp_path / "t.parquet", tmp_path / "back.jsonl", "miniverl") == 4
+    assert (tmp_path / "back.jsonl").read_bytes() == src.read_bytes()
+    header, *lines = [json.loads(x) for x in src.read_text().splitlines()]
+    assert header == {"miniverl_task_set": 1, "environment": environment, "params": params}
+    assert lines == [t.to_dict() for t in tasks]
+    # The rows' tools follow the params: units=False has no convert tool.
+    tools = set(pq.read_table(tmp_path / "t.parquet").to_pylist()[0]["extra_info"]["tools_kwargs"])
+    assert ("convert" in tools) == params.get("units", True)
+
+
+def test_recipe_params_survive_parquet_and_back(tmp_path):
+    import yaml
+
+    from tests.bridge.conftest import RECIPE
+
+    data = {**RECIPE, "environment": {**RECIPE["environment"], "params": {"units": False}}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    convert_dataset(tmp_path / "r.yaml", tmp_path / "all.parquet", "verl")
+    convert_dataset(tmp_path / "all.parquet", tmp_path / "back.jsonl", "miniverl")
+    convert_dataset(tmp_path / "back.jsonl", tmp_path / "again.parquet", "verl")
+    first = pq.read_table(tmp_path / "all.parquet").to_pylist()
+    assert pq.read_table(tmp_path / "again.parquet").to_pylist() == first
+    assert {json.loads(r["extra_info"]["miniverl"]["params_json"])["units"] for r in first} == {
+        False
+    }
+
+
+def test_mixed_task_set_gets_one_header_per_environment(tmp_path):
+    calc = [(t.to_dict(), "calculator", {"units": False}) for t in make_tasks(
+        "calculator", "train", 2, "easy", 0, {"units": False})]
+    nav = [(t.to_dict(), "jsonnav", {}) for t in make_tasks("jsonnav", "train", 2, "easy", 0)]
+    src = tmp_path / "mixed.jsonl"
+    parquet.write_tasks_jsonl(src, calc + nav)
+    assert sum("miniverl_task_set" in line for line in src.read_text().splitlines()) == 2
+    convert_dataset(src, tmp_path / "m.parquet", "verl")
+    convert_dataset(tmp_path / "m.parquet", tmp_path / "back.jsonl", "miniverl")
+    assert (tmp_path / "back.jsonl").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("lines", "environment", "match"),
+    [
+        (['{"miniverl_task_set": 1, "environment": "calculator"}'], None, "exactly"),
+        (['{"miniverl_task_set": 2, "environment": "calculator", "params": {}}'], None, "exactly"),
+        (['{"miniverl_task_set": 1, "environment": "calculator", "params": []}'], None, "object"),
+        (['{"miniverl_task_set": 1, "environment": "nope", "params": {}}', "TASK"], None,
+         ":2: unknown environment"),
+        (['{"miniverl_task_set": 1, "environment": "calculator", "params": {"bogus": 1}}',
+          "TASK"], None, "rejected params"),
+        (['{"miniverl_task_set": 1, "environment": "calculator", "params": {}}'], "jsonnav",
+         "drop --environment"),
+        (["TASK"], None, "--environment"),
+    ],
+)
+def test_bad_task_set_headers_are_refused(tmp_path, lines, environment, match):
+    task = json.dumps(make_tasks("calculator", "train", 1, "easy", 0)[0].to_dict())
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join(line.replace("TASK", task) + "\n" for line in lines))
+    with pytest.raises(ConfigError, match=match):
+        convert_dataset(src, tmp_path / "o.parquet", "verl", environment=environment)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_edited_params_are_refused(tmp_path):
+    import pyarrow as pa
+
+    task = make_tasks("calculator", "train", 1, "easy", 0)[0]
+    row = parquet.task_to_row(task, 0, _env(), _env().tool_names)
+    row["extra_info"]["miniverl"]["params_json"] = "[1]"
+    pq.write_table(pa.Table.from_pylist([row], schema=parquet.verl_schema(_env().tool_names)),
+                   tmp_path / "x.parquet")
+    with pytest.raises(ProvenanceError, match="params_json"):
+        parquet.read_verl_parquet(tmp_path / "x.parquet")
 
 
 def test_convert_dataset_from_recipe(tmp_path):

@@ -84,7 +84,7 @@ CASES: list[tuple[str, str]] = [
     ("inspect trunc.jsonl", "not valid JSON"),
     ("inspect list.jsonl", "JSON object"),
     ("inspect missing.jsonl", "does not exist"),
-    ("inspect emptydir", "does not exist"),
+    ("inspect emptydir", "without trajectories files"),
     # report: a run directory
     ("report missing", "does not exist"),
     ("report bin.json", "run directory"),

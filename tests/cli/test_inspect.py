@@ -90,3 +90,31 @@ def test_inspect_runs_without_torch_and_exits_1_on_bad_input(traj_file, tmp_path
     missing = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nope.jsonl")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_a_run_directory_picks_its_files_and_says_which(traj_file, tmp_path):
+    # `inspect RUN_DIR` used to be refused; it reads the run's training episodes and
+    # its last held-out evaluation, names them, and counts the eval files it skipped.
+    path, trajs, _ = traj_file
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    write_trajectories(run / "trajectories.jsonl", trajs)
+    write_trajectories(run / "eval" / "eval-v2.trajectories.jsonl", trajs[:1])
+    write_trajectories(run / "eval" / "eval-v10.trajectories.jsonl", trajs[:2])  # newest
+    result = runner.invoke(app, ["inspect", str(run)])
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert "picked trajectories.jsonl" in first and "eval/eval-v10.trajectories.jsonl" in first
+    assert "1 earlier eval file(s) not read" in first
+    info = json.loads(runner.invoke(app, ["inspect", str(run), "--json"]).output)
+    assert info["picked"]["eval"] == [str(run / "eval" / "eval-v10.trajectories.jsonl")]
+    assert [f["trajectories"] for f in info["files"]] == [3, 2]
+    one = runner.invoke(app, ["inspect", str(run), "-n", "2"])
+    assert one.exit_code == 0 and "picked trajectories.jsonl" in one.output
+    assert trajs[2].id in one.output
+
+
+def test_a_directory_without_trajectories_is_one_clear_error(tmp_path):
+    result = runner.invoke(app, ["inspect", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "without trajectories files" in str(result.exception)

@@ -31,7 +31,9 @@ def test_qualify_a_prepared_teacher(tmp_path, monkeypatch):
         teacher_prep, "prepare_teacher",
         lambda recipe, prep, show_progress=True: teacher_prep.PreparedTeacher(prepared, True, {}),
     )
-    monkeypatch.setattr(qualify, "qualifications_dir", lambda: tmp_path / "q")
+    from miniverl.common import qualification
+
+    monkeypatch.setattr(qualification, "qualifications_dir", lambda: tmp_path / "q")
     (tmp_path / "prep.yaml").write_text("# stands in for an sft recipe\n")
     recipe = {
         "schema_version": 1,

@@ -1,14 +1,13 @@
-"""`up`'s progress bar follows the student's plan, also when the warm-up ends early."""
+"""`up`'s progress follows the student's plan, also when the warm-up ends early."""
 
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
-from rich.progress import Progress
-
 from miniverl.cli.supervisor import Supervisor
 from miniverl.common.recipe import Recipe
+from miniverl.student.progress import TrainProgress
 from miniverl.student.train.optim import total_optimizer_steps
 from tests.toy_kit import ONE_LAYER
 
@@ -30,10 +29,9 @@ def _bar_after(tmp_path, recipe, rows):
     sup.recipe, sup.run = recipe, SimpleNamespace(metrics_path=metrics)
     sup._first_train_row_seen = False
     sup._planned_total = total_optimizer_steps(recipe)  # what _watch sets
-    progress = Progress(disable=True)
-    task = progress.add_task("train", total=25, info="")
-    sup._update_progress(progress, task, 0)
-    return progress.tasks[0]
+    progress = TrainProgress(25, enabled=False)
+    sup._update_progress(progress, 0)
+    return progress
 
 
 def _rows(warmup_end: int, distill: int):
@@ -52,3 +50,23 @@ def test_the_bar_shrinks_when_the_warm_up_ends_early(tmp_path):
 def test_the_bar_keeps_its_total_after_a_full_warm_up(tmp_path):
     bar = _bar_after(tmp_path, _recipe(), _rows(20, 5))
     assert (bar.total, bar.completed) == (25, 25)
+
+
+def test_redirected_output_gets_plain_lines_from_the_metrics(tmp_path):
+    # `up > log 2>&1`: the rows the student wrote so far appear as lines at once.
+    import io
+
+    from rich.console import Console
+
+    recipe = _recipe()
+    metrics_file = tmp_path / "metrics.jsonl"
+    metrics_file.write_text("".join(json.dumps({**r, "loss": 0.5}) + "\n"
+                                    for r in _rows(20, 2)))
+    sup = Supervisor.__new__(Supervisor)
+    sup.recipe, sup.run = recipe, SimpleNamespace(metrics_path=metrics_file)
+    sup._first_train_row_seen, sup._planned_total = False, total_optimizer_steps(recipe)
+    out = io.StringIO()
+    with TrainProgress(25, console=Console(file=out, force_terminal=False)) as progress:
+        sup._update_progress(progress, 0)
+        assert out.getvalue().startswith("train 1/25  0:00:00  v1  loss 0.5000")
+    assert out.getvalue().splitlines()[-1].startswith("train 22/25")

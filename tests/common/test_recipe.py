@@ -152,7 +152,7 @@ def test_hub_id_needs_pinned_revision():
 
 def test_model_source_is_exactly_one():
     msg = rule_error(with_(student__model={"path": "/m", "toy": {}}))
-    assert "exactly one of path, hub_id or toy" in msg
+    assert "exactly one of path, hub_id, gguf or toy" in msg
 
 
 def test_exact_vocab_checked_against_known_vocab():

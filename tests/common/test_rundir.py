@@ -12,7 +12,12 @@ import pytest
 
 from miniverl.common.atomic import atomic_write_json, atomic_write_text
 from miniverl.common.errors import ConfigError, RunLockedError
-from miniverl.common.manifest import read_manifest, record_teacher, update_manifest
+from miniverl.common.manifest import (
+    finish_manifest,
+    read_manifest,
+    record_teacher,
+    update_manifest,
+)
 from miniverl.common.recipe import Recipe, load_recipe, recipe_digest
 from miniverl.common.rundir import RunDir
 
@@ -146,6 +151,32 @@ def test_manifest_updates_and_teacher_ranges(run):
         (0, 4),
         (5, None),
     ]
+
+
+def test_finishing_a_run_closes_the_last_teacher_range_and_counts_policy_steps(run, recipe):
+    record_teacher(run, 12, {"name": "t1", "instance": "i1", "gen": 0}, how="connect")
+    finish_manifest(run, 42, mode_on_policy=recipe.on_policy, on_policy_steps=30,
+                    off_policy_steps=12)
+    manifest = read_manifest(run)
+    # The last teacher scored versions 12..41; version 42 is the result.
+    assert [(t["from_version"], t["to_version"]) for t in manifest["teachers"]] == [(12, 41)]
+    # 12 warm-up steps were off-policy: the run was not on-policy, whatever its mode.
+    assert manifest["steps"] == {"on_policy": 30, "off_policy": 12}
+    assert manifest["on_policy"] is False and manifest["final_version"] == 42
+    # A resumed run connects again: a new range opens after the closed one.
+    record_teacher(run, 42, {"name": "t1", "instance": "i2", "gen": 0}, how="connect")
+    finish_manifest(run, 50, mode_on_policy=True, on_policy_steps=38, off_policy_steps=0)
+    manifest = read_manifest(run)
+    assert [(t["from_version"], t["to_version"]) for t in manifest["teachers"]] == [
+        (12, 41), (42, 49)]
+    assert manifest["on_policy"] is True
+
+
+def test_the_plan_is_not_on_policy_when_a_warm_up_comes_first(tmp_path, recipe):
+    warm = recipe.model_copy(
+        update={"train": recipe.train.model_copy(update={"sft_warmup_steps": 5})})
+    run = RunDir.create(tmp_path / "warm", warm)
+    assert read_manifest(run)["on_policy"] is False
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):

@@ -124,6 +124,24 @@ def test_a_key_the_teacher_does_not_list_gets_no_answer(curve_teacher):
         stranger.ping()
 
 
+def test_qualify_teacher_measures_a_curve_teacher(curve_teacher, capsys):
+    # Users rely on: a teacher on another machine is measured where the student runs,
+    # with the student's key (qualify-teacher --teacher, docs/teachers.md).
+    from miniverl.cli.app import run
+    from tests.toy_kit import write_recipe
+
+    teacher, keys, root = curve_teacher
+    recipe = write_recipe(root / "qualify.yaml", recipe_dict("opd", root / "runs"))
+    assert run(["qualify-teacher", str(recipe), "--teacher", teacher.endpoint, "--max-tasks",
+                "1", "--curve-secret-key", keys["student_secret"],
+                "--curve-server-key", keys["server_public"]]) == 0
+    assert "on calculator eval (n=1)" in capsys.readouterr().out
+    # The keys are for --teacher only: without it they are refused in one line.
+    assert run(["qualify-teacher", str(recipe), "--curve-secret-key",
+                keys["student_secret"]]) == 1
+    assert "go with --teacher" in capsys.readouterr().err
+
+
 def test_a_student_key_cannot_shut_down_but_an_admin_key_can(curve_teacher):
     # Users rely on: the students they hand keys to cannot stop or reload their teacher.
     teacher, keys, _ = curve_teacher

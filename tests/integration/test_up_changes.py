@@ -67,7 +67,7 @@ def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypat
     manifest = json.loads((run_dir / "manifest.json").read_text())
     ranges = [(t["how"], t["from_version"], t["to_version"]) for t in manifest["teachers"]]
     assert ranges == [("connect", 0, 0), ("reload", 1, 1), ("restart", 2, 2),
-                      ("retarget", 3, None)], ranges
+                      ("retarget", 3, 4)], ranges  # closed at the end (final version 5)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # Each update's metrics row names the teacher that scored it.
     assert metrics[1]["teacher"]["gen"] == 1 and metrics[2]["teacher"]["gen"] == 0

@@ -190,6 +190,83 @@ def test_toy_benchmark_config_is_valid() -> None:
     assert base["run"]["mode"] in {"sft", "opd", "offline_kd", "replay"}
 
 
+def test_toy_benchmark_starts_warm_from_a_prepared_teacher() -> None:
+    # A cold toy scored 0.000 in every arm: the shipped benchmark names a warm student
+    # and a competent (prepared, qualified) teacher, both of the base recipe's model.
+    from miniverl.common.recipe import Recipe, load_recipe
+
+    path = Path(__file__).parents[3] / "benchmarks" / "toy_benchmark.yaml"
+    config, base = load_benchmark_config(path)
+    assert config.student_prepare is not None
+    warm = load_recipe(path.parent / config.student_prepare)
+    recipe = Recipe.model_validate(base)
+    assert warm.run.mode == "sft" and warm.student.model == recipe.student.model
+    assert recipe.teacher.prepare and recipe.teacher.min_success >= 0.9
+    teacher_prep = load_recipe(path.parent / recipe.teacher.prepare)
+    assert teacher_prep.student.model == recipe.teacher.model
+    assert warm.environment == recipe.environment == teacher_prep.environment
+
+
+def test_docs_quote_the_shipped_toy_benchmarks_measured_table() -> None:
+    # docs/benchmarks.md states the measured result; it must be the one on disk, made by
+    # the config as shipped (same digest), with a difference between the arms.
+    import re
+
+    from miniverl.student.benchmark.config import digest
+
+    root = Path(__file__).parents[3]
+    results = BenchmarkResults.model_validate_json(
+        (root / "benchmarks/results/toy/results.json").read_text())
+    config, base = load_benchmark_config(root / "benchmarks/toy_benchmark.yaml")
+    assert results.complete and results.config_digest == digest(
+        {"config": config.model_dump(mode="json"), "recipe": base})
+    doc = (root / "docs/benchmarks.md").read_text()
+    for arm in results.summary:
+        row = re.search(rf"^\| {arm.arm} \| ([0-9.]+) \|.*\| ([0-9.]+) \|$", doc, re.M)
+        assert row, arm.arm
+        assert (row[1], row[2]) == (f"{arm.mean:.3f}", f"{arm.mean_wall_s:.1f}"), arm.arm
+    means = [arm.mean for arm in results.summary]
+    assert max(means) - min(means) >= 0.1  # a difference worth reading, not 0.000 everywhere
+
+
+def test_prepared_models_are_made_once_and_named_in_each_cell(tmp_path: Path, monkeypatch) -> None:
+    import miniverl.student.benchmark.run as run_module
+
+    made: list[tuple[str, str]] = []
+
+    def fake_prepare(prep, model, *, what, model_field):
+        made.append((Path(prep).name, what))
+        return type("Prepared", (), {"model_dir": tmp_path / f"ready-{Path(prep).stem}"})()
+
+    monkeypatch.setattr(run_module, "prepare_model", fake_prepare)
+    (tmp_path / "recipes").mkdir()
+    cells = TrainerCells(None, tmp_path, recipe_dir=tmp_path / "recipes",
+                         student_prepare=tmp_path / "warm.yaml")
+    recipe = {"run": {"name": "x", "mode": "opd"},
+              "student": {"model": {"toy": {"hidden": 32}}},
+              "teacher": {"model": {"toy": {"hidden": 32}}, "prepare": "../teach.yaml",
+                          "min_success": 0.9}}
+    first = cells.with_prepared_models(recipe)
+    second = cells.with_prepared_models(recipe)
+    assert first == second and made == [("teach.yaml", "teacher.prepare"),
+                                         ("warm.yaml", "student_prepare")]
+    assert first["teacher"] == {"model": {"path": str(tmp_path / "ready-teach")},
+                                "min_success": 0.9}
+    assert first["student"]["model"] == {"path": str(tmp_path / "ready-warm")}
+    assert recipe["teacher"]["prepare"] == "../teach.yaml"  # the cell's own dict is kept
+    # An arm that needs no teacher does not wait for one to be prepared.
+    made.clear()
+    sft = TrainerCells(None, tmp_path, recipe_dir=tmp_path / "recipes",
+                       student_prepare=tmp_path / "warm.yaml").with_prepared_models(
+        {**recipe, "run": {"name": "x", "mode": "sft"}})
+    assert made == [("warm.yaml", "student_prepare")] and "prepare" in sft["teacher"]
+
+
+def test_a_missing_student_prepare_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="student_prepare 'nope.yaml' does not exist"):
+        load_benchmark_config(write_config(tmp_path, student_prepare="nope.yaml"))
+
+
 def test_trainer_cells_train_a_real_cell(tmp_path: Path) -> None:
     # The default cell reads the trainer's TrainResult as it is (no fallbacks): a real
     # toy SFT run becomes an ok cell with its final version and updates.

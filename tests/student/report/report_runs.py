@@ -3,7 +3,8 @@
 ``make_run(path)`` writes a complete, realistic OPD run (recipe, resolved recipe,
 manifest, status, events with a teacher reload and a restart, metrics, trajectories,
 eval summaries and a character-level tokenizer); tests then delete or corrupt files.
-``toy_sft_recipe(output_dir)`` is a recipe whose real run takes seconds on a CPU, for
+``make_pair(folder)`` writes two such runs that differ in recipe, loss and length (the
+comparison page's tests). ``toy_sft_recipe(output_dir)`` is a recipe whose real run takes seconds on a CPU, for
 the tests that train one (the report a trainer writes, a benchmark cell).
 Not a test module: imported by tests in several folders.
 """
@@ -316,3 +317,20 @@ def toy_sft_recipe(output_dir: Path) -> dict:
         },
         "train": {"cycles": 2, "rollouts_per_cycle": 2, "lr": 1e-3},
     }
+
+
+def make_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """Two OPD runs: B has another top_k and learning rate, a higher loss, 8 steps."""
+    a = make_run(tmp_path / "run-a")
+    b = make_run(tmp_path / "run-b", steps=8)
+    for name in ("recipe.yaml", "recipe.resolved.yaml"):
+        text = (b / name).read_text().replace("top_k: 8", "top_k: 16")
+        (b / name).write_text(text)
+    resolved = (b / "recipe.resolved.yaml").read_text().replace("  cycles: 12\n",
+                                                                 "  cycles: 12\n  lr: 0.001\n")
+    (b / "recipe.resolved.yaml").write_text(resolved)
+    rows = [json.loads(line) for line in (b / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["loss"] = 3.0 * math.exp(-row["step"] / 5) + 0.3
+    (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return a, b

