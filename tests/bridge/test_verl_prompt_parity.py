@@ -149,7 +149,7 @@ def prompt_mismatch(where: str, expected: list[int], got: list[int], tokenizer) 
     """None when equal, else a line naming ``where`` and the first differing token."""
     if expected == got:
         return None
-    i = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b),
+    i = next((k for k, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
              min(len(expected), len(got)))
 
     def token(ids: list[int]) -> str:
@@ -164,8 +164,8 @@ def prompt_mismatch(where: str, expected: list[int], got: list[int], tokenizer) 
 
 def test_verl_renders_every_exported_row_as_the_rollout_did(smollm2_bundle):
     run_dir, bundle = smollm2_bundle
-    from miniverl.common.modeling import resolve_model_dir
     from miniverl.bridge.artifacts import load_run_recipe
+    from miniverl.common.modeling import resolve_model_dir
 
     base_dir = resolve_model_dir(load_run_recipe(run_dir).student.model)
     out = bundle.parent / "verl-prompts.json"
@@ -185,6 +185,10 @@ def test_verl_renders_every_exported_row_as_the_rollout_did(smollm2_bundle):
     # verl's overlong-prompt filter dropped nothing, and no prompt was left-truncated.
     assert verl["dataset_rows"] == verl["parquet_rows"], verl
     assert verl["rollout_prompt_length"] == verl["max_prompt_length"]
+    # verl keeps only the fields its tool schema model knows; every built-in
+    # environment's specs come back unchanged, so no exported tool block loses a field.
+    changed = [s for s in verl["builtin_tool_schemas"] if not s["unchanged"]]
+    assert verl["builtin_tool_schemas"] and not changed, changed
 
     t0 = time.perf_counter()
     expected, tokenizer = rollout_prompts(run_dir)

@@ -7,24 +7,29 @@ What runs is verl's own code, in the order its trainer and rollout worker run it
 
 1. Hydra composes ``ppo_trainer`` with ``recipe/verl-overrides.yaml`` and the launch
    script's path overrides (``BASE_MODEL_DIR`` as the model, the bundle's tokenizer);
-2. ``hf_tokenizer(BASE_MODEL_DIR)`` + ``create_rl_dataset`` build the train and val
-   datasets as ``main_ppo`` does (its overlong-prompt filter included: a dropped row is
-   reported, not hidden);
+2. ``hf_tokenizer(BASE_MODEL_DIR)`` and the configured dataset class (``RLHFDataset``)
+   build the train and val datasets as ``main_ppo.create_rl_dataset`` does, its
+   overlong-prompt filter included (a dropped row shows in ``dataset_rows``);
 3. like ``AgentLoopWorker``: ``HFModelConfig`` (``omega_conf_to_dataclass``) loads the
    bundle's tokenizer, ``load_all_tools`` the tools of ``recipe/tool_config.yaml``, and
    the agent loop named by ``rollout.agent.default_agent_loop`` (``tool_agent``) is
    instantiated from verl's registry with ``hydra.utils.instantiate``;
-4. each row goes through verl's ``collate_fn`` and its non-tensor fields are passed to
-   ``agent_loop.run`` exactly as ``AgentLoopWorker`` passes them. The agent loop renders
-   the prompt (``RLHFDataset`` row + chat template + tool schemas) and sends it to its
-   LLM server: a stand-in here that records the ``prompt_ids`` and answers
+4. each row goes through verl's ``collate_fn`` and ``DataProto``, and its non-tensor
+   fields are passed to ``agent_loop.run`` as ``AgentLoopWorker`` passes them. The loop
+   renders the prompt (the row's messages + chat template + tool schemas) and sends it
+   to its LLM server: a stand-in here that records the ``prompt_ids`` and answers
    ``<|im_end|>``, so the loop ends after one turn. Those ids are what vLLM would get.
+
+It also dumps every built-in environment's tool specs through verl's
+``OpenAIFunctionToolSchema`` (what ``load_all_tools`` keeps of a schema).
 
 Ray is not installed in the venv: ``agent_loop``'s modules use it only at import time
 (decorators, annotations), so a stand-in serves those imports and raises on any use
 after them. Nothing here starts Ray, vLLM or a model. Writes ``OUT.json``:
-``{"verl_version", "rows": {"train"|"val": [{"index", "task_id", "prompt_ids",
-"server_prompt_ids"}]}, "parquet_rows", "dataset_rows"}``; prints one marker line.
+``{"verl_version", "agent_loop", "rows": {"train"|"val": [{"index", "task_id",
+"prompt_ids", "server_prompt_ids"}]}, "parquet_rows", "dataset_rows",
+"max_prompt_length", "rollout_prompt_length", "builtin_tool_schemas", ...}`` and prints
+the same without ``rows`` on one marker line.
 """
 
 from __future__ import annotations
@@ -205,6 +210,25 @@ async def render_rows(cfg, datasets: dict) -> dict:
                              for t in tools]}
 
 
+def builtin_schema_dumps() -> list[dict]:
+    """Whether verl's tool schema model gives back each built-in environment's tool spec
+    unchanged, keys in order (the chat template prints it with ``tojson``): a field verl's
+    ``OpenAIFunctionToolSchema`` lacks would vanish from verl's prompt."""
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    from miniverl.student.environments import get_environment, list_environments
+
+    out = []
+    for name in list_environments():
+        for spec in get_environment(name).tool_specs():
+            dumped = OpenAIFunctionToolSchema.model_validate(spec).model_dump(
+                exclude_unset=True, exclude_none=True)
+            out.append({"environment": name, "tool": spec["function"]["name"],
+                        "unchanged": json.dumps(dumped) == json.dumps(spec),
+                        "verl": dumped})
+    return out
+
+
 def main(bundle: Path, base_dir: Path, out_path: Path) -> int:
     bundle, base_dir = bundle.resolve(), base_dir.resolve()
     started = time.perf_counter()
@@ -212,11 +236,11 @@ def main(bundle: Path, base_dir: Path, out_path: Path) -> int:
     install_ray_standin()
     import pyarrow.parquet as pq
     import verl
-    from verl.utils import hf_processor, hf_tokenizer
-    from verl.utils.dataset.rl_dataset import get_dataset_class
 
     # Imported before the stand-in is armed: these modules touch Ray at import time.
     import verl.experimental.agent_loop.tool_agent_loop  # noqa: F401
+    from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.dataset.rl_dataset import get_dataset_class
 
     timing = {"import_s": time.perf_counter() - started}
     cfg = compose(bundle, base_dir)
@@ -241,6 +265,7 @@ def main(bundle: Path, base_dir: Path, out_path: Path) -> int:
         "max_prompt_length": int(cfg.data.max_prompt_length),
         "rollout_prompt_length": int(cfg.actor_rollout_ref.rollout.prompt_length),
         "ray_touched_at_import": sorted(_RayState.touched),
+        "builtin_tool_schemas": builtin_schema_dumps(),
         "timing_s": {k: round(v, 2) for k, v in timing.items()},
     })
     out_path.write_text(json.dumps(result))
