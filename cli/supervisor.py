@@ -174,8 +174,13 @@ class Supervisor:
             # refused by the teacher itself (--recipe implies it).
             args += ["--model", str(self.teacher_model_dir), "--gate", str(self.recipe_path)]
             if not (self.teacher_model_dir / "config.json").is_file():
-                # Still being prepared: the teacher imports its libraries meanwhile.
-                args += ["--wait-for-model", str(self.recipe.runtime.teacher_startup_timeout_s)]
+                # Still being prepared: the teacher imports its libraries meanwhile, and
+                # waits as long as the student waits for it (a real model's preparation
+                # outlasts the 600 s startup default; the student's unavailable_timeout_s
+                # is the recipe's own bound on it).
+                runtime = self.recipe.runtime
+                wait_s = max(runtime.teacher_startup_timeout_s, runtime.unavailable_timeout_s)
+                args += ["--wait-for-model", str(wait_s)]
             teacher = self.recipe.teacher
             if teacher.scorer != "causal_lm":  # --recipe reads these itself
                 args += ["--scorer", teacher.scorer]

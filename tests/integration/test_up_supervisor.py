@@ -122,3 +122,19 @@ def test_teacher_that_fails_to_load_fails_up_fast(tmp_path, monkeypatch):
     assert sup.student.poll() is not None and sup.teacher.poll() == 1
     status = json.loads((sup.run.path / "status.json").read_text())
     assert status["status"] == "failed" and "while loading" in status["reason"], status
+
+
+def test_teacher_waits_for_a_preparation_as_long_as_the_student_does(tmp_path):
+    # A real model's preparation outlasts the 600 s startup default (SmolLM2: ~12 min on a
+    # loaded 2-core machine); the teacher must not give up on the directory before the
+    # student gives up on the teacher, or the run fails after the preparation succeeded.
+    from miniverl.common.rundir import RunDir
+
+    sup = supervisor(tmp_path)
+    sup.recipe = sup.recipe.model_copy(update={"runtime": sup.recipe.runtime.model_copy(
+        update={"teacher_startup_timeout_s": 600.0, "unavailable_timeout_s": 1800.0})})
+    sup.run = RunDir.create(sup.output_dir, sup.recipe, run_id="waits")
+    sup.endpoint = "ipc:///tmp/never-bound"
+    sup.teacher_model_dir = tmp_path / "not-prepared-yet"
+    cmd = sup._teacher_cmd()
+    assert cmd[cmd.index("--wait-for-model") + 1] == "1800.0"
