@@ -69,7 +69,7 @@ def test_benchmark_with_a_fake_trainer_and_resume(tmp_path: Path, monkeypatch) -
     calls: list[str] = []
 
     class FakeCells:
-        def __init__(self, endpoint, work_dir):
+        def __init__(self, endpoint, work_dir, **prepared):
             pass
 
         def __call__(self, recipe, seed):
