@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -222,6 +223,23 @@ def analyze_runs(run_dirs: list[Path], output: Path) -> int:
     return 0
 
 
+def extract_figures(out_dir: Path) -> list[str]:
+    """The report's SVG charts as files beside it (docs link them; no second renderer)."""
+    html = (out_dir / "report.html").read_text(encoding="utf-8")
+    style = re.search(r"<style>(.*?)</style>", html, flags=re.S)
+    css = f"<style>{style.group(1)}</style>" if style else ""
+    names = []
+    for i, match in enumerate(re.finditer(r"<svg\b.*?</svg>", html, flags=re.S), start=1):
+        path = out_dir / f"figure-{i}.svg"
+        svg = match.group(0)
+        if "xmlns=" not in svg[:200]:  # inline SVG in HTML may omit it; a file may not
+            svg = svg.replace("<svg", '<svg xmlns="http://www.w3.org/2000/svg"', 1)
+        svg = re.sub(r"(<svg\b[^>]*>)", lambda m: m.group(1) + css, svg, count=1)
+        path.write_text(svg + "\n", encoding="utf-8")
+        names.append(str(path.relative_to(ROOT)))
+    return names
+
+
 def print_table(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -276,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         run_benchmark(args.config, resume=args.resume, output_dir=out_dir, on_cell=on_cell)
     summary = analyze(out_dir / "results.json", conversion_s)
     summary["report_html"] = str((out_dir / "report.html").relative_to(ROOT))
+    summary["figures"] = extract_figures(out_dir)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print_table(summary)

@@ -110,8 +110,9 @@ def _model_entry(placement: Any) -> dict[str, Any] | None:
         return None
     source = placement.model
     entry: dict[str, Any] = {
-        "source": "hub" if source.hub_id else ("path" if source.path else "toy"),
-        "id": source.hub_id or source.path,
+        "source": "hub" if source.hub_id else (
+            "path" if source.path else ("gguf" if source.gguf else "toy")),
+        "id": source.hub_id or source.path or source.gguf,
         "revision": source.revision,
         "toy": source.toy.model_dump() if source.toy else None,
         "dtype": placement.dtype,

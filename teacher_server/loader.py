@@ -92,6 +92,9 @@ def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
         model, revision, name = str(toy_model_dir(source.toy)), None, "toy-teacher"
     elif source.path is not None:
         model, revision, name = source.path, None, None
+    elif source.gguf is not None:
+        # Converted once into the cache (common/gguf_import.py); served as that directory.
+        model, revision, name = str(resolve_model_dir(source, offline=offline)), None, None
     else:
         model, revision, name = source.hub_id, source.revision, None
     return TeacherSpec(

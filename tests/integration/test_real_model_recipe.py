@@ -74,3 +74,21 @@ def test_smollm2_recipe_distils_on_policy_and_its_loss_falls(tmp_path):
     prepared = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
                 if e["event"] == "eval"]
     assert [e["version"] for e in prepared] == [0, UPDATES]
+
+
+def test_a_gguf_teacher_is_served_from_its_cached_conversion(tmp_path):
+    # `model: {gguf: smollm2}` in a teacher section (no prepare): the teacher loads the same
+    # cached HF directory the student does, so their tokenizer fingerprints agree.
+    from miniverl.common.gguf_import import convert_gguf, smollm2_gguf
+    from miniverl.common.manifest import _model_entry
+    from miniverl.common.recipe import load_recipe
+    from miniverl.teacher_server.loader import spec_from_recipe
+
+    opd = yaml.safe_load((ROOT / "recipes" / "smollm2_cpu_opd.yaml").read_text())
+    del opd["teacher"]["prepare"]
+    path = tmp_path / "raw-teacher.yaml"
+    path.write_text(yaml.safe_dump(opd, sort_keys=False))
+    spec = spec_from_recipe(path)
+    assert Path(spec.model) == convert_gguf(smollm2_gguf())
+    entry = _model_entry(load_recipe(path).teacher)
+    assert entry["source"] == "gguf" and entry["id"] == "smollm2"
