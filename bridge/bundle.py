@@ -215,7 +215,11 @@ fi
 
 python - <<'PY'
 import sys
-import verl
+try:
+    import verl
+except ImportError:
+    sys.exit("error: verl is not installed; this bundle needs verl=={profile.VERL_VERSION} "
+             "(pip install verl=={profile.VERL_VERSION})")
 if verl.__version__ != "{profile.VERL_VERSION}":
     sys.exit(f"error: verl {{verl.__version__}} installed; this bundle needs verl=={profile.VERL_VERSION}")
 import miniverl.student.environments  # noqa: F401  (the reward and tools need miniverl)

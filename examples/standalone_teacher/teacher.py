@@ -1,7 +1,7 @@
 """A standalone mvl-score/1 teacher: numpy + pyzmq + msgpack, no miniverl import.
 
     python teacher.py --bind tcp://127.0.0.1:5555 --tokenizer-fp sha256:... \
-        --vocab-size 277 [--corpus tokens.npy] [--name bigram] [--alpha 0.1]
+        --vocab-size 263 [--corpus tokens.npy] [--name bigram] [--alpha 0.1]
 
 It shows that the wire (docs/protocol.md) is the whole contract: any program that
 answers HELLO, PING and SCORE like this can supervise a miniverl student. The model

@@ -3,6 +3,7 @@ prepared teacher a run actually trained against (not the raw toy spec it started
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -58,6 +59,15 @@ def test_launch_template_fetch_lines_run_through_bash(toy_bundle, tmp_path):
         assert proc.returncode == 0, proc.stderr
     assert _same_weights(tmp_path / "base-model", toy_model_dir(base["toy"]))
     assert _same_weights(tmp_path / "teacher-model", toy_model_dir(base["teacher"]["toy"]))
+    # With the weights fetched, the next thing a user lacks is usually verl itself: one
+    # line that names the fix, not a Python traceback.
+    if importlib.util.find_spec("verl") is None:
+        proc = _bash("BASE_MODEL_DIR=base-model TEACHER_MODEL_DIR=teacher-model bash "
+                     f"{toy_bundle}/recipe/launch.template.sh", tmp_path)
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines() == [
+            "error: verl is not installed; this bundle needs verl==0.8.0 (pip install verl==0.8.0)"
+        ]
 
 
 # ------------------------------------------------------------------ prepared teacher

@@ -6,7 +6,7 @@ Users rely on: a PEFT teacher adapter's sha256 travels from the loader through
 exactly that identity and ``teacher.min_success`` reads it back; a scorer installed by
 entry point serves a student end to end; and any program that speaks ``mvl-score/1``
 (here ``examples/standalone_teacher/teacher.py``) can supervise strict OPD through the
-real ``SyncTeacherClient`` over ipc and tcp.
+real ``SyncTeacherClient`` over ipc and tcp, and that example's README works as written.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDALONE = ROOT / "examples" / "standalone_teacher" / "teacher.py"
+README = STANDALONE.parent / "README.md"
 
 
 def recipe_data(output_dir: Path, **teacher) -> dict:
@@ -293,6 +294,24 @@ def test_student_trains_against_the_standalone_teacher(tmp_path, toy_vocab, corp
     assert len(train_rows) == 3
     assert all(np.isfinite(r["loss"]) and r["positions"] > 0 for r in train_rows)
     assert all(r["stale_dropped"] == 0 for r in train_rows)
+
+
+def test_the_standalone_readme_works_as_written(tmp_path):
+    # A user who runs examples/standalone_teacher/README.md block by block gets what it
+    # says: a corpus and the teacher's flags, a completed run against the teacher, the
+    # gate's refusal with a 0% record from `qualify-teacher --teacher`, a clean stop.
+    # Only the port differs (a free one, so parallel runs do not collide).
+    from tests.docs.doc_blocks import parse_page
+    from tests.docs.doc_runner import page_failures
+
+    text = README.read_text()
+    assert text.count("tcp://127.0.0.1:5555") >= 5
+    page = tmp_path / "README.md"
+    page.write_text(text.replace("tcp://127.0.0.1:5555", f"tcp://127.0.0.1:{free_port()}"))
+    kinds = [b.marker.kind for b in parse_page(page).blocks if b.marker]
+    assert kinds == ["run"] * 5, kinds  # nothing on the page is left unchecked
+    failures = page_failures(page, tmp_path / "scratch")
+    assert not failures, "\n\n".join(failures)
 
 
 def test_standalone_teacher_wire_behaviour(tmp_path, toy_vocab, corpus):
