@@ -25,7 +25,7 @@ import yaml
 from miniverl.common.errors import MiniverlError, require
 from miniverl.common.modeling import resolve_model_dir
 from miniverl.common.recipe import recipe_dict
-from miniverl.common.redact import redact_text
+from miniverl.common.redact import redact, redact_text
 
 MODE_TAGS = {"opd": "on-policy-distillation", "replay": "off-policy-distillation",
              "offline_kd": "knowledge-distillation", "sft": "sft", "dpo": "dpo"}
@@ -132,7 +132,9 @@ def card_text(run: Path, recipe, *, kind: str, step: int, base: dict, bundle: bo
     env = recipe.environment
     digest = manifest.get("recipe_digest", "not recorded")
     command = "miniverl up recipe.yaml" if recipe.needs_teacher else "miniverl train recipe.yaml"
-    shared = recipe_dict(recipe)
+    # Redacted as data first: a value under a secret-named key (an environment's
+    # `auth_token` param) is no secret to the text rules once it is YAML.
+    shared = redact(recipe_dict(recipe))
     shared["run"]["output_dir"] = "runs"  # where it lived changes nothing it learned
     what = "PEFT LoRA adapter" if kind == "lora" else "full fine-tune (Hugging Face model)"
     rows = [

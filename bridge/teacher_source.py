@@ -27,14 +27,14 @@ from miniverl.bridge import artifacts
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_dir
 from miniverl.common.manifest import load_manifest
+from miniverl.common.qualification import OWN_FILES, RECORD_FILE
 from miniverl.common.redact import redact
 from miniverl.common.toy import cache_root
 
 PREPARED_FILE = "miniverl_prepared.json"
-QUALIFICATION_FILE = "miniverl_qualification.json"
-# Files miniverl writes into a model directory that never change the weights: the same
-# list the qualification records exclude from a directory's digest.
-OWN_FILES = (PREPARED_FILE, QUALIFICATION_FILE)
+QUALIFICATION_FILE = RECORD_FILE
+# OWN_FILES: the files miniverl writes into a model directory, which never change the
+# weights; the same list the qualification records exclude from a directory's digest.
 
 # Copies a prepared teacher out of the miniverl cache; name and destination travel as argv.
 _COPY_PREPARED = (

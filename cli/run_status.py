@@ -61,15 +61,17 @@ def _success(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _steps(metrics: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
-    steps = [r["step"] for r in metrics if isinstance(r.get("step"), int)]
-    total = max(steps) if steps else 0
+    # Rows with an integer step only: a damaged row leaves the count, not a traceback.
+    rows = [r for r in metrics if isinstance(r.get("step"), int)]
+    total = max((r["step"] for r in rows), default=0)
     counted = manifest.get("steps")
-    if isinstance(counted, dict) and sum(counted.values()) == total and total:
-        on, off = counted.get("on_policy", 0), counted.get("off_policy", 0)
-    else:  # a run that did not finish has no counts in its manifest yet
-        on = len({r["step"] for r in metrics if r.get("on_policy") is True and "step" in r})
+    on, off = (counted.get("on_policy"), counted.get("off_policy")) if isinstance(
+        counted, dict) else (None, None)
+    if not (isinstance(on, int) and isinstance(off, int) and on + off == total and total):
+        # a run that did not finish has no counts in its manifest yet
+        on = len({r["step"] for r in rows if r.get("on_policy") is True})
         off = total - on
-    warmup = len({r["step"] for r in metrics if r.get("phase") == "sft_warmup" and "step" in r})
+    warmup = len({r["step"] for r in rows if r.get("phase") == "sft_warmup"})
     version = manifest.get("final_version")
     if not isinstance(version, int):
         versions = [r["version"] for r in metrics if isinstance(r.get("version"), int)]

@@ -43,6 +43,8 @@ RECORD_FILE = "miniverl_qualification.json"  # beside a prepared teacher
 OWN_FILES = ("miniverl_prepared.json", RECORD_FILE)
 IDENTITY_KEYS = ("name", "model", "revision", "adapter_sha256")
 SPLIT_PREFERENCE = {"eval": 0, "test": 1, "train": 2}
+# What the gate and its messages read from a record (student/qualify.py writes them all).
+RECORD_FIELDS = ("teacher", "environment", "split", "n", "success", "date")
 
 
 class TeacherNotQualified(ConfigError):
@@ -130,6 +132,12 @@ def _load(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
+        return None
+    success = data.get("success")
+    # A damaged or hand-edited record is no record: a NaN success passed every threshold
+    # (NaN < t is false) and a missing field was a KeyError traceback at the gate.
+    if (any(key not in data for key in RECORD_FIELDS) or isinstance(success, bool)
+            or not isinstance(success, (int, float)) or not 0.0 <= success <= 1.0):
         return None
     return data
 

@@ -144,8 +144,9 @@ class TeacherClient:
     @property
     def counters(self) -> dict[str, int]:
         """sent, received, stale_dropped, retries, reconnects, bytes_sent,
-        bytes_received (all frames, resends and PINGs included), malformed,
-        nonfinite_replies (SCORE_OKs holding a forbidden NaN/inf: dropped, a TeacherError)."""
+        bytes_received (all frames, resends and PINGs included), malformed (top-k ids
+        outside the vocabulary among them: dropped, a TeacherError), nonfinite_replies
+        (SCORE_OKs holding a forbidden NaN/inf: dropped, a TeacherError)."""
         return dict(self.link.table.counts)
 
     @property
@@ -380,6 +381,14 @@ class TeacherClient:
             table.drop(req, TeacherError(
                 f"teacher sent non-finite targets for SCORE {msg.id} ({problem}); the "
                 "reply was dropped; check the teacher's weights, dtype and temperature"))
+        elif (outside := _ids_outside(arrays, self.link.vocab_size)) is not None:
+            # An id past the vocabulary indexes out of bounds in the loss's gather (a
+            # device-side assert on CUDA): never trained on, a teacher error.
+            table.counts["malformed"] += 1
+            table.drop(req, TeacherError(
+                f"teacher sent token ids outside [0, {self.link.vocab_size}) for SCORE "
+                f"{msg.id} (e.g. {outside}); the reply was dropped; check the teacher's "
+                "vocabulary and top-k"))
         else:
             req.finish(result=ScoreResult.from_reply(msg, arrays))
 
@@ -413,3 +422,12 @@ def _int32(value: Any, name: str) -> np.ndarray:
     if arr.size and (int(arr.min()) < -(2**31) or int(arr.max()) >= 2**31):
         raise ProtocolError(f"{name} holds values outside int32")
     return arr.astype("<i4", copy=False)
+
+
+def _ids_outside(arrays: dict[str, np.ndarray], vocab_size: int) -> int | None:
+    """A top-k ``ids`` value outside ``[0, vocab_size)``, or None when all are inside."""
+    ids = arrays.get("ids")
+    if ids is None or ids.size == 0:
+        return None
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    return int(bad.flat[0]) if bad.size else None

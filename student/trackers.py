@@ -89,7 +89,10 @@ def event_text(record: dict[str, Any]) -> str:
         head = (f"teacher {fields.get('how', 'change')}: {_label(fields.get('old'))} -> "
                 f"{_label(fields.get('new'))} at version {fields.get('version')}")
         return redact_text(head)
-    return redact_text(json.dumps(fields, sort_keys=True, default=str, separators=(", ", ": ")))
+    # redact() first: a value under a secret-named key (`admin_token`) matches no text
+    # rule once it is JSON.
+    return redact_text(json.dumps(redact(fields), sort_keys=True, default=str,
+                                  separators=(", ", ": ")))
 
 
 def run_config(run: RunDir, recipe: Recipe) -> dict[str, Any]:

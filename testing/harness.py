@@ -82,7 +82,6 @@ class TeacherHarness:
                                     max_batch_tokens=max_batch_tokens)
         elif loader is None:
             loader = _single(backend if backend is not None else FakeBackend())
-        self.backend_given = backend
         self.logs: list[tuple[str, str, dict[str, Any]]] = []
         self._log = log
         self.router = MemoryRouter(config.pop("endpoint", None)
@@ -98,12 +97,14 @@ class TeacherHarness:
         deadline = time.monotonic() + start_timeout_s
         while self.server.endpoint is None and self.thread.is_alive():
             if time.monotonic() > deadline:
+                self.close()  # nobody else can: the caller never gets this harness
                 raise TimeoutError(f"the harnessed server did not start in {start_timeout_s} s")
             time.sleep(0.002)
         if self.server.endpoint is None:
             self._raise_outcome()
         while wait_ready and self.server.srv.backend is None and self.thread.is_alive():
             if time.monotonic() > deadline:
+                self.close()
                 raise TimeoutError(f"the harnessed teacher did not load in {start_timeout_s} s")
             time.sleep(0.002)
 

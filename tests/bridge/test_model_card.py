@@ -180,3 +180,20 @@ def test_verl_logger_list_imports_as_run_loggers():
     result = ImportResult({"run": {"name": "x", "mode": "opd"}})
     HANDLERS["trainer.logger"]("trainer.logger", "console", result)
     assert result.recipe["run"]["loggers"] == ["jsonl"] and result.findings[0].label == "exact"
+
+
+def test_card_recipe_hides_values_under_secret_named_keys(tmp_path):
+    # A card is made to be shared: an environment param named like a secret (a plugin
+    # environment's `auth_token`) must not reach its resolved recipe, though as YAML
+    # text `auth_token: ...` matches no secret pattern.
+    from miniverl.bridge.model_card import card_text
+    from tests.bridge.conftest import RECIPE
+
+    recipe = Recipe.model_validate(RECIPE)
+    env = recipe.environment.model_copy(update={"params": {"auth_token": "tok-4f9a2c77e1"}})
+    recipe = recipe.model_copy(update={"environment": env})
+    run = tmp_path / "card-run"
+    run.mkdir()
+    text = card_text(run, recipe, kind="lora", step=1, bundle=False,
+                     base={"source": "toy", "toy": {"hidden": 64}})
+    assert "auth_token" in text and "tok-4f9a2c77e1" not in text

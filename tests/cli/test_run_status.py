@@ -89,3 +89,19 @@ def test_a_stopped_run_says_why_and_how_to_continue(tmp_path):
     assert f"--resume --run-id {run.id}" in text
     assert "1 optimizer steps (0 on-policy, 1 off-policy)" in text
     assert "success" not in text  # it never evaluated: no line rather than a made-up one
+
+
+
+@pytest.mark.parametrize("counts", [{"on_policy": None, "off_policy": 12},
+                                    {"on_policy": "30", "off_policy": 12}, {}, None])
+def test_damaged_counts_and_rows_are_recounted_not_a_traceback(finished, counts):
+    # The module's promise: a damaged file never turns `status` into a traceback; step
+    # counts that are not numbers are recounted from metrics.jsonl.
+    from miniverl.cli.run_status import _steps
+
+    with finished.metrics_path.open("a") as fh:
+        fh.write(json.dumps({"step": [7], "on_policy": True, "phase": "sft_warmup"}) + "\n")
+    steps = _steps(finished.metrics(), {"steps": counts, "final_version": 42})
+    assert (steps["total"], steps["on_policy"], steps["off_policy"], steps["sft_warmup"]) == (
+        42, CYCLES, WARMUP, WARMUP)
+    assert runner.invoke(app, ["status", str(finished.path)]).exit_code == 0

@@ -108,6 +108,24 @@ def test_client_never_accepts_a_nan_reply_and_counts_it(name):
     run_client(body, teacher)
 
 
+@pytest.mark.parametrize("bad_id", [VOCAB, -1])
+def test_client_never_accepts_ids_outside_the_vocabulary(bad_id):
+    # An id past V would index out of bounds in the loss (a device-side assert on CUDA).
+    teacher = FakeTeacher()
+    teacher.default = poisoned("ids", bad_id)
+
+    async def body(client):
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        with pytest.raises(TeacherError, match=rf"ids outside \[0, {VOCAB}\).*e.g. {bad_id}"):
+            await client.wait([rid])
+        assert client.counters["malformed"] == 1
+        teacher.default = answer()
+        rid = await client.submit(TOKENS, CU, POS, k=4)
+        assert (await client.wait([rid]))[rid].arrays["ids"].shape == (len(POS), 4)
+
+    run_client(body, teacher)
+
+
 def test_client_accepts_minus_inf_tail_when_k_is_the_vocabulary():
     teacher = FakeTeacher()
     teacher.default = poisoned("tail_logmass", -np.inf)

@@ -412,3 +412,37 @@ def test_events_from_two_threads_all_reach_the_trackers(tmp_path):
     trackers.close("completed")
     assert sorted(counting.notes) == sorted(["e0"] * 100 + ["e1"] * 100)
     assert len(counting.logged) == 200
+
+
+def test_config_annotations_and_teacher_identity_hold_no_secret_or_local_path(tmp_path):
+    # Dashboards are shared: the run config, each event's text and the teacher identity
+    # a tracker receives are redacted (docs/tracking.md, "What every tracker receives").
+    from miniverl.student.trackers import run_config
+
+    class Recording(_Good):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def annotate(self, event, text, step):
+            self.seen.append(text)
+
+        def set_teacher(self, identity, step):
+            self.seen.append(json.dumps(identity))
+
+    recipe = make_recipe("opd", tmp_path)
+    run = RunDir.create(tmp_path, recipe, run_id="t-redact")
+    config = json.dumps(run_config(run, recipe))
+    assert str(tmp_path) not in config and "t-redact" in config
+    recording = Recording()
+    trackers = Trackers(run, [recording])
+    run.observers.append(trackers.observe)
+    teacher = {"name": "t", "model": "/home/someone/models/teacher", "gen": 1}
+    run.event("teacher_changed", how="reload", old=teacher, new=teacher, version=1)
+    run.event("teacher_connected", teacher=teacher, version=0,
+              endpoint=f"ipc://{tmp_path}/teacher.sock", admin_token="f" * 64)
+    trackers.close("completed")
+    seen = "\n".join(recording.seen)
+    assert len(recording.seen) == 4 and "teacher.sock" in seen
+    for leak in ("/home/someone", str(tmp_path), "f" * 64):
+        assert leak not in seen, leak

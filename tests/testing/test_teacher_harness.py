@@ -132,3 +132,19 @@ def test_an_async_client_and_a_network_of_harnesses():
                     assert (await client.score(TOKENS, CU, POS, k=2)).instance == b.instance
 
         anyio.run(main, backend="asyncio")
+
+
+def test_a_load_past_start_timeout_raises_and_leaves_no_server_running():
+    # The caller never gets the harness to close: the constructor must stop its server.
+    import threading
+    import time
+
+    def slow(request):
+        time.sleep(1.0)
+        return FakeBackend()
+
+    before = {t for t in threading.enumerate() if t.name == "teacher-harness"}
+    with pytest.raises(TimeoutError, match="did not load in 0.2 s"):
+        TeacherHarness(loader=slow, start_timeout_s=0.2)
+    left = {t for t in threading.enumerate() if t.name == "teacher-harness"} - before
+    assert not any(t.is_alive() for t in left)
