@@ -86,7 +86,7 @@ def base_license(recipe) -> str | None:
     """The license the base model's own card names (hub base, local copy only)."""
     if not recipe.student.model.hub_id:
         return None
-    hub = require("huggingface_hub", "train")
+    hub = require("huggingface_hub", "bridge")
     try:
         readme = resolve_model_dir(recipe.student.model, offline=True) / README
         return hub.ModelCard.load(readme).data.license if readme.is_file() else None
@@ -217,7 +217,7 @@ def write_model_card(run: Path, out_dir: Path, recipe, *, kind: str, step: int, 
     ``base`` is the student's base identity (``artifacts.base_identity``);
     ``teacher_source`` the teacher a bundle names (``teacher_source.teacher_identity``).
     """
-    hub = require("huggingface_hub", "train")
+    hub = require("huggingface_hub", "bridge")
     env = recipe.environment
     _, after = held_out(_events(run))
     results = None
