@@ -257,4 +257,10 @@ class TeacherConfig(Placement):
         if (self.curve_secret_key is None) != (self.curve_server_key is None):
             raise_issue("curve_secret_key", "CURVE needs curve_secret_key and curve_server_key; "
                         "set both or neither", involves=("curve_server_key",))
+        if self.prepare is not None and self.adapter is not None:
+            # The prepared directory is served as plain merged weights; an adapter named
+            # beside it was silently dropped by `up` and `teacher serve --recipe`.
+            raise_issue("adapter", f"adapter {self.adapter!r} cannot go with prepare "
+                        f"{self.prepare!r}: the prepared teacher is served as merged weights; "
+                        "drop one of them", involves=("prepare",))
         return self

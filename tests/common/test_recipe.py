@@ -155,6 +155,13 @@ def test_model_source_is_exactly_one():
     assert "exactly one of path, hub_id, gguf or toy" in msg
 
 
+def test_a_prepared_teacher_takes_no_adapter():
+    # The prepared directory is served as merged weights: an adapter beside it would be
+    # dropped without a word, so the recipe is refused instead.
+    msg = rule_error(with_(teacher__prepare="prep.yaml", teacher__adapter="/adapters/a"))
+    assert "teacher.adapter" in msg and "cannot go with prepare" in msg
+
+
 def test_exact_vocab_checked_against_known_vocab():
     recipe = Recipe.model_validate(
         with_(loss__objective="exact_full_vocab", loss__exact_max_vocab=300)
