@@ -12,6 +12,8 @@ distributed runtime was exercised here.
 
 from __future__ import annotations
 
+from miniverl.common.recipe import dotted_items
+
 VERL_VERSION = "0.8.0"
 VERL_COMMIT = "7aed6b230776f963fa09509c10d9c3a767d1102c"
 PROFILE = "single-gpu-online-distillation-v1"
@@ -108,14 +110,7 @@ def required_verl_text() -> str:
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     """Dotted-key view of a nested mapping (lists are leaves)."""
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
+    return dotted_items(tree, prefix)
 
 
 def set_dotted(tree: dict, dotted: str, value: object) -> None:

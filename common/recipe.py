@@ -240,6 +240,20 @@ def recipe_json_schema() -> dict[str, Any]:
     return Recipe.model_json_schema()
 
 
+def dotted_items(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted-key view of a nested mapping (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``);
+    lists and empty mappings are leaves. Trackers, the comparison report and the verl
+    bridge all read recipes and configs this way."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(dotted_items(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
     if isinstance(value, dict):  # an empty mapping contributes no paths
         for key, item in value.items():

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from miniverl.common.errors import require
+from miniverl.common.recipe import dotted_items
 from miniverl.common.rundir import RunDir
 
 PROJECT = "miniverl"
@@ -52,18 +53,6 @@ def shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys for trackers whose config is flat (MLflow params, TensorBoard text)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flat(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
-
-
 class TensorBoardBackend:
     name = "tensorboard"
 
@@ -74,7 +63,7 @@ class TensorBoardBackend:
         self.where = str(run.path / "tensorboard")
         self.writer = SummaryWriter(log_dir=self.where)
         self.notes: dict[int, list[str]] = {}
-        rows = "\n".join(f"| {k} | {shown(v)} |" for k, v in flat(config).items())
+        rows = "\n".join(f"| {k} | {shown(v)} |" for k, v in dotted_items(config).items())
         self.writer.add_text("config", f"| key | value |\n| --- | --- |\n{rows}", 0)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
@@ -156,7 +145,7 @@ class MlflowBackend:
                 tags={"miniverl.run_id": run.id, "mode": recipe.run.mode},
             )
             self.run_id = created.info.run_id
-            params = [self.entities.Param(k, shown(v)[:6000]) for k, v in flat(config).items()]
+            params = [self.entities.Param(k, shown(v)[:6000]) for k, v in dotted_items(config).items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
         self.where = f"{uri} (experiment {name}, run {self.run_id})"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import dotted_items
 from miniverl.student.report import svg
 from miniverl.student.report.build import write_page
 from miniverl.student.report.data import ReportData
@@ -43,19 +44,9 @@ def _e(value: Any) -> str:
     return escape(str(value), quote=True)
 
 
-def flat_recipe(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted paths of a resolved recipe mapping (lists stay whole)."""
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flat_recipe(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value} if prefix else {}
-
-
 def recipe_differences(runs: list[ReportData]) -> tuple[list[tuple[str, list[str]]], int]:
     """``([(field, [value per run]), ...], fields that agree)`` over the resolved recipes."""
-    flats = [flat_recipe(data.resolved) for data in runs]
+    flats = [dotted_items(data.resolved) for data in runs]
     keys = sorted(set().union(*flats))
     missing = object()
     rows = []
