@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from miniverl.common.errors import MiniverlError, require
+from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.common.modeling import resolve_model_dir
 from miniverl.common.recipe import recipe_dict
 from miniverl.common.redact import redact, redact_text
@@ -33,18 +34,7 @@ README = "README.md"
 
 
 def _events(run: Path) -> list[dict[str, Any]]:
-    path = run / "events.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            out.append(event)
-    return out
+    return JsonlTail(run / "events.jsonl").read()
 
 
 def held_out(events: list[dict[str, Any]]) -> tuple[dict | None, dict | None]:

@@ -147,15 +147,21 @@ def register_up(app: typer.Typer) -> None:
     @app.command()
     def demo(
         output: Path = typer.Option(Path("miniverl-demo"), "--output", help="Output folder."),
+        fast: bool = typer.Option(
+            False, "--fast", help="Machinery only (~25 s): an incompetent teacher, no learning."
+        ),
+        seed: int = typer.Option(
+            None, "--seed", min=0, max=2**31 - 1, help="The student run's seed (default 1)."
+        ),
     ) -> None:
-        """Build toy models, prepare a teacher, run strict OPD with `up`; print a summary."""
+        """A toy student learns the calculator tool from a prepared teacher by strict OPD."""
         from rich.console import Console
 
         from miniverl.cli.demo import demo as run_demo
         from miniverl.cli.demo import summary_lines
 
         console = Console(stderr=True)
-        code, run_dir, summary, wall = run_demo(output, console=console)
+        code, run_dir, summary, wall = run_demo(output, fast=fast, seed=seed, console=console)
         for line in summary_lines(run_dir, summary, wall):
             typer.echo(line)
         if code:

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 from rich.console import Console
 
+from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.rundir import RunDir, new_run_id
@@ -126,6 +127,9 @@ class Supervisor:
         self._forced = False
         self._preparing = False
         self._pumps: list[_Pump] = []
+        # What the teacher is doing, for live displays: starting, preparing, loading,
+        # serving, restarting, stopped.
+        self.teacher_phase = "starting"
 
     # -- processes -------------------------------------------------------------------
 
@@ -196,6 +200,7 @@ class Supervisor:
     def _start_teacher(self) -> None:
         if self.teacher is None or self.teacher.poll() is not None:
             self._spawn_teacher()
+        self.teacher_phase = "loading"
         try:
             wait_until_ready(self.endpoint, self.teacher,
                              self.recipe.runtime.teacher_startup_timeout_s,
@@ -236,6 +241,7 @@ class Supervisor:
         self.console.print(f"[bold]teacher[/bold] preparing from {prep.name} (cached after "
                            "the first run)")
         self._preparing = True
+        self.teacher_phase = "preparing"
         try:
             prepared = prepare_teacher(self.recipe, prep, show_progress=self.show_progress)
         finally:
@@ -243,7 +249,8 @@ class Supervisor:
         self.teacher_model_dir = prepared.model_dir
         success = (prepared.record.get("eval") or {}).get("success")
         self.run.event("teacher_prepared", cached=prepared.cached, model_dir=str(prepared.model_dir),
-                       steps=prepared.record.get("steps"), eval_success=success)
+                       steps=prepared.record.get("steps"), eval_success=success,
+                       wall_s=None if prepared.cached else prepared.record.get("wall_s"))
         where = "cached" if prepared.cached else f"trained in {prepared.record['wall_s']:.1f} s"
         shown = f", held-out success {success:.0%}" if success is not None else ""
         self.console.print(f"[bold]teacher[/bold] ready ({where}{shown})")
@@ -280,6 +287,7 @@ class Supervisor:
                 if self._stopping or self.student.poll() is not None:
                     return self._watch()
                 self._start_teacher()
+                self.teacher_phase = "serving"
                 self.console.print(f"[bold]teacher[/bold] serving on {self.endpoint}")
             return self._watch()
         except StudentExited:
@@ -327,13 +335,13 @@ class Supervisor:
 
         total = self._planned_total = total_optimizer_steps(self.recipe)
         restarts = 0
-        metrics_pos = 0
+        metrics = JsonlTail(self.run.metrics_path)
         self._first_train_row_seen = False
         with TrainProgress(total, enabled=self.show_progress, console=self.console) as progress:
             stop_deadline = None
             while self.student.poll() is None:
                 time.sleep(0.2)
-                metrics_pos = self._update_progress(progress, metrics_pos)
+                self._update_progress(progress, metrics)
                 if self._stopping and stop_deadline is None:
                     stop_deadline = time.monotonic() + STOP_GRACE_S
                 if stop_deadline is not None and time.monotonic() > stop_deadline:
@@ -355,9 +363,10 @@ class Supervisor:
                     self.run.event("teacher_restarted", attempt=restarts, exit_code=code)
                     try:
                         self._start_teacher()
+                        self.teacher_phase = "serving"
                     except MiniverlError as exc:
                         self.console.print(f"[bold red]teacher[/bold red] restart failed: {exc}")
-            self._update_progress(progress, metrics_pos)
+            self._update_progress(progress, metrics)
         code = self.student.returncode
         self.student.pump.join(5)
         self._say_why(code)
@@ -395,23 +404,8 @@ class Supervisor:
         except (MiniverlError, OSError, ValueError) as exc:
             self.console.print(f"[bold red]run[/bold red] could not record the student's exit: {exc}")
 
-    def _update_progress(self, progress: TrainProgress, pos: int) -> int:
-        import json
-
-        path = self.run.metrics_path
-        if not path.is_file():
-            return pos
-        with path.open("rb") as fh:
-            fh.seek(pos)
-            chunk = fh.read()
-        last_newline = chunk.rfind(b"\n")
-        if last_newline < 0:
-            return pos
-        for line in chunk[: last_newline + 1].splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+    def _update_progress(self, progress: TrainProgress, metrics: JsonlTail) -> None:
+        for row in metrics.read():
             step = row.get("step", 0)
             if row.get("phase") == "train" and not self._first_train_row_seen:
                 # The file's first distillation row follows the warm-up's last step; when
@@ -422,7 +416,6 @@ class Supervisor:
                 if step - 1 < warmup:
                     progress.set_total(self._planned_total - (warmup - (step - 1)))
             progress.update(step, row)
-        return pos + last_newline + 1
 
     def _shutdown(self, code: int, grace_s: float = STOP_GRACE_S) -> int:
         if self.student is not None and self.student.poll() is None:
@@ -439,6 +432,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.teacher.kill()
                 self.teacher.wait()
+        self.teacher_phase = "stopped"
         for pump in self._pumps:
             pump.join(2)
         return code

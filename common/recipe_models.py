@@ -36,6 +36,14 @@ class ToySpec(Section):
     intermediate: int = Field(128, ge=8, le=16384, description="MLP intermediate size.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Initialisation seed.")
     max_positions: int = Field(1024, ge=16, le=131072, description="Maximum sequence length.")
+    init_std: float | None = Field(
+        None, gt=0, le=1.0,
+        description="Std of the initial weight matrices; null: transformers' 0.02. 0.1 with "
+        "rope_theta 500 shortens the toy's copy plateau (docs/toy-learning.md).",
+    )
+    rope_theta: float | None = Field(
+        None, gt=1.0, le=1e7, description="Rotary base; null: Qwen3's 10,000."
+    )
 
     @model_validator(mode="after")
     def _shapes(self) -> ToySpec:

@@ -134,6 +134,11 @@ def build_toy_tokenizer():
     return tok
 
 
+# Optional toy fields (None = the builder's default): the initial weight std and the
+# rotary base; a larger std with a smaller base shortens the copy plateau.
+OPTIONAL_FIELDS = ("init_std", "rope_theta")
+
+
 def _spec_dict(spec: Any) -> dict[str, Any]:
     if isinstance(spec, dict):
         data = dict(spec)
@@ -150,11 +155,15 @@ def _spec_dict(spec: Any) -> dict[str, Any]:
         "seed": 0,
         "max_positions": 1024,
     }
-    unknown = sorted(set(data) - set(defaults))
+    unknown = sorted(set(data) - set(defaults) - set(OPTIONAL_FIELDS))
     if unknown:
         raise ConfigError(
-            f"toy spec has unknown fields {unknown}; allowed: {sorted(defaults)}"
+            f"toy spec has unknown fields {unknown}; allowed: "
+            f"{sorted([*defaults, *OPTIONAL_FIELDS])}"
         )
+    # An unset optional field is left out, so every spec written before it existed
+    # keeps its hash and its cached model.
+    data = {k: v for k, v in data.items() if not (k in OPTIONAL_FIELDS and v is None)}
     return {**defaults, **data}
 
 
@@ -192,6 +201,10 @@ def build_toy_model(spec: Any, tokenizer=None):
         pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
         dtype="float32",
     )
+    if s.get("init_std") is not None:
+        config.initializer_range = float(s["init_std"])  # every weight matrix ~ N(0, std²)
+    if s.get("rope_theta") is not None:
+        config.rope_parameters = {"rope_type": "default", "rope_theta": float(s["rope_theta"])}
     # A private RNG keeps building a model from disturbing the caller's global seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(s["seed"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.cli.supervisor import Supervisor
 from miniverl.common.recipe import Recipe
 from miniverl.student.progress import TrainProgress
@@ -30,7 +31,7 @@ def _bar_after(tmp_path, recipe, rows):
     sup._first_train_row_seen = False
     sup._planned_total = total_optimizer_steps(recipe)  # what _watch sets
     progress = TrainProgress(25, enabled=False)
-    sup._update_progress(progress, 0)
+    sup._update_progress(progress, JsonlTail(metrics))
     return progress
 
 
@@ -67,6 +68,6 @@ def test_redirected_output_gets_plain_lines_from_the_metrics(tmp_path):
     sup._first_train_row_seen, sup._planned_total = False, total_optimizer_steps(recipe)
     out = io.StringIO()
     with TrainProgress(25, console=Console(file=out, force_terminal=False)) as progress:
-        sup._update_progress(progress, 0)
+        sup._update_progress(progress, JsonlTail(metrics_file))
         assert out.getvalue().startswith("train 1/25  0:00:00  v1  loss 0.5000")
     assert out.getvalue().splitlines()[-1].startswith("train 22/25")

@@ -93,6 +93,30 @@ def test_toy_model_is_deterministic_in_seed(tok):
     assert a.config.vocab_size == len(tok)
 
 
+def test_unset_optional_fields_keep_the_spec_hash():
+    from miniverl.common.recipe_models import ToySpec
+
+    # The hash of the default spec before init_std/rope_theta existed: every cached
+    # toy model (and every figure measured with one) stays valid.
+    assert toy.toy_spec_hash(ToySpec()) == toy.toy_spec_hash({}) == "60440e71380af1c9"
+    assert toy.toy_spec_hash(ToySpec(init_std=0.1)) != toy.toy_spec_hash(ToySpec())
+    with pytest.raises(ConfigError, match="unknown fields"):
+        toy.toy_spec_hash({"init": 0.1})
+
+
+def test_init_std_and_rope_theta_reach_the_model_and_survive_a_reload(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path))
+    spec = {**TINY, "init_std": 0.1, "rope_theta": 500.0}
+    model = toy.build_toy_model(spec)
+    weight = model.model.layers[0].mlp.up_proj.weight.detach()
+    assert 0.09 < float(weight.std()) < 0.11  # transformers' default would be 0.02
+    loaded = load_causal_lm(resolve_model_dir({"toy": spec}), dtype="auto", device="cpu")
+    inv = loaded.model.rotary_emb.inv_freq
+    dim = 2 * inv.shape[0]
+    assert torch.allclose(inv[1], torch.tensor(500.0 ** (-2 / dim)))
+    assert torch.equal(loaded.model.layers[0].mlp.up_proj.weight, weight)
+
+
 def test_toy_model_dir_is_cached_and_loads_like_a_real_model(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIVERL_CACHE", str(tmp_path))
     d1 = resolve_model_dir({"toy": TINY})
