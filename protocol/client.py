@@ -34,6 +34,7 @@ from miniverl.common.errors import (
     TeacherError,
     TeacherUnavailable,
 )
+from miniverl.protocol.checks import validate_score
 from miniverl.protocol.codec import encode
 from miniverl.protocol.endpoints import default_admin_token_file, read_admin_token
 from miniverl.protocol.finite import nonfinite_report
@@ -52,7 +53,6 @@ from miniverl.protocol.messages import (
     Shutdown,
     ShutdownOk,
     WakeOk,
-    validate_score,
 )
 from miniverl.protocol.messages import Park as ParkMsg
 from miniverl.protocol.messages import Status as StatusMsg

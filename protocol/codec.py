@@ -6,7 +6,7 @@ frame; frames 1..n are little-endian C-contiguous buffers (non-contiguous or
 big-endian inputs are converted, contiguous little-endian ones are sent without a
 copy). ``decode(frames, limits)`` reverses it with ``numpy.frombuffer`` (no copy; the
 arrays are read-only views of the received frames) after checking every size against
-``limits``. Every malformed input raises :class:`ProtocolViolation` (a
+``limits`` (``checks.check_limits``). Every malformed input raises :class:`ProtocolViolation` (a
 ``ProtocolError``) and nothing else; no msgpack ext types, no pickle.
 
 dtypes: ``i4`` int32, ``i8`` int64, ``f4`` float32, ``f2`` float16, ``bf16``. numpy has
@@ -16,7 +16,7 @@ and :func:`bf16_to_float32` convert, :func:`bf16_words` gives the ``uint16`` vie
 (``torch.from_numpy(words.view(np.int16)).view(torch.bfloat16)`` on the torch side).
 A dtype named ``bfloat16`` with itemsize 2 (e.g. from ml_dtypes) is also accepted.
 
-This module does not check request semantics (``messages.validate_score``) or own sockets.
+This module checks sizes, not values (``checks.py``), and owns no socket.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel
 
+from miniverl.protocol.checks import check_limits
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import (
     MAX_ID,
@@ -218,60 +219,6 @@ def _array_specs(raw: Any, limits: Limits, ref_id: int | None) -> list[tuple[str
     return specs
 
 
-def _check_limits(msg: Message, arrays: dict[str, np.ndarray], limits: Limits) -> None:
-    """Negotiated limits that hold for a message no matter who receives it."""
-    rid = msg.id
-
-    def too_large(text: str) -> ProtocolViolation:
-        return ProtocolViolation(text, ErrorCode.TOO_LARGE, rid)
-
-    if msg.t == "SCORE":
-        n, p = arrays["tokens"].shape[0], arrays["positions"].shape[0]
-        _check_sequence_lengths(arrays["cu_seqlens"], limits, rid)
-        if n > limits.max_tokens:
-            raise too_large(f"SCORE has {n} tokens; the limit is {limits.max_tokens}")
-        if p > limits.max_positions:
-            raise too_large(f"SCORE has {p} positions; the limit is {limits.max_positions}")
-        if arrays["cu_seqlens"].shape[0] - 1 > limits.max_sequences:
-            raise too_large(f"SCORE has too many sequences; the limit is {limits.max_sequences}")
-        if msg.kind == "topk" and msg.k > limits.max_k:
-            raise too_large(f"k={msg.k} exceeds k_max={limits.max_k}")
-    elif msg.t == "SCORE_OK":
-        p = arrays["target_logprobs"].shape[0]
-        if p > limits.max_positions:
-            raise too_large(f"SCORE_OK has {p} positions; the limit is {limits.max_positions}")
-        width = arrays["logprobs"].shape[1]
-        if any(arr.shape[0] != p for arr in arrays.values()):
-            raise ProtocolViolation("SCORE_OK arrays disagree on P", ErrorCode.BAD_REQUEST, rid)
-        if msg.kind == "topk":
-            if width != msg.k or arrays["ids"].shape != arrays["logprobs"].shape:
-                raise ProtocolViolation(
-                    f"SCORE_OK topk arrays must be [P, k={msg.k}]", ErrorCode.BAD_REQUEST, rid
-                )
-            if msg.k > limits.max_k:
-                raise too_large(f"k={msg.k} exceeds k_max={limits.max_k}")
-        elif width > limits.max_exact_vocab:
-            raise too_large(f"exact reply V={width} exceeds {limits.max_exact_vocab}")
-
-
-def _check_sequence_lengths(cu_seqlens: np.ndarray, limits: Limits, rid: int | None) -> None:
-    """``TOO_LARGE`` for a sequence longer than ``limits.max_seq_len`` (the teacher
-    model's context); nothing when that limit is unset or ``cu_seqlens`` is too short
-    to hold a sequence (``validate_score`` names that)."""
-    if limits.max_seq_len is None or cu_seqlens.shape[0] < 2:
-        return
-    lengths = np.diff(cu_seqlens.astype(np.int64))
-    longest = int(lengths.argmax())
-    if int(lengths[longest]) > limits.max_seq_len:
-        raise ProtocolViolation(
-            f"sequence {longest} of the SCORE has {int(lengths[longest])} tokens; the teacher "
-            f"model's context is {limits.max_seq_len} tokens; send sequences of at most "
-            f"{limits.max_seq_len} tokens (lower rollout.max_total_tokens)",
-            ErrorCode.TOO_LARGE,
-            rid,
-        )
-
-
 def decode(
     frames: Sequence[Any], limits: Limits | None = None
 ) -> tuple[Message, dict[str, np.ndarray]]:
@@ -325,5 +272,5 @@ def decode(
     if got != want:
         need = ", ".join(f"{n} {c} {d}-D" for n, (c, d) in want.items()) or "no arrays"
         raise ProtocolViolation(f"{msg.t} must carry {need}; got {sorted(got)}", ref_id=rid)
-    _check_limits(msg, arrays, limits)
+    check_limits(msg, arrays, limits)
     return msg, arrays

@@ -5,8 +5,7 @@ field names exactly as they travel. Models are strict (``extra="forbid"``, no
 coercion of ``"5"`` into ``5``, no NaN), so a header either parses into the model
 its ``t`` names or :func:`parse_header` raises :class:`ProtocolViolation` carrying
 the error code the server answers with. :func:`expected_arrays` says which arrays
-(name, dtype, ndim) each message must carry; :func:`validate_score` checks a
-decoded SCORE's arrays against the teacher's vocabulary and limits.
+(name, dtype, ndim) each message must carry; ``checks.py`` checks their contents.
 
 This module does not touch bytes (see ``codec.py``) or sockets (``link.py``,
 the teacher server in ``teacher_server/``).
@@ -17,7 +16,6 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -29,7 +27,6 @@ from pydantic import (
 )
 
 from miniverl.common.errors import ProtocolError
-from miniverl.protocol.limits import Limits
 
 PROTOCOL_VERSION = 1
 PROTOCOL_NAME = "mvl-score/1"
@@ -417,74 +414,3 @@ def parse_header(header: Any) -> Message:
 def header_dict(msg: Message) -> dict[str, Any]:
     """The wire map for ``msg`` (enums as strings), without ``arrays``."""
     return msg.model_dump(mode="json")
-
-
-def validate_score(
-    msg: Score,
-    arrays: dict[str, np.ndarray],
-    vocab_size: int,
-    limits: Limits | None = None,
-) -> None:
-    """Check a decoded SCORE against the teacher's vocabulary and limits.
-
-    Rules (DESIGN §3): ``cu_seqlens`` starts at 0, never decreases and ends at N;
-    every token id is in ``[0, vocab_size)``; every position ``p`` predicts a token of
-    its own sequence, ``cu_seqlens[b] <= p < cu_seqlens[b+1] - 1``; ``k <= k_max`` and
-    ``k <= vocab_size``; N, B and P within limits (``TOO_LARGE``); exact scoring only
-    when ``vocab_size <= max_exact_vocab`` (``UNSUPPORTED``). Raises
-    :class:`ProtocolViolation` with ``ref_id = msg.id``.
-    """
-    limits = limits or Limits()
-    rid = msg.id
-
-    def bad(text: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> ProtocolViolation:
-        return ProtocolViolation(text, code, rid)
-
-    for name, (dtype, ndim) in SCORE_ARRAYS.items():
-        arr = arrays.get(name)
-        if arr is None or arr.ndim != ndim or arr.dtype != np.dtype("<" + dtype):
-            raise bad(f"SCORE needs array {name!r} as {dtype}[{'N' if ndim == 1 else '...'}]")
-    tokens, cu, positions = arrays["tokens"], arrays["cu_seqlens"], arrays["positions"]
-    n, b, p = len(tokens), len(cu) - 1, len(positions)
-    if n > limits.max_tokens:
-        raise bad(f"SCORE has {n} tokens; the limit is {limits.max_tokens}", ErrorCode.TOO_LARGE)
-    if b > limits.max_sequences:
-        raise bad(f"SCORE has {b} sequences; limit {limits.max_sequences}", ErrorCode.TOO_LARGE)
-    if p > limits.max_positions:
-        raise bad(
-            f"SCORE has {p} positions; the limit is {limits.max_positions}", ErrorCode.TOO_LARGE
-        )
-    if b < 1:
-        raise bad("cu_seqlens must hold B+1 >= 2 offsets")
-    if p < 1:
-        raise bad("positions is empty; send at least one position")
-    cu64 = cu.astype(np.int64)
-    if cu64[0] != 0 or cu64[-1] != n:
-        raise bad(f"cu_seqlens must start at 0 and end at N={n}, got {cu64[0]}..{cu64[-1]}")
-    if np.any(np.diff(cu64) < 0):
-        raise bad("cu_seqlens must be non-decreasing")
-    if n and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise bad(f"token ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}")
-    pos64 = positions.astype(np.int64)
-    seq = np.searchsorted(cu64, pos64, side="right") - 1
-    inside = (pos64 >= 0) & (pos64 < n)
-    seq = np.clip(seq, 0, b - 1)
-    ok = inside & (cu64[seq] <= pos64) & (pos64 < cu64[seq + 1] - 1)
-    if not bool(np.all(ok)):
-        first = int(pos64[np.argmin(ok)])
-        raise bad(
-            f"position {first} does not predict a token of its own sequence "
-            "(need cu_seqlens[b] <= p < cu_seqlens[b+1] - 1)"
-        )
-    if msg.kind == "topk":
-        if msg.k > limits.max_k:
-            raise bad(f"k={msg.k} exceeds the teacher's k_max={limits.max_k}", ErrorCode.TOO_LARGE)
-        if msg.k > vocab_size:
-            raise bad(f"k={msg.k} exceeds the vocabulary size {vocab_size}")
-    elif vocab_size > limits.max_exact_vocab:
-        raise bad(
-            f"exact scoring needs V <= max_exact_vocab={limits.max_exact_vocab}, "
-            f"but V={vocab_size}; ask for kind=topk",
-            ErrorCode.UNSUPPORTED,
-        )
-

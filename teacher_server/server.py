@@ -37,6 +37,7 @@ import zmq.asyncio
 
 from miniverl.common.errors import MiniverlError
 from miniverl.protocol import messages as m
+from miniverl.protocol.checks import validate_score
 from miniverl.protocol.codec import decode, decode_header_only, encode
 from miniverl.protocol.endpoints import (
     apply_curve_server,
@@ -300,7 +301,7 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         return
     lim, vocab_size = srv.limits, srv.backend.vocab_size
     try:
-        m.validate_score(msg, arrays, vocab_size, lim)
+        validate_score(msg, arrays, vocab_size, lim)
     except ProtocolViolation as exc:
         await send_error(srv, ident, msg.id, exc.code, str(exc))
         return

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from miniverl.common.errors import ConfigError
+from miniverl.protocol import checks
 from miniverl.protocol import messages as m
 from miniverl.protocol.endpoints import (
     check_bind_endpoint,
@@ -97,7 +98,7 @@ def test_parse_header_error_codes(header, code):
 
 
 def test_validate_score_accepts_a_packed_batch():
-    m.validate_score(score(), score_arrays(), VOCAB)
+    checks.validate_score(score(), score_arrays(), VOCAB)
 
 
 @pytest.mark.parametrize(
@@ -118,23 +119,23 @@ def test_validate_score_accepts_a_packed_batch():
 )  # fmt: skip
 def test_validate_score_refuses_bad_requests(arrays, needle):
     with pytest.raises(m.ProtocolViolation, match=needle) as info:
-        m.validate_score(score(), arrays, VOCAB)
+        checks.validate_score(score(), arrays, VOCAB)
     assert info.value.code == m.ErrorCode.BAD_REQUEST and info.value.ref_id == 5
 
 
 def test_validate_score_limits_and_kinds():
     with pytest.raises(m.ProtocolViolation) as info:
-        m.validate_score(score(k=8), score_arrays(), VOCAB, Limits(max_k=4))
+        checks.validate_score(score(k=8), score_arrays(), VOCAB, Limits(max_k=4))
     assert info.value.code == m.ErrorCode.TOO_LARGE
     with pytest.raises(m.ProtocolViolation, match="vocabulary"):
-        m.validate_score(score(k=VOCAB + 1), score_arrays(), VOCAB)
+        checks.validate_score(score(k=VOCAB + 1), score_arrays(), VOCAB)
     with pytest.raises(m.ProtocolViolation) as info:
-        m.validate_score(score(), score_arrays(), VOCAB, Limits(max_tokens=4))
+        checks.validate_score(score(), score_arrays(), VOCAB, Limits(max_tokens=4))
     assert info.value.code == m.ErrorCode.TOO_LARGE
     with pytest.raises(m.ProtocolViolation) as info:
-        m.validate_score(score(kind="exact", k=0), score_arrays(), VOCAB, Limits(max_exact_vocab=8))
+        checks.validate_score(score(kind="exact", k=0), score_arrays(), VOCAB, Limits(max_exact_vocab=8))
     assert info.value.code == m.ErrorCode.UNSUPPORTED
-    m.validate_score(score(kind="exact", k=0), score_arrays(), VOCAB)
+    checks.validate_score(score(kind="exact", k=0), score_arrays(), VOCAB)
 
 
 def test_limits_narrow_to_what_the_teacher_advertised():
