@@ -5,8 +5,10 @@ serve it (the prepared teacher when ``teacher.prepare`` is set, else the model p
 its PEFT adapter), plays the environment's held-out split greedily, and the
 qualification record (``student/qualify.py``) is written to the per-user cache, next
 to a prepared teacher, and to ``--out``. ``train`` and ``up`` read it when
-``teacher.min_success`` is set. The command exits 1 when the measured success is
-below ``teacher.min_success`` (the record is written anyway).
+``teacher.min_success`` (or ``teacher.min_recovery``) is set. The command exits 1 when
+the measured success is below ``teacher.min_success``, or the recovery rate after a
+tool error (environments with faults) below ``teacher.min_recovery`` (the record is
+written anyway).
 
 With ``--teacher ENDPOINT`` nothing is loaded: the teacher already serving there is
 measured over the wire (``student/qualify_remote.py``), with the recipe's student
@@ -69,6 +71,7 @@ def qualify_recipe(
         split=split, max_tasks=max_tasks, tokenizer_fp=loaded.tokenizer_fp,
     )
     record["min_success"] = recipe.teacher.min_success
+    record["min_recovery"] = recipe.teacher.min_recovery
     return record, save_record(record, out=out, beside=beside)
 
 
@@ -102,6 +105,7 @@ def qualify_endpoint(
     record = measure_endpoint(recipe, endpoint, split=split, max_tasks=max_tasks, curve=curve,
                               offline=offline, timeout_s=timeout_s)
     record["min_success"] = recipe.teacher.min_success if recipe.teacher is not None else None
+    record["min_recovery"] = recipe.teacher.min_recovery if recipe.teacher is not None else None
     return record, save_record(record, out=out)
 
 
@@ -152,11 +156,21 @@ def register(app: typer.Typer) -> None:
         )
         for diff, row in record["by_difficulty"].items():
             typer.echo(f"  {diff:<8} {row['success']:.1%} of {int(row['n'])}")
+        faults = record.get("faults")
+        if faults:  # an environment with injected tool faults (docs/environments.md)
+            rate = faults["recovery"]["rate"]
+            typer.echo(f"  recovery {'n/a' if rate is None else f'{rate:.1%}'} of "
+                       f"{faults['recovery']['n_error_episodes']} episodes with a tool error")
         for path in paths:
             typer.echo(f"record: {path}")
-        threshold = record.get("min_success")
-        if threshold is not None:
-            ok = record["success"] >= threshold
-            typer.echo(f"teacher.min_success {threshold:g}: {'qualified' if ok else 'NOT qualified'}")
-            if not ok:
-                raise typer.Exit(1)
+        failed = False
+        for gate, value in (("min_success", record["success"]),
+                            ("min_recovery", record.get("recovery"))):
+            threshold = record.get(gate)
+            if threshold is not None:
+                ok = value is not None and value >= threshold
+                verdict = "qualified" if ok else "NOT qualified"
+                typer.echo(f"teacher.{gate} {threshold:g}: {verdict}")
+                failed = failed or not ok
+        if failed:
+            raise typer.Exit(1)

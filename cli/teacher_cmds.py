@@ -151,8 +151,14 @@ def prepared_teacher(recipe_path: str):
     identity = {"name": prepared.model_dir.name, "model": str(prepared.model_dir),
                 "revision": None, "adapter_sha256": None}
     record = require_qualified(recipe, identity)
-    qualified = (f", qualified: success {record['success']:.3f} >= teacher.min_success "
-                 f"{recipe.teacher.min_success:g}" if record is not None else "")
+    gates = []
+    if record and recipe.teacher.min_success is not None:
+        gates.append(f"success {record['success']:.3f} >= teacher.min_success "
+                     f"{recipe.teacher.min_success:g}")
+    if record and recipe.teacher.min_recovery is not None:
+        gates.append(f"recovery {record['recovery']:.3f} >= teacher.min_recovery "
+                     f"{recipe.teacher.min_recovery:g}")
+    qualified = f", qualified: {', '.join(gates)}" if gates else ""
     typer.echo(f"teacher: {prepared.model_dir} ({where}{qualified})", err=True)
     return prepared.model_dir
 

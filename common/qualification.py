@@ -11,7 +11,10 @@ reads)::
 Records live in ``<cache>/qualifications/`` (one file per teacher identity, environment
 and split) and, for a prepared teacher, beside its weights
 (``<model dir>/miniverl_qualification.json``), so the record travels with the directory.
-:func:`require_qualified` is the competence gate (``teacher.min_success``): both sides
+A record of an environment with injected faults also holds ``recovery`` (the recovery
+rate after a tool error, ``student/environments/faults.py``).
+:func:`require_qualified` is the competence gate (``teacher.min_success``, and
+``teacher.min_recovery`` for recovery): both sides
 apply it, the student when it connects or switches teachers, the teacher server before
 a ``RELOAD`` takes effect, so it lives here, in the layer both import.
 
@@ -207,21 +210,27 @@ def describe_teacher(identity: dict[str, Any]) -> str:
 
 
 def require_qualified(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """Refuse a teacher below ``teacher.min_success``; returns the record (None if unset)."""
-    threshold = recipe.teacher.min_success if recipe.teacher is not None else None
-    if threshold is None:
+    """Refuse a teacher below ``teacher.min_success`` or ``teacher.min_recovery``; returns
+    the record (None when neither is set)."""
+    teacher = recipe.teacher
+    threshold = teacher.min_success if teacher is not None else None
+    min_recovery = getattr(teacher, "min_recovery", None) if teacher is not None else None
+    if threshold is None and min_recovery is None:
         return None
+    gate = "teacher.min_success" if threshold is not None else "teacher.min_recovery"
     env = recipe.environment
     record = find_record(recipe, identity)
     if record is None:
         raise TeacherNotQualified(
             f"teacher {describe_teacher(identity)} has no qualification record for "
             f"{env.name} ({env.difficulty}, split_seed {env.split_seed}) and "
-            f"teacher.min_success is {threshold:g}; run `miniverl qualify-teacher RECIPE` "
-            "(or `miniverl qualify-teacher RECIPE --teacher ENDPOINT` for a running one) "
-            "first or unset teacher.min_success"
+            f"{gate} is {threshold if threshold is not None else min_recovery:g}; run "
+            "`miniverl qualify-teacher RECIPE` (or `miniverl qualify-teacher RECIPE --teacher "
+            f"ENDPOINT` for a running one) first or unset {gate}"
         )
-    if record["success"] < threshold:
+    if min_recovery is not None:
+        _require_recovery(record, min_recovery, identity, env)
+    if threshold is not None and record["success"] < threshold:
         raise TeacherNotQualified(
             f"teacher {describe_teacher(identity)} measured success {record['success']:.3f} "
             f"on {env.name} {record['split']} (n={record['n']}, {record['date']}), below "
@@ -229,3 +238,23 @@ def require_qualified(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] |
             "or lower teacher.min_success"
         )
     return record
+
+
+def _require_recovery(record: dict[str, Any], min_recovery: float, identity: dict[str, Any],
+                      env: Any) -> None:
+    """``teacher.min_recovery``: the record's recovery rate after a tool error."""
+    rate = record.get("recovery")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+        raise TeacherNotQualified(
+            f"teacher {describe_teacher(identity)} has no measured recovery rate on "
+            f"{env.name} {record['split']} (no episode of its eval saw a tool error) and "
+            f"teacher.min_recovery is {min_recovery:g}; give the environment faults "
+            "(e.g. calculator params faults: 0.5) and qualify again, or unset teacher.min_recovery"
+        )
+    if rate < min_recovery:
+        raise TeacherNotQualified(
+            f"teacher {describe_teacher(identity)} measured recovery rate {rate:.3f} after tool "
+            f"errors on {env.name} {record['split']} (n={record['n']}, {record['date']}), below "
+            f"teacher.min_recovery {min_recovery:g}; train the teacher on oracle traces with "
+            "faults (teacher.prepare) or lower teacher.min_recovery"
+        )

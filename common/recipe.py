@@ -165,6 +165,14 @@ class Recipe(BaseModel):
                     "remove it or set run.mode: offline_kd",
                 )
             )
+        if train.fixed_set is not None and mode != "offline_kd":
+            issues.append(
+                (
+                    ("fixed_set",),
+                    f"fixed_set is an offline_kd source (mode {mode!r}); "
+                    "remove it or set run.mode: offline_kd",
+                )
+            )
         if train.sft_epochs is not None and mode != "sft":
             issues.append(
                 (
@@ -212,18 +220,31 @@ def recipe_dict(recipe: Recipe) -> dict[str, Any]:
     return recipe.model_dump(mode="json")
 
 
+# Optional fields added after recipes were cached and checkpointed: left out of the
+# digest while unset, so a recipe that does not use them keeps its digest (its prepared
+# teacher stays cached, its checkpoints still resume).
+HASHED_ONLY_WHEN_SET = (
+    "train.fixed_set", "teacher.min_recovery",
+    "student.model.toy.init_std", "student.model.toy.rope_theta",
+    "teacher.model.toy.init_std", "teacher.model.toy.rope_theta",
+)
+
+
 def recipe_digest(recipe: Recipe, leave_out: tuple[str, ...] = ()) -> str:
     """``sha256:<hex>`` of the canonical resolved JSON; equal recipes give equal digests.
 
     ``leave_out`` names dotted fields dropped before hashing (``"run.loggers"``), so a
-    digest that ignores them equals one taken before those fields existed.
+    digest that ignores them equals one taken before those fields existed; the fields of
+    ``HASHED_ONLY_WHEN_SET`` are dropped while they are null.
     """
     data = recipe_dict(recipe)
-    for dotted in leave_out:
+    for dotted in (*leave_out, *HASHED_ONLY_WHEN_SET):
         *parents, leaf = dotted.split(".")
         node = data
         for part in parents:
-            node = node[part]
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or (dotted not in leave_out and node.get(leaf) is not None):
+            continue
         node.pop(leaf, None)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()

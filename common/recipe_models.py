@@ -230,6 +230,10 @@ class TeacherConfig(Placement):
     min_success: float | None = Field(
         None, ge=0.0, le=1.0, description="Refuse a teacher whose eval success is below this."
     )
+    min_recovery: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Refuse a teacher whose eval recovery rate after a tool error is below this.",
+    )
     prepare: str | None = Field(
         None,
         min_length=1,

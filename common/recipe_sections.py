@@ -211,10 +211,27 @@ class TrainConfig(Section):
     trajectories: str | None = Field(
         None, min_length=1, description="offline_kd: trajectories.jsonl to distill on."
     )
+    fixed_set: Literal["oracle", "student"] | None = Field(
+        None,
+        description=(
+            "offline_kd: oracle = oracle traces of the training tasks; student = episodes "
+            "the starting policy samples once, cycles x rollouts_per_cycle on the task "
+            "schedule opd would use (frozen student states); null = trajectories, else oracle."
+        ),
+    )
 
     @model_validator(mode="after")
     def _warmup_options(self) -> TrainConfig:
         issues: list[tuple[tuple[str | int, ...], str]] = []
+        if self.fixed_set is not None and self.trajectories is not None:
+            issues.append((("fixed_set",), (
+                f"fixed_set {self.fixed_set!r} and trajectories {self.trajectories!r} both "
+                "name the offline_kd set; keep one of them")))
+        if self.fixed_set == "student" and self.max_wall_s is not None:
+            issues.append((("fixed_set",), (
+                "fixed_set 'student' samples cycles x rollouts_per_cycle episodes before the "
+                f"first update, which a wall-time budget (max_wall_s {self.max_wall_s:g}) cannot "
+                "size; remove max_wall_s and set cycles")))
         if self.sft_warmup_steps == 0:
             for name in ("sft_warmup_lr", "sft_warmup_until_loss"):
                 if getattr(self, name) is not None:
@@ -229,7 +246,8 @@ class TrainConfig(Section):
         raise_issues(
             issues,
             {"sft_warmup_lr": ("sft_warmup_steps",),
-             "sft_warmup_until_loss": ("sft_warmup_steps",)},
+             "sft_warmup_until_loss": ("sft_warmup_steps",),
+             "fixed_set": ("trajectories", "max_wall_s")},
         )
         return self
 

@@ -7,6 +7,12 @@ with the success rate, a per-difficulty breakdown and the stop reasons. With
 ``out_dir`` it also writes ``<split>-v<version>.trajectories.jsonl`` and
 ``<split>-v<version>.summary.json`` there.
 
+For an environment that injects tool faults (its tasks carry ``data["fault"]``, e.g.
+``calculator`` with ``faults > 0``) the summary also holds ``faults``: success on the
+faulted and on the fault-free tasks, the recovery rate (episodes that saw a tool error
+and made a tool call that succeeded after it, over episodes that saw a tool error) and
+the retry rate (a tool call attempted after the error; ``student/environments/faults.py``).
+
 This module does not train, score with a teacher or log run events; the trainer does.
 """
 
@@ -21,6 +27,7 @@ from miniverl.common.atomic import atomic_write_json
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.environments import make_tasks
+from miniverl.student.environments.faults import fault_breakdown, has_faults
 from miniverl.student.rollout.runner import RolloutRunner
 
 # Eval seeds are fixed and disjoint from training seeds (which derive from run.seed),
@@ -40,10 +47,12 @@ class EvalSummary:
     stop_reasons: dict[str, int]
     mean_score: float = 0.0
     mean_tool_calls: float = 0.0
+    # Environments with injected faults only: faulted / fault-free success and recovery.
+    faults: dict[str, Any] | None = None
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "split": self.split,
             "policy_version": self.policy_version,
             "success": self.success,
@@ -53,10 +62,16 @@ class EvalSummary:
             "mean_score": self.mean_score,
             "mean_tool_calls": self.mean_tool_calls,
         }
+        if self.faults is not None:  # absent without faults: such summaries are unchanged
+            out["faults"] = self.faults
+        return out
 
 
-def summarize(trajs: list[Trajectory], split: str, policy_version: int) -> EvalSummary:
-    """Success, per-difficulty success and stop reasons of finished trajectories."""
+def summarize(
+    trajs: list[Trajectory], split: str, policy_version: int, tasks: list[Any] | None = None
+) -> EvalSummary:
+    """Success, per-difficulty success and stop reasons of finished trajectories (and,
+    given their ``tasks`` from an environment with faults, the fault breakdown)."""
     n = len(trajs)
     groups: dict[str, list[Trajectory]] = {}
     for t in trajs:
@@ -74,6 +89,7 @@ def summarize(trajs: list[Trajectory], split: str, policy_version: int) -> EvalS
         stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
         mean_score=sum(t.verifier.score for t in trajs) / n if n else 0.0,
         mean_tool_calls=sum(t.tool_calls.total for t in trajs) / n if n else 0.0,
+        faults=fault_breakdown(tasks, trajs) if tasks and has_faults(tasks) else None,
         trajectories=trajs,
     )
 
@@ -117,7 +133,7 @@ def evaluate(
         seeds=[EVAL_SEED_BASE + i for i in range(len(tasks))],
         greedy=recipe.eval.greedy,
     )
-    summary = summarize(trajs, split, policy_version)
+    summary = summarize(trajs, split, policy_version, tasks)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

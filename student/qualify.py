@@ -109,6 +109,10 @@ def record_from_eval(
         "by_difficulty": summary["by_difficulty"],
         "stop_reasons": summary["stop_reasons"],
         "mean_tool_calls": summary.get("mean_tool_calls", 0.0),
+        # Environments with injected faults: the breakdown, and the recovery rate the
+        # teacher.min_recovery gate reads (None when no eval episode saw a tool error).
+        **({"faults": summary["faults"], "recovery": summary["faults"]["recovery"]["rate"]}
+           if summary.get("faults") else {}),
         "date": utc_now(timespec="seconds"),
         "miniverl_version": _version(),
     }

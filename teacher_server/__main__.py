@@ -228,8 +228,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _gate(recipe: Any) -> Callable[[dict[str, Any]], Any] | None:
-    """The recipe's competence gate as ``ServerConfig.gate``; None without min_success."""
-    if recipe.teacher is None or recipe.teacher.min_success is None:
+    """The recipe's competence gate as ``ServerConfig.gate``; None without min_success
+    or min_recovery."""
+    teacher = recipe.teacher
+    if teacher is None or (teacher.min_success is None and teacher.min_recovery is None):
         return None
     return functools.partial(require_qualified, recipe)
 

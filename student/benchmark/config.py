@@ -25,7 +25,10 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_text
 
 ArmMode = Literal["sft", "offline_kd", "opd", "replay"]
-Metric = Literal["success_after", "success_gain", "final_loss", "wall_s"]
+# The fault metrics read the eval's fault breakdown (environments with injected faults,
+# student/eval.py): success on faulted and on fault-free tasks, recovery after an error.
+Metric = Literal["success_after", "success_gain", "final_loss", "wall_s", "faulted_success_after",
+                 "fault_free_success_after", "recovery_after"]
 
 
 class StrictModel(BaseModel):

@@ -30,6 +30,13 @@ class CellResult(StrictModel):
     wall_s: float | None = Field(None, ge=0)
     success_before: float | None = Field(None, ge=0, le=1)
     success_after: float | None = Field(None, ge=0, le=1)
+    # Environments with injected faults (the eval summary's ``faults``), else None.
+    faulted_success_before: float | None = Field(None, ge=0, le=1)
+    faulted_success_after: float | None = Field(None, ge=0, le=1)
+    fault_free_success_before: float | None = Field(None, ge=0, le=1)
+    fault_free_success_after: float | None = Field(None, ge=0, le=1)
+    recovery_before: float | None = Field(None, ge=0, le=1)
+    recovery_after: float | None = Field(None, ge=0, le=1)
     final_loss: float | None = None
     positions_per_s: float | None = None
     peak_memory_bytes: int | None = Field(None, ge=0)
@@ -121,5 +128,11 @@ def cell_result_from_run(run_dir: str | Path, **known: Any) -> CellResult:
         "peak_memory_bytes": max(peaks) if peaks else None,
         "loss_curve": losses[:2000],
     }
+    for when, row in (("before", before), ("after", after or before)):
+        faults = (row or {}).get("faults")
+        if isinstance(faults, dict):
+            fields[f"faulted_success_{when}"] = (faults.get("faulted") or {}).get("success")
+            fields[f"fault_free_success_{when}"] = (faults.get("fault_free") or {}).get("success")
+            fields[f"recovery_{when}"] = (faults.get("recovery") or {}).get("rate")
     fields.update({k: v for k, v in known.items() if v is not None})
     return CellResult(**fields)

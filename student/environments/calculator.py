@@ -17,6 +17,13 @@ operations or a unit conversion; ``hard`` is three operations with parentheses o
 conversion followed by arithmetic. With ``units=False`` the ``convert`` tool and the
 conversion tasks are left out.
 
+Faults (``faults``, a share from 0 to 1, default 0): that share of tasks, chosen from
+each task's seed, carries one transient tool error (``faults.py``): one of its calls
+answers ``error: the calculator tool is temporarily unavailable; call it again`` and the
+same call made again works. The oracle calls again, so its trace shows the recovery.
+With ``faults=0`` tasks, prompts and tools are exactly those of an environment without
+the parameter.
+
 The verifier compares the last number of the answer with the ground truth (exact
 for integers, 1e-6 relative otherwise). This module is torch-free.
 """
@@ -32,6 +39,7 @@ from typing import Any
 from miniverl.common.trajectory import VerifierResult
 
 from .base import Environment, FinalAnswer, Task, ToolCall, format_number, numeric_result, tool_spec
+from .faults import FaultState, check_rate, draw_fault, with_retry
 
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 1e15
@@ -201,9 +209,14 @@ class CalculatorEnv(Environment):
 
     name = "calculator"
 
-    def __init__(self, units: bool = True) -> None:
+    def __init__(self, units: bool = True, faults: float = 0.0) -> None:
         super().__init__()
         self.units = bool(units)
+        self.faults = check_rate(faults)
+        self._fault = FaultState(None)
+
+    def on_reset(self, task: Task) -> None:
+        self._fault = FaultState(task.data.get("fault"))
 
     def system_prompt(self) -> str:
         if self.units:
@@ -233,6 +246,12 @@ class CalculatorEnv(Environment):
         return specs
 
     def run_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        failure = self._fault.trip(name)
+        if failure is not None:
+            raise CalcError(failure)
+        return self._compute(name, arguments)
+
+    def _compute(self, name: str, arguments: dict[str, Any]) -> str:
         if name == "calculator":
             return format_number(evaluate(arguments["expression"]))
         return format_number(convert(arguments["value"], arguments["from_unit"], arguments["to_unit"]))
@@ -242,14 +261,16 @@ class CalculatorEnv(Environment):
 
     def oracle_actions(self, task: Task) -> list:
         actions: list = [ToolCall(s["tool"], dict(s["arguments"])) for s in task.data["plan"]]
-        return [*actions, FinalAnswer(task.answer)]
+        return [*with_retry(actions, task.data.get("fault")), FinalAnswer(task.answer)]
 
     def privileged_context(self, task: Task) -> str:
         steps = "; ".join(
             f"{s['tool']}({', '.join(f'{k}={v}' for k, v in s['arguments'].items())})"
             for s in task.data["plan"]
         )
-        return f"Plan: {steps}. The answer is {task.answer}."
+        fault = task.data.get("fault")
+        retry = f" Call {fault['call'] + 1} fails once: make it again." if fault else ""
+        return f"Plan: {steps}.{retry} The answer is {task.answer}."
 
     def generate_task(self, seed: int, split: str, difficulty: str) -> Task:
         rng = random.Random(f"calculator:{int(seed)}:{difficulty}")
@@ -268,12 +289,15 @@ class CalculatorEnv(Environment):
         else:
             raise ValueError(f"difficulty {difficulty!r} is not easy, medium or hard")
         answer = self._replay(plan)
-        return self.make_task(seed, split, difficulty, prompt, answer, {"plan": plan})
+        data: dict[str, Any] = {"plan": plan}
+        if self.faults > 0:
+            data["fault"] = draw_fault(self.name, seed, self.faults, len(plan))
+        return self.make_task(seed, split, difficulty, prompt, answer, data)
 
     def _replay(self, plan: list[dict]) -> str:
         result = ""
         for step in plan:
-            result = self.run_tool(step["tool"], step["arguments"])
+            result = self._compute(step["tool"], step["arguments"])
         return result
 
     @staticmethod
@@ -303,7 +327,7 @@ class CalculatorEnv(Environment):
     def _conversion_sum(self, rng: random.Random) -> tuple[str, list[dict]]:
         big, small = rng.choice([("km", "m"), ("m", "cm"), ("kg", "g"), ("h", "min"), ("min", "s")])
         a, b = rng.randint(2, 30), rng.randint(1, 59)
-        converted = self.run_tool("convert", {"value": a, "from_unit": big, "to_unit": small})
+        converted = self._compute("convert", {"value": a, "from_unit": big, "to_unit": small})
         expr = f"{converted} + {b}"
         prompt = f"What is {a} {big} + {b} {small} in {small}?"
         plan = [

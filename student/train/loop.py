@@ -193,5 +193,6 @@ def evaluate_now(state: TrainState) -> EvalSummary:
     model.train()
     state.run.event("eval", version=state.version, split=summary.split,
                     success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
-                    stop_reasons=summary.stop_reasons)
+                    stop_reasons=summary.stop_reasons,
+                    **({"faults": summary.faults} if summary.faults is not None else {}))
     return summary

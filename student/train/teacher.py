@@ -196,14 +196,17 @@ def _swap_call(state: TrainState, what: str) -> None:
 
 
 def check_qualified(state: TrainState, identity: dict) -> None:
-    """The competence gate (teacher.min_success): refuse an unqualified teacher."""
+    """The competence gate (teacher.min_success, teacher.min_recovery): refuse an
+    unqualified teacher."""
     teacher = state.recipe.teacher
-    if teacher is None or teacher.min_success is None:
+    if teacher is None or (teacher.min_success is None and teacher.min_recovery is None):
         return
     record = require_qualified(state.recipe, identity)
     state.run.event("teacher_qualified", teacher=identity, success=record["success"],
                     split=record["split"], n=record["n"], date=record["date"],
-                    min_success=teacher.min_success, version=state.version)
+                    min_success=teacher.min_success, version=state.version,
+                    **({"recovery": record.get("recovery"), "min_recovery": teacher.min_recovery}
+                       if teacher.min_recovery is not None else {}))
 
 
 def teacher_view(state: TrainState) -> PrivilegedViews | None:

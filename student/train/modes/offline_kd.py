@@ -1,12 +1,21 @@
 """Mode ``offline_kd``: distillation on a fixed trajectory set, scored once.
 
-The set is a previous run's ``trajectories.jsonl`` (``train.trajectories``) or the
-oracle traces of the training tasks. Its targets are requested once, bound to the
-version that sampled the set (0 for oracle traces), cached, and reused by every
-version; a resume finds them in the cache. Off-policy by construction, and reported
-as such.
+The set (``train.fixed_set``) is a previous run's ``trajectories.jsonl``
+(``train.trajectories``), the oracle traces of the training tasks (``oracle``, the
+default), or frozen student states (``student``): the episodes the starting policy
+samples, once, before the first update, on exactly the tasks and episode seeds that
+strict OPD would sample over the run's ``train.cycles`` (``cycles x rollouts_per_cycle``
+episodes; scored while they are sampled when ``train.pipelining`` is on). Its targets
+are requested once, bound to the version that sampled the set (0 for oracle traces),
+cached, and reused by every version; a resume finds them in the cache (and the frozen
+student set in ``trajectories.jsonl``). Off-policy by construction, and reported as such.
 
-This module does not sample rollouts, log or checkpoint.
+Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set, or,
+for frozen student states, cycle ``c``'s own episodes, so update ``c`` sees the tasks
+OPD's update ``c`` sees, sampled by the starting policy instead of the current one. The
+set's sampling and scoring time is in the ``offline_targets_scored`` event.
+
+This module does not log or checkpoint.
 """
 
 from __future__ import annotations
@@ -16,12 +25,13 @@ import time
 import numpy as np
 
 from miniverl.common.errors import ConfigError
-from miniverl.common.trajectory import read_trajectories, write_trajectories
+from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
 from miniverl.student.train.link import Scored
 from miniverl.student.train.modes.opd import distill_update, positions_of
-from miniverl.student.train.state import CycleResult, TrainState, episode_seed
+from miniverl.student.train.optim import planned_cycles
+from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
 
 # Salts the batch draw's seed apart from the episodes' seeds of the same cycle.
 DRAW_SALT = 77_777
@@ -39,6 +49,10 @@ def prepare_fixed_set(state: TrainState) -> None:
     """Load or build the fixed trajectories and score each once (or find it cached)."""
     recipe, policy = state.recipe, state.policy
     source = recipe.train.trajectories
+    t0 = time.perf_counter()
+    if recipe.train.fixed_set == "student":
+        _prepare_student_set(state)
+        return
     if source:
         fixed_set = read_trajectories(source)
         bad = [t.id for t in fixed_set if t.tokenizer_fp != policy.tokenizer_fp]
@@ -52,6 +66,7 @@ def prepare_fixed_set(state: TrainState) -> None:
         fixed_set = oracle_trajectories(
             env.name, state.train_tasks, policy.tokenizer, policy.tokenizer_fp, env.params,
         )
+    t_build = time.perf_counter() - t0
     reused = latest_for_teacher(state.cache, recipe, state.teacher.identity, fixed_set)
     link = state.teacher.link
     # The fixed set was sampled by another policy; its targets are bound to the
@@ -60,18 +75,77 @@ def prepare_fixed_set(state: TrainState) -> None:
     for traj in fixed_set:
         if traj.id not in reused:
             link.submit(traj, positions_of(state, traj))
-    fresh = {s.traj.id: s for s in link.collect()}
-    put_scored(state.cache, recipe, list(fresh.values()))
+    _finish(state, fixed_set, link.collect(), reused, source="trajectories" if source
+            else "oracle", t_sample=t_build)
+
+
+def _prepare_student_set(state: TrainState) -> None:
+    """Frozen student states: the starting policy samples every cycle's episodes once."""
+    recipe = state.recipe
+    n = recipe.train.rollouts_per_cycle
+    link = state.teacher.link
+    t0 = time.perf_counter()
+    recorded = _recorded_set(state)
+    if recorded:  # a resume: the set the run sampled, never one of the trained policy
+        fixed_set = recorded
+        reused = latest_for_teacher(state.cache, recipe, state.teacher.identity, fixed_set)
+        link.begin_update(fixed_set[0].policy_version, 0)
+        for traj in fixed_set:
+            if traj.id not in reused:
+                link.submit(traj, positions_of(state, traj))
+        _finish(state, fixed_set, link.collect(), reused, source="student",
+                t_sample=time.perf_counter() - t0)
+        return
+    cycles = planned_cycles(recipe)
+    tasks = [task for c in range(cycles) for task in tasks_for(state, c, n)]
+    seeds = [episode_seed(recipe.run.seed, c, i) for c in range(cycles) for i in range(n)]
+    # The targets are bound to the version that samples the set: the starting one.
+    link.begin_update(state.version, 0)
+    pipelined = recipe.train.pipelining
+
+    def submit(traj: Trajectory) -> None:
+        link.submit(traj, positions_of(state, traj))
+
+    fixed_set = state.runner.run(tasks, policy_version=state.version, seeds=seeds,
+                                 on_finished=submit if pipelined else None)
+    t_sample = time.perf_counter() - t0
+    if not pipelined:
+        for traj in fixed_set:
+            submit(traj)
+    _finish(state, fixed_set, link.collect(), {}, source="student", t_sample=t_sample)
+
+
+def _recorded_set(state: TrainState) -> list[Trajectory]:
+    path = state.run.trajectories_path
+    if state.step == 0 or not path.is_file():
+        return []
+    return [t for t in read_trajectories(path) if t.source == "rollout"]
+
+
+def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored],
+            reused: dict[str, Scored], *, source: str, t_sample: float) -> None:
+    """Cache the fresh targets, keep the set in order, record it, say what it cost."""
+    recipe = state.recipe
+    fresh = {s.traj.id: s for s in scored}
+    put_scored(state.cache, recipe, scored)
     state.fixed_scored = [reused.get(t.id) or fresh[t.id] for t in fixed_set]
-    scored = list(fresh.values())
     if not reused:  # a resume finds the fixed set already recorded
         write_trajectories(state.run.trajectories_path, fixed_set, append=True)
-    state.run.event("offline_targets_scored", trajectories=len(scored),
+    counters = state.teacher.counters()
+    state.run.event("offline_targets_scored", source=source, trajectories=len(scored),
                     reused_from_cache=len(reused),
-                    positions=int(sum(len(s.positions_P) for s in scored)))
+                    positions=int(sum(len(s.positions_P) for s in scored)),
+                    time_sample_s=t_sample, time_teacher_wait_s=state.teacher.link.wait_s,
+                    bytes_sent=counters.get("bytes_sent", 0),
+                    bytes_received=counters.get("bytes_received", 0))
 
 
 def fixed_batch(state: TrainState, cycle: int) -> list[Scored]:
+    if state.recipe.train.fixed_set == "student":
+        # Cycle c trains on the episodes sampled for cycle c (OPD's tasks and seeds).
+        n = state.recipe.train.rollouts_per_cycle
+        start = (cycle * n) % len(state.fixed_scored)
+        return state.fixed_scored[start:start + n]
     n = min(state.recipe.train.rollouts_per_cycle, len(state.fixed_scored))
     rng = np.random.default_rng(episode_seed(state.recipe.run.seed, cycle, DRAW_SALT))
     pick = rng.choice(len(state.fixed_scored), size=n, replace=False)
