@@ -1,0 +1,111 @@
+"""The recovery benchmark (benchmarks/recovery/, benchmarks/recovery_bench.py).
+
+The preregistered config must ask the question it says it asks: five arms from one cold
+student on the same budget, the frozen-state arm as the baseline, a gated teacher, at
+least 128 held-out tasks with a fault; the benchmark's cells carry the fault metrics;
+and (slow) the whole pipeline runs end to end: two arms, one seed, two updates.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from miniverl.common.recipe import Recipe, load_recipe
+from miniverl.student.benchmark.config import cell_recipe, load_benchmark_config
+from miniverl.student.benchmark.results import cell_result_from_run
+from miniverl.student.environments import make_tasks
+from tests.student.report.report_runs import make_run
+
+ROOT = Path(__file__).parents[3]
+CONFIG = ROOT / "benchmarks" / "recovery" / "config.yaml"
+
+
+def test_the_preregistered_config_asks_its_question(tmp_path):
+    config, base = load_benchmark_config(CONFIG)
+    assert config.seeds == [1, 2, 3, 4, 5] and config.budget.kind == "updates"
+    assert config.baseline == "frozen_kd" and config.metric == "recovery_after"
+    cells = {a.name: Recipe.model_validate(cell_recipe(config, base, a, 1, tmp_path))
+             for a in config.arms}
+    assert {n: (r.run.mode, r.train.fixed_set) for n, r in cells.items()} == {
+        "sft": ("sft", None), "oracle_kd": ("offline_kd", "oracle"),
+        "frozen_kd": ("offline_kd", "student"), "opd": ("opd", None), "replay": ("replay", None)}
+    assert cells["replay"].train.max_lag == 2 and cells["opd"].train.pipelining
+    for recipe in cells.values():  # same budget, schedule, optimizer, eval for every arm
+        assert recipe.train.cycles == config.budget.updates
+        assert (recipe.train.lr, recipe.train.rollouts_per_cycle, recipe.environment) == (
+            cells["opd"].train.lr, cells["opd"].train.rollouts_per_cycle,
+            cells["opd"].environment)
+    recipe = cells["opd"]
+    # Each fixed set holds as many episodes as OPD samples: one pass over the train tasks.
+    assert recipe.environment.train_tasks == config.budget.updates * recipe.train.rollouts_per_cycle
+    env = recipe.environment
+    tasks = make_tasks(env.name, "eval", env.eval_tasks, env.difficulty, env.split_seed,
+                       params=env.params)
+    assert sum(1 for t in tasks if t.data["fault"]) >= 128
+    assert recipe.teacher.min_success and recipe.teacher.min_recovery
+    cold = load_recipe(CONFIG.parent / config.student_prepare)
+    teacher = load_recipe(CONFIG.parent / recipe.teacher.prepare)
+    assert cold.student.model == recipe.student.model
+    assert teacher.student.model == recipe.teacher.model
+    # The teacher qualifies on the benchmark's environment; the cold student never saw a fault.
+    sig = ("name", "params", "difficulty", "split_seed")
+    assert [getattr(teacher.environment, k) for k in sig] == [getattr(env, k) for k in sig]
+    assert cold.environment.params["faults"] == 0 and env.params["faults"] > 0
+
+
+def test_a_cell_reads_the_fault_breakdown_of_its_evals(tmp_path):
+    run = make_run(tmp_path / "run")
+    for old in (run / "eval").iterdir():
+        old.unlink()
+    for version, rate in ((0, 0.1), (12, 0.6)):
+        summary = {"split": "eval", "policy_version": version, "success": 0.5, "n": 4,
+                   "faults": {"faulted": {"success": rate, "n": 2},
+                              "fault_free": {"success": 0.9, "n": 2},
+                              "recovery": {"rate": rate / 2, "n_error_episodes": 2,
+                                           "n_recovered": 1}}}
+        (run / "eval" / f"eval-v{version}.summary.json").write_text(json.dumps(summary))
+    cell = cell_result_from_run(run)
+    assert (cell.faulted_success_before, cell.faulted_success_after) == (0.1, 0.6)
+    assert (cell.recovery_before, cell.recovery_after) == (0.05, 0.3)
+    assert cell.fault_free_success_after == 0.9
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_two_arms_one_seed_two_updates_end_to_end(tmp_path):
+    # The real pipeline: cached cold student and gated teacher (prepared on first use),
+    # a teacher process, frozen-state KD and pipelined OPD cells, then the analysis.
+    from benchmarks.recovery_bench import main
+
+    config = yaml.safe_load(CONFIG.read_text())
+    base = yaml.safe_load((CONFIG.parent / config["recipe"]).read_text())
+    base["teacher"]["prepare"] = str(CONFIG.parent / base["teacher"]["prepare"])
+    base["environment"]["eval_tasks"] = 24  # the eval is the slow part; the signature holds
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(base))
+    config.update(recipe="recipe.yaml", seeds=[1], budget={"kind": "updates", "updates": 2},
+                  student_prepare=str(CONFIG.parent / config["student_prepare"]),
+                  arms=[a for a in config["arms"] if a["name"] in ("frozen_kd", "opd")],
+                  output_dir=str(tmp_path / "out"))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    output = tmp_path / "recovery_bench.json"
+    assert main(["--config", str(tmp_path / "config.yaml"), "--output", str(output)]) == 0
+    summary = json.loads(output.read_text())
+    assert summary["complete"] and set(summary["arms"]) == {"frozen_kd", "opd"}
+    for cell in summary["cells"]:
+        assert cell["status"] == "ok" and cell["updates"] == 2 and cell["budget_matched"]
+        assert cell["after"]["n_faulted"] + cell["after"]["n_fault_free"] == 24
+        split = cell["time_split"]
+        assert split["rollout_s"] > 0 and split["teacher_wait_s"] > 0 and split["update_s"] > 0
+        assert cell["positions_scored"] > 0 and cell["bytes_sent"] > 0
+    frozen = next(c for c in summary["cells"] if c["arm"] == "frozen_kd")
+    opd = next(c for c in summary["cells"] if c["arm"] == "opd")
+    # Both sample 2 x 16 episodes; the frozen cell did it before its first update.
+    assert frozen["positions_scored"] > 0 and opd["positions_scored"] > 0
+    assert summary["arms"]["opd"]["faulted_success_vs_frozen_kd"]["n_pairs"] == 1
+    assert set(summary["cost_ratio_opd_vs_frozen"]["per_seed"]) == {"1"}
+    out = tmp_path / "out"
+    assert (out / "recovery_report.html").is_file() and (out / "recovery-1.svg").is_file()
+    assert all(Path(f).is_file() or (ROOT / f).is_file() for f in summary["figures"])
