@@ -243,20 +243,23 @@ class Link:
             raise self._fatal
         req = Request(id=msg.id, t=msg.t, frames=encode(msg))
         self.table.rows[req.id] = req
-        deadline = time.monotonic() + (timeout_s or self.unavailable_timeout_s)
+        limit = timeout_s or self.unavailable_timeout_s
         try:
             if self._state in ("down", "closed"):
                 self._state = "down" if self._state == "closed" else self._state
                 self._wake_keeper()
-            await self.pump()
-            while not req.done.is_set():
-                if time.monotonic() >= deadline:
-                    raise TeacherUnavailable(
-                        f"no answer to {msg.t} from {self.endpoint} within "
-                        f"{timeout_s or self.unavailable_timeout_s} s"
-                    )
-                with anyio.move_on_after(self.tick):
-                    await req.done.wait()
+            # One deadline over the whole call, the send included: a socket whose
+            # handshake never completes (a CURVE key the teacher does not list) must
+            # not hold a caller past it.
+            with anyio.move_on_after(limit):
+                await self.pump()
+                while not req.done.is_set():
+                    with anyio.move_on_after(self.tick):
+                        await req.done.wait()
+            if not req.done.is_set():
+                raise TeacherUnavailable(
+                    f"no answer to {msg.t} from {self.endpoint} within {limit} s"
+                )
         finally:
             self.table.rows.pop(req.id, None)
         if req.error is not None:
