@@ -204,7 +204,11 @@ def build_toy_model(spec: Any, tokenizer=None):
     if s.get("init_std") is not None:
         config.initializer_range = float(s["init_std"])  # every weight matrix ~ N(0, std²)
     if s.get("rope_theta") is not None:
-        config.rope_parameters = {"rope_type": "default", "rope_theta": float(s["rope_theta"])}
+        theta = float(s["rope_theta"])
+        if hasattr(config, "rope_parameters"):  # transformers >= 5
+            config.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+        else:  # transformers 4.x reads config.rope_theta
+            config.rope_theta = theta
     # A private RNG keeps building a model from disturbing the caller's global seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(s["seed"])
