@@ -44,8 +44,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # recovery_report beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
+from real_model_learning import eval_files  # noqa: E402
 from recovery_report import extract_figures, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,15 +54,6 @@ CONFIG = ROOT / "benchmarks" / "recovery" / "config.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "recovery_bench.json"
 METRICS = ("recovery", "retry", "faulted_success", "fault_free_success", "success")
 SAMPLES = 10_000
-
-
-def eval_files(run_dir: Path) -> tuple[Path | None, Path | None]:
-    """The first (v0) and the last held-out eval trajectories of a run."""
-    files = sorted(
-        (run_dir / "eval").glob("eval-v*.trajectories.jsonl"),
-        key=lambda p: int(p.name.split("-v")[1].split(".")[0]),
-    )
-    return (files[0], files[-1]) if files else (None, None)
 
 
 _TASKS: dict[str, set[str]] = {}
