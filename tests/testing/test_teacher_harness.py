@@ -30,8 +30,9 @@ def test_a_backend_is_served_through_admission_and_batching():
     with TeacherHarness(backend) as harness, harness.client() as client:
         assert client.hello.teacher.name == "mine" and client.hello.instance == harness.instance
         backend.hold()
-        ids = [client.submit(TOKENS, CU, POS, k=4) for _ in range(3)]
-        assert backend.entered.wait(5)
+        ids = [client.submit(TOKENS, CU, POS, k=4)]
+        assert backend.entered.wait(5)  # the first batch is held with one job in it
+        ids += [client.submit(TOKENS, CU, POS, k=4) for _ in range(2)]
         deadline = time.monotonic() + 5
         while client.status()["queue_depth"] < 2:  # two queued behind the held batch
             assert time.monotonic() < deadline

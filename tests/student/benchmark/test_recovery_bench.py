@@ -98,7 +98,8 @@ def test_the_benchmark_runs_two_arms_one_seed_two_updates_end_to_end(tmp_path):
         assert cell["status"] == "ok" and cell["updates"] == 2 and cell["budget_matched"]
         assert cell["after"]["n_faulted"] + cell["after"]["n_fault_free"] == 24
         split = cell["time_split"]
-        assert split["rollout_s"] > 0 and split["teacher_wait_s"] > 0 and split["update_s"] > 0
+        # A pipelined OPD cell can hide all of its teacher wait behind sampling.
+        assert split["rollout_s"] > 0 and split["update_s"] > 0 and split["teacher_wait_s"] >= 0
         assert cell["positions_scored"] > 0 and cell["bytes_sent"] > 0
     frozen = next(c for c in summary["cells"] if c["arm"] == "frozen_kd")
     opd = next(c for c in summary["cells"] if c["arm"] == "opd")
