@@ -66,7 +66,8 @@ DEMO = {
               "schedule": "constant", "warmup_steps": 5, "max_grad_norm": 0.05, "max_lag": 0,
               "eval_every": 0, "save_every": 0, "pipelining": True},
     "eval": {"split": "eval", "greedy": True},
-    "runtime": {"cpu_threads": 1, "heartbeat_ms": 1000, "unavailable_timeout_s": 300},
+    "runtime": {"cpu_threads": 1, "warmup_cpu_threads": 2, "heartbeat_ms": 1000,
+                "unavailable_timeout_s": 300},
 }
 
 # --fast: the machinery without learning (a 12-step teacher, no warm-up).

@@ -227,6 +227,7 @@ HASHED_ONLY_WHEN_SET = (
     "train.fixed_set", "teacher.min_recovery",
     "student.model.toy.init_std", "student.model.toy.rope_theta",
     "teacher.model.toy.init_std", "teacher.model.toy.rope_theta",
+    "runtime.warmup_cpu_threads",
 )
 
 

@@ -280,6 +280,12 @@ class RuntimeConfig(Section):
     cpu_threads: int = Field(
         1, ge=1, le=512, description="Torch/OpenMP threads per process (1 is fastest for toys)."
     )
+    warmup_cpu_threads: int | None = Field(
+        None, ge=1, le=512,
+        description="Threads for the SFT warm-up once the teacher has answered HELLO and waits "
+        "idle on this machine (at most its core count); cpu_threads again after it. "
+        "None: cpu_threads throughout.",
+    )
     teacher_startup_timeout_s: float = Field(
         600.0, gt=0.0, le=86400.0, description="Wait this long for the teacher to be READY."
     )

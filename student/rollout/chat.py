@@ -158,6 +158,7 @@ class EpisodeBuilder:
         # differently (e.g. Qwen3 drops an empty <think> block from older turns).
         # The stored ids never change; only new context is appended.
         self.rerender_mismatches = 0
+        self._rendered: dict[tuple[bool, str], str] = {}
 
         full = self.render(self.messages, add_generation_prompt=True)
         head = self._render_system_only() if system else ""
@@ -170,12 +171,20 @@ class EpisodeBuilder:
     # -- rendering -----------------------------------------------------------------
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=self.tools,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-        )
+        # A turn re-renders what the last one rendered (an oracle trace asks for the
+        # same conversation three times of its eight): the template is a pure function
+        # of its input, so the text is kept under the exact input that made it.
+        key = (add_generation_prompt, json.dumps(messages, sort_keys=True, default=str))
+        text = self._rendered.get(key)
+        if text is None:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=self.tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+            self._rendered = {**dict(list(self._rendered.items())[-3:]), key: text}
+        return text
 
     def _render_system_only(self) -> str:
         # Some templates refuse a conversation without a user turn; then the whole

@@ -24,6 +24,7 @@ does not know how a mode samples, scores or updates (``modes/``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -101,17 +102,23 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
         # Gate early: a teacher this run would refuse stops it before the warm-up is
         # spent, not after (the connect below would otherwise be the first to ask).
         handshake = start_handshake(state)
+    threads = torch.get_num_threads()
     with TrainProgress(total, enabled=show_progress, initial=state.step) as progress:
-        while state.warmup_end is None and state.step < train.sft_warmup_steps:
-            if state.stop_event.is_set():
-                return "interrupted"
-            if handshake is not None:
-                check_handshake(state, handshake)
-            log_cycle(state, warmup_step(state))
-            progress.update(state.step, state.last_metrics)
-            if warmup_converged(state):
-                end_warmup(state, "loss")
-                progress.set_total(total - (train.sft_warmup_steps - state.step))
+        try:
+            while state.warmup_end is None and state.step < train.sft_warmup_steps:
+                if state.stop_event.is_set():
+                    return "interrupted"
+                if handshake is not None:
+                    check_handshake(state, handshake)
+                    if handshake.checked is not None:
+                        warmup_threads(state)
+                log_cycle(state, warmup_step(state))
+                progress.update(state.step, state.last_metrics)
+                if warmup_converged(state):
+                    end_warmup(state, "loss")
+                    progress.set_total(total - (train.sft_warmup_steps - state.step))
+        finally:
+            torch.set_num_threads(threads)  # the teacher works from here on
         if state.warmup_end is None:
             end_warmup(state, "steps")
         if recipe.needs_teacher and state.teacher.link is None:
@@ -139,6 +146,18 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
             if train.save_every and state.cycle % train.save_every == 0:
                 save_checkpoint(state)
     return "completed"
+
+
+def warmup_threads(state: TrainState) -> None:
+    """``runtime.warmup_cpu_threads``: a teacher that has answered HELLO waits idle until
+    the first distillation cycle, so the warm-up may take its cores (once, recorded)."""
+    wanted = state.recipe.runtime.warmup_cpu_threads
+    if wanted is None:
+        return
+    wanted = min(wanted, os.cpu_count() or 1)
+    if wanted != torch.get_num_threads():
+        torch.set_num_threads(wanted)
+        state.run.event("warmup_threads", threads=wanted, step=state.step)
 
 
 def log_cycle(state: TrainState, done: CycleResult) -> None:

@@ -199,6 +199,26 @@ def test_sft_warmup_runs_before_the_first_opd_cycle(tmp_path, toy):
         (warmup, warmup + cycles - 1)]
 
 
+def test_warmup_cpu_threads_hold_while_the_answered_teacher_idles(tmp_path, toy, monkeypatch):
+    # The teacher has answered HELLO before the first warm-up step (an in-process client
+    # answers at once): every warm-up step runs on the wider thread count, every
+    # distillation cycle on cpu_threads again, and the switch is recorded.
+    seen = []
+    for name in ("warmup_step", "opd_cycle"):
+        real = getattr(loop, name)
+        monkeypatch.setattr(loop, name, lambda state, real=real, name=name: (
+            seen.append((name, torch.get_num_threads())), real(state))[1])
+    monkeypatch.setattr(loop.os, "cpu_count", lambda: 3)
+    monkeypatch.setitem(loop.CYCLES, "opd", loop.opd_cycle)
+    recipe = make_recipe("opd", tmp_path, cycles=2, sft_warmup_steps=2,
+                         sections={"runtime": {"warmup_cpu_threads": 8}})
+    _, result = train(recipe, toy.fake_client())
+    assert seen == [("warmup_step", 3)] * 2 + [("opd_cycle", 1)] * 2
+    assert [(e["threads"], e["step"]) for e in events(result.run_dir, "warmup_threads")] == [
+        (3, 0)]
+    assert torch.get_num_threads() == 1
+
+
 def test_sft_warmup_lr_gives_each_phase_its_own_schedule(tmp_path, toy):
     # Warm-up at its own peak, then distillation ramps up again from its first step: a
     # converged SFT model must not take its first on-policy step at the warm-up's rate.
