@@ -46,12 +46,14 @@ from typing import Any
 import yaml
 
 from miniverl.student.teacher_process import start_teacher, stop_teacher
+from miniverl.testing.toy_recipe import STUDENT, TEACHER, recipe_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("sft", "offline_kd", "opd", "replay", "dpo", "dpo_step")
 TEACHER_STARTUP_S = 120.0
-STUDENT = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
-TEACHER = {"hidden": 48, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 96, "seed": 1}
+# The runtime section the hashes were recorded with (one thread, patient timeouts).
+RUNTIME = {"cpu_threads": 1, "heartbeat_ms": 200, "request_timeout_s": 60,
+           "unavailable_timeout_s": 120}
 
 
 def dpo_step_recipe(output_dir: Path) -> dict[str, Any]:
@@ -67,35 +69,20 @@ def dpo_step_recipe(output_dir: Path) -> dict[str, Any]:
 
 
 def recipe(mode: str, output_dir: Path) -> dict[str, Any]:
-    """A few-second deterministic recipe for ``mode`` (every mode takes >= 3 updates)."""
+    """A few-second deterministic recipe for ``mode`` (every mode takes >= 3 updates): the
+    tests' toy recipe (``miniverl.testing.toy_recipe``), serial, with patient timeouts."""
     if mode == "dpo_step":
         return dpo_step_recipe(output_dir)
-    train: dict[str, Any] = {"cycles": 3, "rollouts_per_cycle": 4, "lr": 1e-3,
-                             "eval_every": 0, "save_every": 0, "pipelining": False}
+    train: dict[str, Any] = {"pipelining": False}
     if mode == "replay":
         train.update(updates_per_batch=2, max_lag=1)
     if mode == "dpo":
         train.update(sft_warmup_steps=3, rollouts_per_cycle=4)
-    data: dict[str, Any] = {
-        "run": {"name": f"hash-{mode}", "mode": mode, "seed": 0, "output_dir": str(output_dir),
-                "deterministic": True},
-        "student": {"model": {"toy": dict(STUDENT)}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 12, "max_total_tokens": 640,
-                    "batch_size": 4},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 8},
-        "train": train,
-        "runtime": {"cpu_threads": 1, "heartbeat_ms": 200, "request_timeout_s": 60,
-                    "unavailable_timeout_s": 120},
-    }
+    sections: dict[str, Any] = {"run": {"name": f"hash-{mode}"}, "runtime": RUNTIME}
     if mode == "dpo":
-        data["dpo"] = {"beta": 0.1, "group_size": 2}
-    if mode != "sft":
-        data["teacher"] = {"model": {"toy": dict(TEACHER if mode != "dpo" else STUDENT)},
-                           "dtype": "float32", "device": "cpu"}
-    return data
+        sections["dpo"] = {"beta": 0.1, "group_size": 2}
+    return recipe_dict(mode, output_dir, teacher=TEACHER if mode != "dpo" else STUDENT,
+                       sections=sections, **train)
 
 
 def checkpoint_sha256(run_dir: Path) -> tuple[str, str]:

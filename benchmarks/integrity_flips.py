@@ -43,32 +43,20 @@ import numpy as np
 import yaml
 
 from miniverl.student.teacher_process import start_teacher, stop_teacher
+from miniverl.testing.toy_recipe import recipe_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "integrity_flips.json"
-STUDENT = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
-TEACHER = {"hidden": 48, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 96, "seed": 1}
 REPORT_SUBSAMPLE = 150
 
 
 def recipe(output_dir: Path) -> dict[str, Any]:
-    """A few-second offline_kd recipe: fixed set scored once, three updates."""
-    return {
-        "run": {"name": "flips", "mode": "offline_kd", "seed": 0,
-                "output_dir": str(output_dir), "deterministic": True},
-        "student": {"model": {"toy": dict(STUDENT)}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "teacher": {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu"},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 12, "max_total_tokens": 640,
-                    "batch_size": 4},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 8},
-        "train": {"cycles": 3, "rollouts_per_cycle": 4, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0, "pipelining": False},
-        "runtime": {"cpu_threads": 1, "heartbeat_ms": 200, "request_timeout_s": 60,
-                    "unavailable_timeout_s": 120},
-    }
+    """A few-second offline_kd recipe: fixed set scored once, three updates (the tests' toy
+    recipe, ``miniverl.testing.toy_recipe``, serial and with patient timeouts)."""
+    runtime = {"cpu_threads": 1, "heartbeat_ms": 200, "request_timeout_s": 60,
+               "unavailable_timeout_s": 120}
+    return recipe_dict("offline_kd", output_dir, pipelining=False,
+                       sections={"run": {"name": "flips"}, "runtime": runtime})
 
 
 def make_run(work: Path) -> Path:

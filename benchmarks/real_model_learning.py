@@ -121,20 +121,28 @@ def example(ep: dict) -> list[dict]:
     return [m for m in ep.get("messages", []) if m.get("role") != "system"]
 
 
-def analyze_cell(cell: dict, rng: np.random.Generator) -> dict:
-    out = {"arm": cell["arm"], "seed": cell["seed"], "status": cell["result"]["status"],
-           "error": cell["result"].get("error"), "updates": cell["result"].get("updates"),
-           "wall_s": cell["result"].get("wall_s"), "run_dir": cell["result"].get("run_dir"),
-           "final_loss": cell["result"].get("final_loss"),
-           "peak_memory_bytes": cell["result"].get("peak_memory_bytes")}
+def cell_outcome(cell: dict, *extra: str) -> tuple[dict, tuple[Path, Path] | None]:
+    """A cell's outcome (its result's fields, ``extra`` too), and its first and last
+    eval files when it finished with both (``None`` otherwise, ``error`` saying why)."""
+    result = cell["result"]
+    out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
+           **{k: result.get(k) for k in ("error", "updates", "wall_s", "run_dir", "final_loss",
+                                         *extra)}}
     if out["status"] != "ok" or not out["run_dir"]:
-        return out
-    run_dir = Path(out["run_dir"])
-    first, last = eval_files(run_dir)
+        return out, None
+    first, last = eval_files(Path(out["run_dir"]))
     if first is None or first == last:
         out["error"] = "no before/after eval in the run"
+        return out, None
+    return out, (first, last)
+
+
+def analyze_cell(cell: dict, rng: np.random.Generator) -> dict:
+    out, evals = cell_outcome(cell, "peak_memory_bytes")
+    if evals is None:
         return out
-    before, after = read_episodes(first), read_episodes(last)
+    run_dir = Path(out["run_dir"])
+    before, after = read_episodes(evals[0]), read_episodes(evals[1])
     tasks = sorted(set(before) & set(after))
     b = np.array([before[t]["verifier"]["success"] for t in tasks], dtype=bool)
     a = np.array([after[t]["verifier"]["success"] for t in tasks], dtype=bool)
@@ -155,6 +163,13 @@ def analyze_cell(cell: dict, rng: np.random.Generator) -> dict:
                  "after": example(after[tasks[0]])},
     )
     return out
+
+
+def provenance(results_path: Path, data: dict) -> dict:
+    """Which results an analysis read: their file, config digest and completeness."""
+    where = results_path.relative_to(ROOT) if results_path.is_relative_to(ROOT) else results_path
+    return {"benchmark": str(where), "config_digest": data["config_digest"],
+            "complete": data["complete"]}
 
 
 def analyze(results_path: Path, conversion_s: float | None) -> dict:
@@ -180,10 +195,7 @@ def analyze(results_path: Path, conversion_s: float | None) -> dict:
             )
         arms[arm] = entry
     return {
-        "benchmark": str(results_path.relative_to(ROOT)) if results_path.is_relative_to(ROOT)
-        else str(results_path),
-        "config_digest": data["config_digest"],
-        "complete": data["complete"],
+        **provenance(results_path, data),
         "gguf_conversion_warm_s": conversion_s,
         "environment": data.get("environment", {}),
         "arms": arms,
@@ -260,12 +272,18 @@ def print_table(summary: dict) -> None:
     Console().print(table)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=CONFIG)
+def benchmark_arguments(doc: str, config: Path, results: Path) -> argparse.ArgumentParser:
+    """The options every preregistered benchmark script takes."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=config)
     ap.add_argument("--resume", action="store_true", help="continue an interrupted benchmark")
     ap.add_argument("--analyze-only", action="store_true", help="only re-read the kept runs")
-    ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument("--output", type=Path, default=results)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = benchmark_arguments(__doc__, CONFIG, RESULTS)
     ap.add_argument("--runs", type=Path, nargs="+",
                     help="analyse these run directories (e.g. `miniverl up` runs) instead")
     args = ap.parse_args(argv)

@@ -36,7 +36,6 @@ and beside the benchmark's own ``results.json`` and ``report.html`` the report's
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -46,7 +45,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
-from real_model_learning import eval_files  # noqa: E402
+from real_model_learning import benchmark_arguments, cell_outcome, provenance  # noqa: E402
 from recovery_report import extract_figures, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,21 +143,14 @@ def cost(run_dir: Path, wall_s: float | None) -> dict:
 
 
 def analyze_cell(cell: dict) -> dict:
-    result = cell["result"]
-    out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
-           "error": result.get("error"), "updates": result.get("updates"),
-           "budget_matched": cell.get("budget_matched"), "wall_s": result.get("wall_s"),
-           "run_dir": result.get("run_dir"), "final_loss": result.get("final_loss")}
-    if out["status"] != "ok" or not out["run_dir"]:
+    out, evals = cell_outcome(cell)
+    out["budget_matched"] = cell.get("budget_matched")
+    if evals is None:
         return out
     run_dir = Path(out["run_dir"])
-    first, last = eval_files(run_dir)
-    if first is None or first == last:
-        out["error"] = "no before/after eval in the run"
-        return out
     recipe = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text(encoding="utf-8"))
     faulted = faulted_ids(recipe)
-    before, after = read_eval(first, faulted), read_eval(last, faulted)
+    before, after = read_eval(evals[0], faulted), read_eval(evals[1], faulted)
     if list(before["ids"]) != list(after["ids"]):
         out["error"] = "the evals before and after played different tasks"
         return out
@@ -267,10 +259,7 @@ def analyze(results_path: Path) -> dict:
              for a in data["config"]["arms"]}
     fresh = next((n for n, (mode, _) in modes.items() if mode == "opd"), None)
     return {
-        "benchmark": str(results_path.relative_to(ROOT)) if results_path.is_relative_to(ROOT)
-        else str(results_path),
-        "config_digest": data["config_digest"],
-        "complete": data["complete"],
+        **provenance(results_path, data),
         "baseline": baseline,
         "metric": data["metric"],
         "budget": data["config"]["budget"],
@@ -311,12 +300,7 @@ def print_table(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=CONFIG)
-    ap.add_argument("--resume", action="store_true", help="continue an interrupted benchmark")
-    ap.add_argument("--analyze-only", action="store_true", help="only re-read the kept runs")
-    ap.add_argument("--output", type=Path, default=RESULTS)
-    args = ap.parse_args(argv)
+    args = benchmark_arguments(__doc__, CONFIG, RESULTS).parse_args(argv)
 
     from miniverl.student.benchmark.config import default_output_dir, load_benchmark_config
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 # Imports inside command bodies are deliberate: `miniverl --help` stays fast and torch-free.
 import contextlib
+import inspect
 import json
 from collections.abc import Iterator
 
@@ -267,44 +268,40 @@ def reload(
     typer.echo(f"reloaded: gen {ok.gen}, teacher {ok.teacher.name} ({ok.teacher.model})")
 
 
-@teacher_app.command("shutdown")
-def shutdown(
-    endpoint: str = ENDPOINT_ARG,
-    mode: str = MODE_OPT,
-    timeout: float = TIMEOUT_OPT,
-    curve_secret_key: str = CURVE_SECRET_OPT,
-    curve_server_key: str = CURVE_SERVER_OPT,
-    admin_token: str = ADMIN_TOKEN_OPT,
-) -> None:
-    """Stop a running teacher (drain finishes open requests first)."""
-    with _admin(endpoint, timeout, curve_secret_key, curve_server_key, mode, admin_token,
-                proof=True) as client:
-        client.shutdown(mode=mode, timeout_s=timeout)
-    typer.echo(f"{endpoint}: shut down ({mode})")
-
-
-def _move_command(name: str, doc: str) -> None:
-    """``miniverl teacher park|wake``: the two commands differ only in the call they make."""
+def _admin_command(name: str, doc: str) -> None:
+    """``miniverl teacher shutdown|park|wake``: one admin call each, with the same options;
+    only ``shutdown`` takes ``--mode`` (the others' signature drops it, so typer does too)."""
 
     def command(
         endpoint: str = ENDPOINT_ARG,
+        mode: str = MODE_OPT,
         timeout: float = TIMEOUT_OPT,
         curve_secret_key: str = CURVE_SECRET_OPT,
         curve_server_key: str = CURVE_SERVER_OPT,
         admin_token: str = ADMIN_TOKEN_OPT,
     ) -> None:
-        with _admin(endpoint, timeout, curve_secret_key, curve_server_key, None, admin_token,
+        drain = mode if name == "shutdown" else None
+        with _admin(endpoint, timeout, curve_secret_key, curve_server_key, drain, admin_token,
                     proof=True) as client:
-            ok = getattr(client, name)()
-        typer.echo(f"{endpoint}: {ok.state.value}")
+            if name == "shutdown":
+                client.shutdown(mode=mode, timeout_s=timeout)
+                said = f"shut down ({mode})"
+            else:
+                said = getattr(client, name)().state.value
+        typer.echo(f"{endpoint}: {said}")
 
+    if name != "shutdown":
+        signature = inspect.signature(command)
+        command.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[p for p in signature.parameters.values() if p.name != "mode"])
     command.__doc__ = doc
     teacher_app.command(name)(command)
 
 
-_move_command("park", "Move the teacher's weights off the accelerator (a SCORE or `wake` "
-                      "brings them back).")
-_move_command("wake", "Move a parked teacher's weights back onto the accelerator.")
+_admin_command("shutdown", "Stop a running teacher (drain finishes open requests first).")
+_admin_command("park", "Move the teacher's weights off the accelerator (a SCORE or `wake` "
+                       "brings them back).")
+_admin_command("wake", "Move a parked teacher's weights back onto the accelerator.")
 
 
 @teacher_app.command("keys")

@@ -214,18 +214,13 @@ def parse_trajectory_line(line: str, where: str = "<string>") -> tuple[Trajector
     """
     try:
         line.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ProvenanceError(
-            f"{where}: bytes that are not UTF-8; the file is corrupted, restore it from a copy "
-            "or rerun"
-        ) from None
-    try:
         record = json.loads(line)
-    except json.JSONDecodeError as exc:
+    except (UnicodeEncodeError, json.JSONDecodeError) as exc:
+        what = ("bytes that are not UTF-8" if isinstance(exc, UnicodeEncodeError)
+                else f"not valid JSON ({exc.msg})")
         raise ProvenanceError(
-            f"{where}: not valid JSON ({exc.msg}); the file is corrupted, restore it from a "
-            "copy or rerun"
-        ) from exc
+            f"{where}: {what}; the file is corrupted, restore it from a copy or rerun"
+        ) from None
     if not isinstance(record, dict):
         raise ProvenanceError(f"{where}: expected a JSON object per line; the file is corrupted")
     status = seal_status(record)

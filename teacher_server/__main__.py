@@ -47,6 +47,20 @@ from miniverl.teacher_server.server import TeacherServer, run_server
 from miniverl.teacher_server.state import ServerConfig
 
 
+# The server's integer options: flag, default, help.
+SIZES = (
+    ("--threads", None, "CPU threads (default: recipe or 1)."),
+    ("--exact-max-vocab", 262144, "Largest vocabulary served with kind=exact."),
+    ("--batch-tokens", 16384, "Coalesce queued requests up to this many tokens per forward pass."),
+    ("--prefix-cache-tokens", PREFIX_CACHE_TOKENS,
+     "Tokens of shared prompt prefixes (system blocks) kept between requests; 0 keeps none."),
+    ("--max-inflight", 64, "Open requests per client."),
+    ("--max-tokens", None, "Packed tokens per SCORE (default: the model's context length). "
+     "No sequence may exceed the context either way."),
+    ("--heartbeat-ms", 1000, "Advertised PING interval."),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m miniverl.teacher_server",
@@ -89,35 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="Never touch the network.")
     p.add_argument("--log", default=None, help="JSON-lines log file (default stderr).")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: recipe or 1).")
-    p.add_argument(
-        "--exact-max-vocab",
-        type=int,
-        default=262144,
-        help="Largest vocabulary served with kind=exact.",
-    )
-    p.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=16384,
-        help="Coalesce queued requests up to this many tokens per forward pass.",
-    )
-    p.add_argument(
-        "--prefix-cache-tokens",
-        type=int,
-        default=PREFIX_CACHE_TOKENS,
-        help="Tokens of shared prompt prefixes (system blocks) kept between requests; "
-        "0 keeps none.",
-    )
-    p.add_argument("--max-inflight", type=int, default=64, help="Open requests per client.")
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help="Packed tokens per SCORE (default: the model's context length). No sequence "
-        "may exceed the context either way.",
-    )
-    p.add_argument("--heartbeat-ms", type=int, default=1000, help="Advertised PING interval.")
+    for flag, default, text in SIZES:
+        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument(
         "--wait-for-model",
         type=float,

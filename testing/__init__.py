@@ -12,7 +12,10 @@
   registered by the ``miniverl`` pytest plugin (:mod:`miniverl.testing.plugin`).
 
 ``docs/testing.md`` shows each with an example; ``examples/testing/`` is a user's test
-suite written against this package only. Nothing else in miniverl imports it.
+suite written against this package only. Nothing else in miniverl imports it. Beside
+the kit, :mod:`miniverl.testing.toy_recipe` holds the few-second toy recipe (a dict)
+that miniverl's own tests and benchmarks build their runs from; it is not documented
+there.
 
 The names load on first use (PEP 562): pytest imports this package for its plugin in
 every session of every project that installs miniverl, and the kit itself (the client,

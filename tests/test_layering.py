@@ -118,14 +118,29 @@ def where(imp: Import) -> str:
     return f"{imp.file.relative_to(ROOT)}:{imp.line} imports {imp.module}"
 
 
-def test_core_layers_do_not_import_torch_at_module_level():
-    bad = [
+def heavy_imports(folder: str, *, top_level_only: bool) -> list[str]:
+    """Where a module under ``folder`` imports torch & co (at module level only, if asked)."""
+    return [
         where(i)
-        for folder in ("common", "protocol")
         for f in files(folder)
         for i in imports_of(f)
-        if i.top_level and any(is_under(i.module, h) for h in HEAVY)
+        if (i.top_level or not top_level_only) and any(is_under(i.module, h) for h in HEAVY)
     ]
+
+
+def imports_outside(folder: str, allowed: tuple[str, ...]) -> list[str]:
+    """Where a module under ``folder`` imports a miniverl module outside ``allowed``."""
+    return [
+        where(i)
+        for f in files(folder)
+        for i in imports_of(f)
+        if is_under(i.module, "miniverl") and not any(is_under(i.module, a) for a in allowed)
+    ]
+
+
+def test_core_layers_do_not_import_torch_at_module_level():
+    bad = [*heavy_imports("common", top_level_only=True),
+           *heavy_imports("protocol", top_level_only=True)]
     assert not bad, "\n".join(bad)
 
 
@@ -147,30 +162,14 @@ def test_student_and_teacher_never_import_each_other():
 
 def test_bridge_imports_only_common_and_environments():
     allowed = ("miniverl.common", "miniverl.student.environments", "miniverl.bridge")
-    bad = [
-        where(i)
-        for f in files("bridge")
-        for i in imports_of(f)
-        if is_under(i.module, "miniverl") and not any(is_under(i.module, a) for a in allowed)
-    ]
-    bad += [
-        where(i)
-        for f in files("bridge")
-        for i in imports_of(f)
-        if i.top_level and any(is_under(i.module, h) for h in HEAVY)
-    ]
+    bad = imports_outside("bridge", allowed) + heavy_imports("bridge", top_level_only=True)
     assert not bad, "\n".join(bad)
 
 
 def test_the_test_kit_imports_only_the_wire_and_the_server_and_nothing_imports_it():
     allowed = ("miniverl.common", "miniverl.protocol", "miniverl.teacher_server",
                "miniverl.testing")
-    bad = [
-        where(i)
-        for f in files("testing")
-        for i in imports_of(f)
-        if is_under(i.module, "miniverl") and not any(is_under(i.module, a) for a in allowed)
-    ]
+    bad = imports_outside("testing", allowed)
     bad += [
         where(i)
         for folder in PACKAGES
@@ -184,13 +183,8 @@ def test_the_test_kit_imports_only_the_wire_and_the_server_and_nothing_imports_i
 
 def test_environments_are_torch_free():
     allowed = ("miniverl.common", "miniverl.student.environments")
-    bad = [
-        where(i)
-        for f in files("student/environments")
-        for i in imports_of(f)
-        if any(is_under(i.module, h) for h in HEAVY)
-        or (is_under(i.module, "miniverl") and not any(is_under(i.module, a) for a in allowed))
-    ]
+    bad = (heavy_imports("student/environments", top_level_only=False)
+           + imports_outside("student/environments", allowed))
     assert not bad, "\n".join(bad)
 
 

@@ -5,15 +5,18 @@ named by what the tests use them for; their values are fixed on purpose, since
 results, timings and the session's toy-model cache all depend on them. Beside them:
 ``toy_dir`` (the cached model directory), ``bare_qwen3`` (a tokenizer-less model for
 numerics), ``alien_tokenizer_copy`` (a model another tokenizer fingerprint guards) and
-the calculator tool schema. The recipe builder makes the few-second recipe the trainer
-tests share, with keyword overrides for the rest; ``metrics``/``events`` read a run's
+the calculator tool schema. The recipe builder (``recipe_dict``, ``make_recipe``) makes
+the few-second recipe the trainer tests share, with keyword overrides for the rest (it
+and the ``STUDENT``/``TEACHER`` shapes come from ``miniverl.testing.toy_recipe``, which
+the benchmarks build their runs from too); ``metrics``/``events`` read a run's
 rows back. ``started_teacher`` runs a real ``python -m miniverl.teacher_server`` child
 through ``miniverl.student.teacher_process`` and hands it over only once it answered
 READY.
 
 Not a test module (pytest collects nothing here), no fixtures and no fakes (those live
 beside the tests that use them): import what you need as ``from tests.toy_kit import
-...``. torch, transformers and miniverl are imported inside the functions.
+...``. torch, transformers and miniverl are imported inside the functions (but for that
+plain-dict module).
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ from typing import Any
 
 import yaml
 
+# The trainer tests' pair of shapes (a 32-wide STUDENT, a 48-wide TEACHER) and the recipe
+# builder live in miniverl.testing, which the benchmarks share; tests import them here.
+from miniverl.testing.toy_recipe import STUDENT, TEACHER, recipe_dict  # noqa: F401
+
 # -- shapes -----------------------------------------------------------------------------
 
-# The trainer tests' pair: a 32-wide student and a wider 48-wide teacher, so there is
-# something to distil. Also the behaviour fingerprint's models (benchmarks/).
-STUDENT = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64, "seed": 0}
-TEACHER = {"hidden": 48, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 96, "seed": 1}
 # The student's shape without a seed: `up` and memory tests run student and teacher on
 # it with different seeds (same tokenizer, other weights).
 TWO_LAYER = {"hidden": 32, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 64}
@@ -118,48 +121,6 @@ CALCULATOR_TOOLS = [
 ONE_TURN = {"max_turns": 1, "max_new_tokens_per_turn": 8, "max_total_tokens": 512}
 
 # -- recipes ----------------------------------------------------------------------------
-
-
-def recipe_dict(
-    mode: str,
-    output_dir: Path | str,
-    *,
-    student: Mapping[str, int] = STUDENT,
-    teacher: Mapping[str, int] | None = TEACHER,
-    sections: Mapping[str, Mapping[str, Any] | None] | None = None,
-    **train: Any,
-) -> dict[str, Any]:
-    """A tiny deterministic recipe as a dict: seconds on one CPU thread.
-
-    Calculator tasks, four rollouts of at most two turns of twelve new tokens per cycle,
-    three cycles. ``student``/``teacher`` are the toy shapes (no teacher section for sft
-    or ``teacher=None``); ``train`` keywords update the train section; ``sections``
-    maps a section name to the keys to update in it, or to ``None`` to leave it out
-    (its defaults apply). Tests may still edit the dict before validating it.
-    """
-    recipe: dict[str, Any] = {
-        "run": {"name": f"t-{mode}", "mode": mode, "seed": 0, "output_dir": str(output_dir),
-                "deterministic": True},
-        "student": {"model": {"toy": dict(student)}, "dtype": "float32", "device": "cpu",
-                    "lora": None},
-        "environment": {"name": "calculator", "difficulty": "easy", "train_tasks": 8,
-                        "eval_tasks": 2, "test_tasks": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 12, "max_total_tokens": 640,
-                    "batch_size": 4},
-        "loss": {"objective": "bucketed_topk_tail", "top_k": 8},
-        "train": {"cycles": 3, "rollouts_per_cycle": 4, "lr": 1e-3, "eval_every": 0,
-                  "save_every": 0, **train},
-        "runtime": {"heartbeat_ms": 100, "request_timeout_s": 10, "unavailable_timeout_s": 20},
-    }
-    if mode != "sft" and teacher is not None:
-        recipe["teacher"] = {"model": {"toy": dict(teacher)}, "dtype": "float32",
-                             "device": "cpu"}
-    for name, update in (sections or {}).items():
-        if update is None:
-            recipe.pop(name, None)
-        else:
-            recipe.setdefault(name, {}).update(update)
-    return recipe
 
 
 def make_recipe(mode: str, output_dir: Path | str, **kw: Any):

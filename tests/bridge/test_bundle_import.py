@@ -108,21 +108,34 @@ def _copy(bundle: Path, tmp_path: Path) -> Path:
     return out
 
 
+def _edit(path: Path, old: str, new: str) -> None:
+    """Replace ``old`` (which must be there) with ``new`` in ``path``."""
+    text = path.read_text()
+    assert old in text, f"{old!r} is not in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def _edited_copy(bundle: Path, tmp_path: Path, file: str, old: str,
+                 new: str) -> tuple[Path, Path]:
+    """A copy of ``bundle`` with ``old`` replaced by ``new`` in its ``file`` (a
+    ``BUNDLE_FILES`` key); returns the copy and the edited file."""
+    copy = _copy(bundle, tmp_path)
+    path = copy / profile.BUNDLE_FILES[file]
+    _edit(path, old, new)
+    return copy, path
+
+
 def test_edited_overrides_import_field_by_field(toy_bundle, tmp_path):
-    bundle = _copy(toy_bundle, tmp_path)
-    path = bundle / profile.BUNDLE_FILES["overrides"]
-    path.write_text(path.read_text().replace("lr: 0.001", "lr: 0.0005"))
+    bundle, path = _edited_copy(toy_bundle, tmp_path, "overrides", "lr: 0.001", "lr: 0.0005")
     import_verl(bundle, tmp_path / "recipe.yaml")
     assert load_recipe(tmp_path / "recipe.yaml").train.lr == 0.0005
-    path.write_text(path.read_text().replace("n_gpus_per_node: 1", "n_gpus_per_node: 8"))
+    _edit(path, "n_gpus_per_node: 1", "n_gpus_per_node: 8")
     with pytest.raises(ConfigError, match="trainer.n_gpus_per_node: profile .* fixes 1 .got 8"):
         import_verl(bundle, tmp_path / "again.yaml")
 
 
 def test_tampered_provenance_is_refused(toy_bundle, tmp_path):
-    bundle = _copy(toy_bundle, tmp_path)
-    manifest = bundle / profile.BUNDLE_FILES["manifest"]
-    manifest.write_text(manifest.read_text().replace('"calculator"', '"jsonnav"'))
+    bundle, manifest = _edited_copy(toy_bundle, tmp_path, "manifest", '"calculator"', '"jsonnav"')
     with pytest.raises(ConfigError, match="provenance/manifest.json: sha256 differs"):
         import_verl(bundle, tmp_path / "recipe.yaml")
     data = json.loads(manifest.read_text())
@@ -176,9 +189,8 @@ def test_example_verl_config_imports(tmp_path):
 
 
 def test_batch_sizes_that_disagree_are_unsupported(toy_bundle, tmp_path):
-    bundle = _copy(toy_bundle, tmp_path)
-    path = bundle / profile.BUNDLE_FILES["overrides"]
-    path.write_text(path.read_text().replace("train_batch_size: 4", "train_batch_size: 8"))
+    bundle, _ = _edited_copy(toy_bundle, tmp_path, "overrides", "train_batch_size: 4",
+                             "train_batch_size: 8")
     with pytest.raises(ConfigError, match="data.train_batch_size: must equal ppo_mini_batch_size"):
         import_verl(bundle, tmp_path / "recipe.yaml")
 

@@ -25,6 +25,10 @@ import sys
 import traceback
 from pathlib import Path
 
+# The launch script's composition, shared with the prompt check (this folder is on
+# sys.path: the script runs as `python tests/bridge/verl_check.py`).
+from verl_prompt_check import compose
+
 MARKER = "VERL_CHECK_RESULT "
 
 
@@ -54,22 +58,9 @@ def main(bundle: Path) -> int:
 
     @step("compose")
     def _compose():
-        from hydra import compose, initialize_config_dir
-        from omegaconf import OmegaConf
         from verl.utils.config import omega_conf_to_dataclass
 
-        overrides = [
-            "actor_rollout_ref.model.path=/nonexistent/base",
-            f"actor_rollout_ref.model.lora_adapter_path={bundle / 'model/adapter'}",
-            f"actor_rollout_ref.model.tokenizer_path={bundle / 'model/tokenizer'}",
-            f"data.train_files={bundle / 'data/train.parquet'}",
-            f"data.val_files={bundle / 'data/val.parquet'}",
-            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={bundle / 'recipe/tool_config.yaml'}",
-            f"reward.custom_reward_function.path={bundle / 'reward/compute_score.py'}",
-        ]
-        with initialize_config_dir(config_dir=str(bundle / "recipe"), version_base=None):
-            cfg = compose(config_name="verl-overrides", overrides=overrides)
-        OmegaConf.resolve(cfg)
+        cfg = compose(bundle, Path("/nonexistent/base"))
         state["cfg"] = cfg
         adapter = json.loads((bundle / "model/adapter/adapter_config.json").read_text())
         model = cfg.actor_rollout_ref.model

@@ -84,29 +84,32 @@ def test_full_disk_during_convert_dataset_leaves_nothing(tmp_path, monkeypatch, 
     assert list(dst.parent.iterdir()) == []
 
 
-def test_os_errors_a_user_can_fix_are_one_line(tmp_path, monkeypatch, capsys):
-    # A write that names no file (a failed write() call) still says how much is free.
+def _run_whose_report_fails(tmp_path, monkeypatch, error: OSError) -> Path:
+    """A completed run's folder whose report cannot be built: ``build_report`` raises
+    ``error``."""
+
     def report_fails(*_args, **_kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise error
 
     monkeypatch.setattr("miniverl.student.report.build.build_report", report_fails)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "status.json").write_text('{"status": "completed"}')
-    code = run(["report", str(run_dir)])
+    return run_dir
+
+
+def test_os_errors_a_user_can_fix_are_one_line(tmp_path, monkeypatch, capsys):
+    # A write that names no file (a failed write() call) still says how much is free.
+    no_space = OSError(errno.ENOSPC, "No space left on device")
+    code = run(["report", str(_run_whose_report_fails(tmp_path, monkeypatch, no_space))])
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("error: no space left on device (") and "free" in err
 
 
 def test_unexpected_exceptions_are_not_swallowed(tmp_path, monkeypatch):
     # A bug must keep its traceback: only errors a user can fix become one line.
-    def bug(*_args, **_kwargs):
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr("miniverl.student.report.build.build_report", bug)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "status.json").write_text('{"status": "completed"}')
+    bug = OSError(errno.EIO, "Input/output error")
+    run_dir = _run_whose_report_fails(tmp_path, monkeypatch, bug)
     with pytest.raises(OSError, match="Input/output"):
         run(["report", str(run_dir)])
 

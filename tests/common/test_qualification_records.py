@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from miniverl.common import qualification
 from miniverl.common.qualification import (
     RECORD_KIND,
     TeacherNotQualified,
@@ -26,14 +25,6 @@ RECIPE = SimpleNamespace(
     teacher=SimpleNamespace(min_success=0.9),
     environment=SimpleNamespace(name="calculator", params={}, difficulty="easy", split_seed=0),
 )
-
-
-@pytest.fixture
-def records(tmp_path, monkeypatch):
-    folder = tmp_path / "qualifications"
-    folder.mkdir()
-    monkeypatch.setattr(qualification, "qualifications_dir", lambda: folder)
-    return folder
 
 
 def _write(folder, name, **over):

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from miniverl.common import qualification
 from miniverl.common.qualification import (
     RECORD_KIND,
     TeacherNotQualified,
@@ -29,14 +28,6 @@ ENV = SimpleNamespace(name="calculator", params={"faults": 0.5}, difficulty="eas
 def recipe(min_success=None, min_recovery=None):
     return SimpleNamespace(teacher=SimpleNamespace(min_success=min_success,
                                                    min_recovery=min_recovery), environment=ENV)
-
-
-@pytest.fixture
-def records(tmp_path, monkeypatch):
-    folder = tmp_path / "qualifications"
-    folder.mkdir()
-    monkeypatch.setattr(qualification, "qualifications_dir", lambda: folder)
-    return folder
 
 
 def write(folder, **over):

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from miniverl.testing import FakeBackend
 from tests.student.train.fake_teacher import FakeTeacherClient
 from tests.student.train.trainer_kit import load_toy_teacher
 from tests.toy_kit import ONE_TURN, TWO_LAYER, make_recipe, seeded
@@ -23,23 +24,25 @@ pytestmark = pytest.mark.integration
 
 
 class ParkingTeacher(FakeTeacherClient):
-    """The fake teacher plus ``park``/``wake``; scoring while parked is an error."""
+    """The fake teacher plus ``park``/``wake``; scoring while parked is an error.
+
+    ``park``/``wake`` land on a ``FakeBackend``, as a served teacher's land on its backend;
+    ``calls`` is that backend's record, each ``submit`` added in order.
+    """
 
     def __post_init__(self):
         super().__post_init__()
-        self.calls: list[str] = []
-        self.parked = False
+        self.backend = FakeBackend()
+        self.calls = self.backend.calls
 
     def park(self) -> None:
-        self.calls.append("park")
-        self.parked = True
+        self.backend.park()
 
     def wake(self) -> None:
-        self.calls.append("wake")
-        self.parked = False
+        self.backend.wake()
 
     def submit(self, *args, **kwargs):
-        assert not self.parked, "a parked teacher was asked to score"
+        assert not self.backend.parked, "a parked teacher was asked to score"
         self.calls.append("submit")
         return super().submit(*args, **kwargs)
 

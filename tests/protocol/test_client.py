@@ -24,51 +24,9 @@ from miniverl.common.errors import (
 from miniverl.protocol import messages as m
 from miniverl.protocol.client import TeacherChanged, TeacherClient
 from miniverl.protocol.sync_client import SyncTeacherClient
-from miniverl.testing import (
-    FAKE_TOKENIZER_FP,
-    FAKE_VOCAB,
-    FakeTeacher,
-    MemoryNetwork,
-    answer,
-    drop,
-    error,
-    hold,
-    reload,
-    restart,
-    stale,
-    wrong_id,
-)
-
-FP, VOCAB = FAKE_TOKENIZER_FP, FAKE_VOCAB
-
-TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
-CU = np.array([0, 5, 9], np.int32)
-POS = np.array([0, 1, 2, 5, 6], np.int32)
-
-
-def make_client(teacher: FakeTeacher, **kw) -> TeacherClient:
-    opts = dict(
-        tokenizer_fp=FP,
-        vocab_size=VOCAB,
-        heartbeat_ms=20,
-        request_timeout_s=0.15,
-        unavailable_timeout_s=1.5,
-        transport_factory=teacher.transport_factory,
-    )
-    opts.update(kw)
-    return TeacherClient("tcp://127.0.0.1:5555", **opts)
-
-
-def run(test, teacher: FakeTeacher | None = None, **kw):
-    teacher = teacher or FakeTeacher()
-
-    async def main():
-        with anyio.fail_after(10):
-            async with make_client(teacher, **kw) as client:
-                await test(client, teacher)
-
-    anyio.run(main, backend="asyncio")
-    return teacher
+from miniverl.testing import FakeTeacher, MemoryNetwork
+from miniverl.testing.script import answer, drop, error, hold, reload, restart, stale, wrong_id
+from tests.protocol.client_kit import CU, FP, POS, TOKENS, VOCAB, run
 
 
 def test_hello_then_topk_and_exact_scores():
@@ -164,16 +122,13 @@ def test_old_gen_after_reload_is_dropped_when_bound():
 
 
 def test_timeout_resends_the_same_id_then_succeeds():
-    teacher = FakeTeacher()
-    teacher.script(drop())
-
     async def body(client, teacher):
         await client.connect()
         result = await client.score(TOKENS, CU, POS, k=4)
         assert [msg.id for msg in teacher.scores] == [result.id, result.id]
         assert client.counters["retries"] == 1
 
-    run(body, teacher)
+    run(body, script=[drop()])
 
 
 def test_need_hello_triggers_a_new_handshake_and_resend():
@@ -190,16 +145,13 @@ def test_need_hello_triggers_a_new_handshake_and_resend():
 def test_new_instance_means_handshake_and_resend_of_pending():
     # kill -9 and restart at the same endpoint: the request in flight is lost; the
     # client resends it, meets NEED_HELLO from the new instance, handshakes, resends.
-    teacher = FakeTeacher()
-    teacher.script(restart())
-
     async def body(client, teacher):
         await client.connect()
         result = await client.score(TOKENS, CU, POS, k=4)
         assert result.instance == "teacher-B" and client.hello.instance == "teacher-B"
         assert teacher.count("HELLO") == 2
 
-    run(body, teacher)
+    run(body, script=[restart()])
 
 
 def test_new_instance_seen_in_pong_while_bound_raises_teacher_changed():
@@ -283,9 +235,6 @@ def test_silent_teacher_becomes_unavailable():
 
 
 def test_retryable_error_is_retried_and_fatal_error_raised():
-    teacher = FakeTeacher()
-    teacher.script(error(m.ErrorCode.OVERLOADED), answer(), error(m.ErrorCode.UNSUPPORTED))
-
     async def body(client, teacher):
         await client.connect()
         result = await client.score(TOKENS, CU, POS, k=4)
@@ -293,7 +242,7 @@ def test_retryable_error_is_retried_and_fatal_error_raised():
         with pytest.raises(TeacherError, match="UNSUPPORTED"):
             await client.score(TOKENS, CU, POS, k=3)
 
-    run(body, teacher)
+    run(body, script=[error(m.ErrorCode.OVERLOADED), answer(), error(m.ErrorCode.UNSUPPORTED)])
 
 
 def test_bad_request_is_refused_locally():
@@ -310,15 +259,9 @@ def test_bad_request_is_refused_locally():
 
 def test_sync_facade_scores_and_runs_admin_calls():
     teacher = FakeTeacher()
-    with SyncTeacherClient(
-        "ipc:///tmp/miniverl-test.sock",
-        tokenizer_fp=FP,
-        vocab_size=VOCAB,
-        heartbeat_ms=50,
-        request_timeout_s=0.5,
-        unavailable_timeout_s=2,
-        transport_factory=teacher.transport_factory,
-    ) as client:
+    # A SyncTeacherClient with FP, VOCAB, the in-memory transport, 50 ms heartbeats and a
+    # 0.5 s request timeout (FAST_SETTINGS).
+    with teacher.client("ipc:///tmp/miniverl-test.sock", unavailable_timeout_s=2) as client:
         assert client.hello.instance == "teacher-A"
         client.set_version(2)
         assert client.bind() == ("teacher-A", 0)

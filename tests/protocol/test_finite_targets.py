@@ -10,45 +10,27 @@ teacher's context is ``TOO_LARGE`` naming both numbers, and the optional
 
 from __future__ import annotations
 
-import anyio
 import msgpack
 import numpy as np
 import pytest
 
 from miniverl.common.errors import ProtocolError, TeacherError
 from miniverl.protocol import messages as m
-from miniverl.protocol.client import TeacherClient
 from miniverl.protocol.codec import decode, encode
 from miniverl.protocol.finite import nonfinite_report
 from miniverl.protocol.limits import Limits
-from miniverl.testing import (
-    FAKE_TOKENIZER_FP,
-    FAKE_VOCAB,
-    FakeTeacher,
-    ScoreJob,
-    answer,
-    next_token_targets,
-)
-
-FP, VOCAB = FAKE_TOKENIZER_FP, FAKE_VOCAB
-
-TOKENS = np.array([1, 2, 3, 4, 5, 6, 7, 8, 9], np.int32)
-CU = np.array([0, 5, 9], np.int32)
-POS = np.array([0, 1, 2, 5, 6], np.int32)
+from miniverl.testing import FakeTeacher, ScoreJob, answer, next_token_targets
+from tests.protocol.client_kit import CU, POS, TOKENS, VOCAB, run
 
 
 def run_client(body, teacher: FakeTeacher) -> None:
-    async def main():
-        with anyio.fail_after(10):
-            async with TeacherClient(
-                "tcp://127.0.0.1:5555", tokenizer_fp=FP, vocab_size=VOCAB, heartbeat_ms=20,
-                request_timeout_s=0.15, unavailable_timeout_s=1.5,
-                transport_factory=teacher.transport_factory,
-            ) as client:
-                await client.connect()
-                await body(client)
+    """``await body(client)`` on a connected client of ``teacher``."""
 
-    anyio.run(main, backend="asyncio")
+    async def connected(client, teacher):
+        await client.connect()
+        await body(client)
+
+    run(connected, teacher)
 
 
 def poisoned(name: str, value: float):
@@ -90,40 +72,37 @@ def test_tail_is_minus_inf_only_when_k_covers_the_vocabulary():
 # -- the client ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["target_logprobs", "logprobs", "tail_logmass"])
-def test_client_never_accepts_a_nan_reply_and_counts_it(name):
+def refused_then_usable(step, match: str, counter: str) -> None:
+    """A reply made by ``step`` is refused (a ``TeacherError`` matching ``match``) and
+    counted in ``counter``; the connection stays usable: the next, honest reply is
+    accepted."""
     teacher = FakeTeacher()
-    teacher.default = poisoned(name, np.nan)
+    teacher.default = step
 
     async def body(client):
         rid = await client.submit(TOKENS, CU, POS, k=4)
-        with pytest.raises(TeacherError, match=f"non-finite targets.*{name}: 1 NaN"):
+        with pytest.raises(TeacherError, match=match):
             await client.wait([rid])
-        assert client.counters["nonfinite_replies"] == 1
-        # The connection stays usable: the next (finite) reply is accepted.
+        assert client.counters[counter] == 1
         teacher.default = answer()
         rid = await client.submit(TOKENS, CU, POS, k=4)
-        assert (await client.wait([rid]))[rid].arrays["logprobs"].shape == (len(POS), 4)
+        arrays = (await client.wait([rid]))[rid].arrays
+        assert arrays["ids"].shape == arrays["logprobs"].shape == (len(POS), 4)
 
     run_client(body, teacher)
+
+
+@pytest.mark.parametrize("name", ["target_logprobs", "logprobs", "tail_logmass"])
+def test_client_never_accepts_a_nan_reply_and_counts_it(name):
+    refused_then_usable(poisoned(name, np.nan), f"non-finite targets.*{name}: 1 NaN",
+                        "nonfinite_replies")
 
 
 @pytest.mark.parametrize("bad_id", [VOCAB, -1])
 def test_client_never_accepts_ids_outside_the_vocabulary(bad_id):
     # An id past V would index out of bounds in the loss (a device-side assert on CUDA).
-    teacher = FakeTeacher()
-    teacher.default = poisoned("ids", bad_id)
-
-    async def body(client):
-        rid = await client.submit(TOKENS, CU, POS, k=4)
-        with pytest.raises(TeacherError, match=rf"ids outside \[0, {VOCAB}\).*e.g. {bad_id}"):
-            await client.wait([rid])
-        assert client.counters["malformed"] == 1
-        teacher.default = answer()
-        rid = await client.submit(TOKENS, CU, POS, k=4)
-        assert (await client.wait([rid]))[rid].arrays["ids"].shape == (len(POS), 4)
-
-    run_client(body, teacher)
+    refused_then_usable(poisoned("ids", bad_id), rf"ids outside \[0, {VOCAB}\).*e.g. {bad_id}",
+                        "malformed")
 
 
 def test_client_accepts_minus_inf_tail_when_k_is_the_vocabulary():

@@ -233,7 +233,8 @@ def test_jsonl_is_always_on_and_logger_names_are_checked(tmp_path):
         for field in ("init_std", "rope_theta"):
             if toy.get(field, 0) is None:
                 del toy[field]
-    for section, field in (("train", "fixed_set"), ("teacher", "min_recovery")):
+    for section, field in (("train", "fixed_set"), ("teacher", "min_recovery"),
+                           ("runtime", "warmup_cpu_threads")):
         if (before.get(section) or {}).get(field, 0) is None:
             del before[section][field]
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":")).encode()
@@ -297,14 +298,23 @@ class _Broken:
 
 
 class _Good(_Broken):
+    """A tracker that keeps what it receives: ``logged`` scalars, and in ``seen`` each
+    annotation's ``(event, text)`` and each teacher identity (as ``("teacher", json)``)."""
+
     name = "good"
 
     def __init__(self):
         super().__init__()
-        self.logged = []
+        self.logged, self.seen = [], []
 
     def log(self, scalars, step):
         self.logged.append((step, scalars))
+
+    def annotate(self, event, text, step):
+        self.seen.append((event, text))
+
+    def set_teacher(self, identity, step):
+        self.seen.append(("teacher", json.dumps(identity)))
 
 
 def test_a_failing_tracker_is_dropped_and_recorded_not_fatal(tmp_path):
@@ -394,17 +404,9 @@ def test_events_from_two_threads_all_reach_the_trackers(tmp_path):
     # while the training thread writes metrics: none may be dropped.
     import threading
 
-    class Counting(_Good):
-        def __init__(self):
-            super().__init__()
-            self.notes = []
-
-        def annotate(self, event, text, step):
-            self.notes.append(event)
-
     recipe = make_recipe("sft", tmp_path)
     run = RunDir.create(tmp_path, recipe, run_id="t-threads")
-    counting = Counting()
+    counting = _Good()
     trackers = Trackers(run, [counting])
     run.observers.append(trackers.observe)
 
@@ -419,7 +421,7 @@ def test_events_from_two_threads_all_reach_the_trackers(tmp_path):
     for t in threads:
         t.join()
     trackers.close("completed")
-    assert sorted(counting.notes) == sorted(["e0"] * 100 + ["e1"] * 100)
+    assert sorted(event for event, _ in counting.seen) == sorted(["e0"] * 100 + ["e1"] * 100)
     assert len(counting.logged) == 200
 
 
@@ -428,22 +430,11 @@ def test_config_annotations_and_teacher_identity_hold_no_secret_or_local_path(tm
     # a tracker receives are redacted (docs/tracking.md, "What every tracker receives").
     from miniverl.student.trackers import run_config
 
-    class Recording(_Good):
-        def __init__(self):
-            super().__init__()
-            self.seen = []
-
-        def annotate(self, event, text, step):
-            self.seen.append(text)
-
-        def set_teacher(self, identity, step):
-            self.seen.append(json.dumps(identity))
-
     recipe = make_recipe("opd", tmp_path)
     run = RunDir.create(tmp_path, recipe, run_id="t-redact")
     config = json.dumps(run_config(run, recipe))
     assert str(tmp_path) not in config and "t-redact" in config
-    recording = Recording()
+    recording = _Good()
     trackers = Trackers(run, [recording])
     run.observers.append(trackers.observe)
     teacher = {"name": "t", "model": "/home/someone/models/teacher", "gen": 1}
@@ -451,7 +442,7 @@ def test_config_annotations_and_teacher_identity_hold_no_secret_or_local_path(tm
     run.event("teacher_connected", teacher=teacher, version=0,
               endpoint=f"ipc://{tmp_path}/teacher.sock", admin_token="f" * 64)
     trackers.close("completed")
-    seen = "\n".join(recording.seen)
+    seen = "\n".join(text for _, text in recording.seen)
     assert len(recording.seen) == 4 and "teacher.sock" in seen
     for leak in ("/home/someone", str(tmp_path), "f" * 64):
         assert leak not in seen, leak

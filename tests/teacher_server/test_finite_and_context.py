@@ -31,15 +31,7 @@ from miniverl.teacher_server.scoring import (
 )
 from miniverl.teacher_server.torch_backend import TorchTeacher
 from miniverl.testing import FakeBackend
-from tests.teacher_server.harness import (
-    busy,
-    call,
-    hello,
-    recv,
-    score_arrays,
-    score_header,
-    send,
-)
+from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
 from tests.teacher_server.test_scoring import VOCAB, tiny_model
 
 SYSTEM = np.random.default_rng(7).integers(0, VOCAB, 48).astype(np.int32)

@@ -10,18 +10,8 @@ import threading
 
 from miniverl.common.errors import ConfigError
 from miniverl.protocol.messages import TeacherState
-from miniverl.testing import FakeBackend
-from tests.teacher_server.harness import (
-    FP,
-    VOCAB,
-    busy,
-    call,
-    hello,
-    recv,
-    score_arrays,
-    score_header,
-    send,
-)
+from miniverl.testing import FAKE_TOKENIZER_FP, FAKE_VOCAB, FakeBackend
+from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
 
 
 def test_loading_state_pings_and_held_hello(harness):
@@ -39,10 +29,8 @@ def test_loading_state_pings_and_held_hello(harness):
     assert pong.state == TeacherState.LOADING
     err, _ = call(sock, score_header(2), score_arrays())
     assert err.t == "ERROR" and err.code.value == "RELOADING" and err.retryable
-    send(
-        sock,
-        {"v": 1, "t": "HELLO", "id": 3, "client": "c", "tokenizer_fp": FP, "vocab_size": VOCAB},
-    )
+    send(sock, {"v": 1, "t": "HELLO", "id": 3, "client": "c", "tokenizer_fp": FAKE_TOKENIZER_FP,
+                "vocab_size": FAKE_VOCAB})
     assert recv(sock, 0.2) is None  # held until the model is there
     release.set()
     ok, _ = recv(sock)

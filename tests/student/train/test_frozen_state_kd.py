@@ -14,23 +14,17 @@ import pytest
 import torch
 
 from miniverl.common.trajectory import read_trajectories
-from miniverl.student.train import loop
 from miniverl.student.train.trainer import Trainer
 from tests.student.train.trainer_kit import (
     LossRecorder,
-    load_toy_teacher,
     parameters,
     same_parameters,
+    stop_at_step,
 )
 from tests.toy_kit import events, make_recipe, metrics
 
 torch.set_num_threads(1)
 CYCLES, ROLLOUTS = 3, 4
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return load_toy_teacher()
 
 
 def test_the_frozen_set_is_opds_schedule_sampled_once_by_the_starting_policy(tmp_path, toy):
@@ -77,14 +71,7 @@ def test_a_resumed_frozen_state_run_reads_its_set_back(tmp_path, toy, monkeypatc
         expected = parameters(trainer)
 
     first = Trainer(recipe, client=toy.fake_client(), run_id="split", **opts)
-    log = loop.log_cycle
-
-    def stop_after_first(state, done):
-        log(state, done)
-        if state is first.state and state.step == 1:
-            first.stop_event.set()
-
-    monkeypatch.setattr(loop, "log_cycle", stop_after_first)
+    stop_at_step(monkeypatch, first, 1)
     with first:
         assert first.train().final_version == 1
     fake = toy.fake_client()

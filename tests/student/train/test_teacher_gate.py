@@ -27,15 +27,9 @@ from miniverl.student.qualify import (  # noqa: E402
     save_record,
 )
 from miniverl.student.train.trainer import Trainer  # noqa: E402
-from tests.student.train.trainer_kit import load_toy_teacher  # noqa: E402
 from tests.toy_kit import TEACHER, events, metrics, recipe_dict, toy_dir  # noqa: E402
 
 FAKE_IDENTITY = {"name": "toy-teacher", "model": "toy", "revision": None, "adapter_sha256": None}
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return load_toy_teacher()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from miniverl.student.train.trainer import Trainer
 from miniverl.testing import answer, reload, stale, wrong_id
 from tests.student.train.trainer_kit import (
     LossRecorder,
-    load_toy_teacher,
     parameters,
     poison,
     same_parameters,
@@ -30,11 +29,6 @@ from tests.student.train.trainer_kit import (
 from tests.toy_kit import events, make_recipe, metrics, recipe_dict
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return load_toy_teacher()
 
 
 def run_and_record(recipe, client, monkeypatch, **kw):

@@ -21,20 +21,15 @@ from miniverl.student.train import loop
 from miniverl.student.train.trainer import Trainer
 from tests.student.train.trainer_kit import (
     LossRecorder,
-    load_toy_teacher,
     parameters,
     same_parameters,
+    stop_at_step,
 )
 from tests.toy_kit import events, make_recipe, metrics
 
 torch.set_num_threads(1)
 
 ROLLOUTS = 4
-
-
-@pytest.fixture(scope="module")
-def toy():
-    return load_toy_teacher()
 
 
 def train(recipe, client=None, **kw):
@@ -252,14 +247,7 @@ def test_sft_warmup_until_loss_ends_the_warm_up_early_and_resumes_exactly(tmp_pa
     assert whole.final_version == 13
 
     first = Trainer(recipe, client=toy.fake_client(), run_id="split", **opts)
-    log = loop.log_cycle
-
-    def stop_in_distillation(state, done):
-        log(state, done)
-        if state is first.state and state.step == 11:
-            first.stop_event.set()
-
-    monkeypatch.setattr(loop, "log_cycle", stop_in_distillation)
+    stop_at_step(monkeypatch, first, 11)  # in the distillation phase
     with first:
         assert first.train().final_version == 11
     with Trainer(recipe, client=toy.fake_client(), run_id="split", resume=True,

@@ -126,3 +126,18 @@ def same_parameters(a: list, b: list) -> bool:
     import torch
 
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def stop_at_step(monkeypatch, trainer, step: int) -> None:
+    """Ask ``trainer`` to stop at the update boundary once its update ``step`` is logged
+    (the first half of a run that a resume finishes)."""
+    from miniverl.student.train import loop
+
+    log = loop.log_cycle
+
+    def logging_then_stop(state, done):
+        log(state, done)
+        if state is trainer.state and state.step == step:
+            trainer.stop_event.set()
+
+    monkeypatch.setattr(loop, "log_cycle", logging_then_stop)
