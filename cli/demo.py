@@ -61,6 +61,10 @@ DEMO = {
     # answer unformed and ended at 69-81% whatever distillation did; at 0.005 it stopped
     # after 265 and ended at 97%. 16 traces a step and 0.03 ended at 62-81%. Then 8
     # strict OPD updates of 32 fresh episodes at 1e-3 (at 2e-3 seed 3 fell from 81% to 69%).
+    # With the warm-up on 2 threads (runtime.warmup_cpu_threads) seed 3 took 302 steps and
+    # ended at 84%; 0.004 and 0.003 (81%, 88%), 16 OPD updates (88%), OPD at 2e-3 (84%) or
+    # a cosine schedule (88-94%) did not make it reliable; with 48 traces a step seeds 3
+    # and 7 reached 100% after 143 and 138 steps, but a cached-teacher demo took 54-58 s.
     "train": {"sft_warmup_steps": 400, "sft_warmup_until_loss": 0.005, "sft_warmup_lr": 3.0e-3,
               "cycles": 8, "rollouts_per_cycle": 32, "updates_per_batch": 1, "lr": 1.0e-3,
               "schedule": "constant", "warmup_steps": 5, "max_grad_norm": 0.05, "max_lag": 0,

@@ -51,3 +51,22 @@ def test_oracle_spans_match_the_template_rendering(tok):
     assert tok.decode(traj.tokens) + "\n" == rendered
     for ids in traj.model_ids():
         assert tok.convert_ids_to_tokens(ids[-1]) == "<|im_end|>"
+
+
+def test_a_conversation_rendered_again_comes_from_the_first_render(tok, monkeypatch):
+    # A one-call calculator trace asks for 8 renders and 3 of them repeat one: the
+    # template runs 5 times, and the trace is the one rendering everything anew gives.
+    task = make_tasks("calculator", "train", 1, "easy", split_seed=0)[0]
+    calls = []
+    real = type(tok).apply_chat_template
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "apply_chat_template", counted)
+    traj = oracle_trajectory("calculator", task, tok, "fp")
+    assert len(calls) == 5 and traj.tool_calls.total == 1
+    env = get_environment("calculator")
+    rendered = real(tok, traj.messages, tools=env.tool_specs(), tokenize=False)
+    assert tok.decode(traj.tokens) + "\n" == rendered
