@@ -61,6 +61,7 @@ def test_min_recovery_is_a_rate(value):
 def test_unset_new_fields_leave_the_digest_as_it_was():
     recipe = Recipe.model_validate(base())
     data = recipe_dict(recipe)
+    assert data["runtime"].pop("warmup_cpu_threads") is None
     del data["train"]["fixed_set"], data["teacher"]["min_recovery"]
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]
@@ -74,6 +75,9 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     data = base(fixed_set="student")
     data["teacher"]["min_recovery"] = 0.8
     assert recipe_digest(Recipe.model_validate(data)) != recipe_digest(recipe)
+    threads = base()
+    threads.setdefault("runtime", {})["warmup_cpu_threads"] = 2
+    assert recipe_digest(Recipe.model_validate(threads)) != recipe_digest(recipe)
 
 
 def test_validate_says_it_in_one_line_and_exits_1(tmp_path: Path, capsys):
