@@ -214,7 +214,7 @@ def require_qualified(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] |
     the record (None when neither is set)."""
     teacher = recipe.teacher
     threshold = teacher.min_success if teacher is not None else None
-    min_recovery = getattr(teacher, "min_recovery", None) if teacher is not None else None
+    min_recovery = teacher.min_recovery if teacher is not None else None
     if threshold is None and min_recovery is None:
         return None
     gate = "teacher.min_success" if threshold is not None else "teacher.min_recovery"

@@ -22,7 +22,7 @@ from miniverl.common.qualification import (
 
 IDENTITY = {"name": "t", "model": "org/teacher", "revision": None, "adapter_sha256": None}
 RECIPE = SimpleNamespace(
-    teacher=SimpleNamespace(min_success=0.9),
+    teacher=SimpleNamespace(min_success=0.9, min_recovery=None),
     environment=SimpleNamespace(name="calculator", params={}, difficulty="easy", split_seed=0),
 )
 

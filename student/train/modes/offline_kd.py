@@ -49,10 +49,10 @@ def prepare_fixed_set(state: TrainState) -> None:
     """Load or build the fixed trajectories and score each once (or find it cached)."""
     recipe, policy = state.recipe, state.policy
     source = recipe.train.trajectories
-    t0 = time.perf_counter()
     if recipe.train.fixed_set == "student":
         _prepare_student_set(state)
         return
+    t0 = time.perf_counter()
     if source:
         fixed_set = read_trajectories(source)
         bad = [t.id for t in fixed_set if t.tokenizer_fp != policy.tokenizer_fp]
@@ -67,16 +67,22 @@ def prepare_fixed_set(state: TrainState) -> None:
             env.name, state.train_tasks, policy.tokenizer, policy.tokenizer_fp, env.params,
         )
     t_build = time.perf_counter() - t0
-    reused = latest_for_teacher(state.cache, recipe, state.teacher.identity, fixed_set)
-    link = state.teacher.link
     # The fixed set was sampled by another policy; its targets are bound to the
     # version that sampled it (0 for oracle traces), never to the student's.
-    link.begin_update(0, 0)
+    _score_uncached(state, fixed_set, 0, source="trajectories" if source else "oracle",
+                    t_sample=t_build)
+
+
+def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int, *,
+                    source: str, t_sample: float) -> None:
+    """Score, bound to ``version``, the trajectories the targets cache does not hold."""
+    reused = latest_for_teacher(state.cache, state.recipe, state.teacher.identity, fixed_set)
+    link = state.teacher.link
+    link.begin_update(version, 0)
     for traj in fixed_set:
         if traj.id not in reused:
             link.submit(traj, positions_of(state, traj))
-    _finish(state, fixed_set, link.collect(), reused, source="trajectories" if source
-            else "oracle", t_sample=t_build)
+    _finish(state, fixed_set, link.collect(), reused, source=source, t_sample=t_sample)
 
 
 def _prepare_student_set(state: TrainState) -> None:
@@ -87,14 +93,8 @@ def _prepare_student_set(state: TrainState) -> None:
     t0 = time.perf_counter()
     recorded = _recorded_set(state)
     if recorded:  # a resume: the set the run sampled, never one of the trained policy
-        fixed_set = recorded
-        reused = latest_for_teacher(state.cache, recipe, state.teacher.identity, fixed_set)
-        link.begin_update(fixed_set[0].policy_version, 0)
-        for traj in fixed_set:
-            if traj.id not in reused:
-                link.submit(traj, positions_of(state, traj))
-        _finish(state, fixed_set, link.collect(), reused, source="student",
-                t_sample=time.perf_counter() - t0)
+        _score_uncached(state, recorded, recorded[0].policy_version, source="student",
+                        t_sample=time.perf_counter() - t0)
         return
     cycles = planned_cycles(recipe)
     tasks = [task for c in range(cycles) for task in tasks_for(state, c, n)]
