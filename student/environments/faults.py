@@ -36,7 +36,6 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-FAULT_KINDS = ("transient",)
 # The environment raises it; ``Environment.step`` prefixes ``error: `` as for any failure.
 TRANSIENT_MESSAGE = "the {tool} tool is temporarily unavailable; call it again"
 
