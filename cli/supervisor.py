@@ -36,8 +36,8 @@ from typing import IO, Any
 
 from rich.console import Console
 
-from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
+from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.rundir import RunDir, new_run_id
 from miniverl.protocol.endpoints import admin_token_path

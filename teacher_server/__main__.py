@@ -46,7 +46,6 @@ from miniverl.teacher_server.scorers import DEFAULT_SCORER, make_loader, parse_o
 from miniverl.teacher_server.server import TeacherServer, run_server
 from miniverl.teacher_server.state import ServerConfig
 
-
 # The server's integer options: flag, default, help.
 SIZES = (
     ("--threads", None, "CPU threads (default: recipe or 1)."),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.cli.supervisor import Supervisor
+from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.common.recipe import Recipe
 from miniverl.student.progress import TrainProgress
 from miniverl.student.train.optim import total_optimizer_steps
