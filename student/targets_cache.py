@@ -141,7 +141,11 @@ class TargetsCache:
 
     def _publish(self) -> None:
         self._index["updated"] = utc_now(timespec="seconds")
-        atomic_write_json(self.index_path, self._index, indent=1)
+        # One line: json's C encoder only runs without indent. The index is rewritten on
+        # every put and grows with the run (4,096 entries, 3.3 MB after a 256-update OPD
+        # run); indented, its pure-Python encoding took 0.26 s a put by the end
+        # (benchmarks/targets_cache_growth.py).
+        atomic_write_json(self.index_path, self._index, indent=None)
         _fsync_dir(self.root)
 
     @staticmethod
@@ -202,7 +206,10 @@ class TargetsCache:
         shard_path = self.shard_dir / shard_name
         self.shard_dir.mkdir(parents=True, exist_ok=True)
         data = safetensors.numpy.save(tensors, metadata={"format": FORMAT})
-        old_index = json.loads(json.dumps(self._index))
+        # What a put changes, to restore on failure: the index's top-level fields (its
+        # shard and entry records are replaced, never edited in place).
+        old_index = {**self._index, "shards": dict(self._index["shards"]),
+                     "entries": list(self._index["entries"])}
         try:
             atomic_write_bytes(shard_path, data)
             _fsync_dir(self.shard_dir)
