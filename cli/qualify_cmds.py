@@ -8,7 +8,9 @@ to a prepared teacher, and to ``--out``. ``train`` and ``up`` read it when
 ``teacher.min_success`` (or ``teacher.min_recovery``) is set. The command exits 1 when
 the measured success is below ``teacher.min_success``, or the recovery rate after a
 tool error (environments with faults) below ``teacher.min_recovery`` (the record is
-written anyway).
+written anyway). A ``teacher.mode: privileged_context`` teacher plays the split in its
+privileged view, the one it scores with; that record goes to the cache only (a
+prepared directory keeps its preparation's plain-view record).
 
 With ``--teacher ENDPOINT`` nothing is loaded: the teacher already serving there is
 measured over the wire (``student/qualify_remote.py``), with the recipe's student
@@ -42,7 +44,7 @@ def qualify_recipe(
     from miniverl.common.modeling import load_tokenizer
     from miniverl.common.recipe import load_recipe
     from miniverl.common.runtime import apply_cpu_threads
-    from miniverl.student.qualify import measure, save_record
+    from miniverl.student.qualify import measure, privileged_view, save_record
     from miniverl.student.teacher_prep import prep_recipe_path, prepare_teacher
     from miniverl.teacher_server.loader import TeacherSpec, load_teacher, spec_from_recipe
 
@@ -72,6 +74,8 @@ def qualify_recipe(
     )
     record["min_success"] = recipe.teacher.min_success
     record["min_recovery"] = recipe.teacher.min_recovery
+    if privileged_view(recipe):
+        beside = None  # the prepared directory keeps its preparation's plain-view record
     return record, save_record(record, out=out, beside=beside)
 
 
@@ -152,7 +156,8 @@ def register(app: typer.Typer) -> None:
         env = record["environment"]
         typer.echo(
             f"teacher {describe_teacher(record['teacher'])}: success {record['success']:.1%} "
-            f"on {env['name']} {record['split']} (n={record['n']})"
+            f"on {env['name']} {record['split']} (n={record['n']}"
+            + (f", {env['view']} view)" if env.get("view") else ")")
         )
         for diff, row in record["by_difficulty"].items():
             typer.echo(f"  {diff:<8} {row['success']:.1%} of {int(row['n'])}")

@@ -59,14 +59,29 @@ def qualifications_dir() -> Path:
     return cache_root() / "qualifications"
 
 
+PRIVILEGED = "privileged_context"
+
+
+def privileged_view(recipe: Any) -> bool:
+    """Whether the recipe's teacher scores in the privileged view (``teacher.mode``)."""
+    return recipe.teacher is not None and recipe.teacher.mode == PRIVILEGED
+
+
 def environment_signature(recipe: Any) -> dict[str, Any]:
-    """What makes two eval splits the same tasks: environment, params, difficulty, seed."""
+    """What makes two measurements of a teacher the same: the tasks (environment, params,
+    difficulty, split seed) and, for a ``privileged_context`` teacher, its view.
+
+    A privileged teacher scores with the task's privileged context in its system message,
+    so it is measured, and gated, in that view: ``"view": "privileged_context"``. A record
+    of its plain view (or of a preparation, which plays the plain view) does not match it.
+    """
     env = recipe.environment
     return {
         "name": env.name,
         "params": dict(env.params),
         "difficulty": env.difficulty,
         "split_seed": env.split_seed,
+        **({"view": PRIVILEGED} if privileged_view(recipe) else {}),
     }
 
 
@@ -221,9 +236,10 @@ def require_qualified(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] |
     env = recipe.environment
     record = find_record(recipe, identity)
     if record is None:
+        view = f" in its {PRIVILEGED} view" if privileged_view(recipe) else ""
         raise TeacherNotQualified(
             f"teacher {describe_teacher(identity)} has no qualification record for "
-            f"{env.name} ({env.difficulty}, split_seed {env.split_seed}) and "
+            f"{env.name} ({env.difficulty}, split_seed {env.split_seed}){view} and "
             f"{gate} is {threshold if threshold is not None else min_recovery:g}; run "
             "`miniverl qualify-teacher RECIPE` (or `miniverl qualify-teacher RECIPE --teacher "
             f"ENDPOINT` for a running one) first or unset {gate}"

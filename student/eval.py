@@ -104,8 +104,12 @@ def evaluate(
     out_dir: str | Path | None = None,
     tokenizer_fp: str | None = None,
     max_tasks: int | None = None,
+    privileged: bool = False,
 ) -> EvalSummary:
-    """Play the ``split`` tasks (default ``recipe.eval.split``) and summarise them."""
+    """Play the ``split`` tasks (default ``recipe.eval.split``) and summarise them.
+
+    ``privileged``: play them in the privileged teacher's view (the task's privileged
+    context in every system message; qualifying a ``privileged_context`` teacher)."""
     split = split or recipe.eval.split
     env_cfg = recipe.environment
     n = env_cfg.eval_tasks if split == "eval" else env_cfg.test_tasks
@@ -126,6 +130,7 @@ def evaluate(
         env_params=env_cfg.params,
         rollout=recipe.rollout,
         tokenizer_fp=tokenizer_fp,
+        privileged=privileged,
     )
     trajs = runner.run(
         tasks,

@@ -28,6 +28,7 @@ from miniverl.common.qualification import (  # noqa: F401  (re-exported for the 
     describe_teacher,
     environment_signature,
     find_record,
+    privileged_view,
     model_dir_digest,
     qualifications_dir,
     record_key,
@@ -66,7 +67,10 @@ def measure(
     max_tasks: int | None = None,
     tokenizer_fp: str | None = None,
 ) -> dict[str, Any]:
-    """Greedy success of ``model`` (the teacher) on ``split``; returns the record."""
+    """Greedy success of ``model`` (the teacher) on ``split``; returns the record.
+
+    A ``privileged_context`` teacher plays the split in its privileged view, the one it
+    scores with (``environment_signature`` records the view)."""
     import torch
 
     # Eval loads the rollout runner and torch, which only measuring needs; the CLI
@@ -78,7 +82,8 @@ def measure(
     model.eval()
     with torch.no_grad():
         summary = evaluate(model, tokenizer, greedy, split=split, policy_version=0,
-                           tokenizer_fp=tokenizer_fp, max_tasks=max_tasks)
+                           tokenizer_fp=tokenizer_fp, max_tasks=max_tasks,
+                           privileged=privileged_view(recipe))
     return record_from_eval(summary.to_dict(), recipe, identity=identity, model_dir=model_dir,
                             tokenizer_fp=tokenizer_fp)
 

@@ -35,7 +35,7 @@ from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.protocol.client import TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.eval import evaluate
-from miniverl.student.qualify import check_split, record_from_eval
+from miniverl.student.qualify import check_split, privileged_view, record_from_eval
 
 PLACEHOLDER_ID = 0  # any id the vocabulary has; nothing reads what it predicts
 
@@ -165,7 +165,8 @@ def measure_endpoint(
         greedy = recipe.model_copy(
             update={"eval": recipe.eval.model_copy(update={"greedy": True})})
         summary = evaluate(model, tokenizer, greedy, split=split, policy_version=0,
-                           tokenizer_fp=tokenizer_fp, max_tasks=max_tasks)
+                           tokenizer_fp=tokenizer_fp, max_tasks=max_tasks,
+                           privileged=privileged_view(recipe))
     finally:
         client.close()
     identity = hello.teacher.model_dump()

@@ -44,6 +44,11 @@ from miniverl.student.rollout.chat import EpisodeBuilder
 SEPARATOR = "\n\n"
 
 
+def teacher_system(system: str, privileged: str) -> str:
+    """The privileged teacher's system message: the environment's, a blank line, the context."""
+    return f"{system}{SEPARATOR}{privileged}" if privileged else system
+
+
 @dataclass
 class TeacherView:
     """The teacher's tokens and spans, and the offset of each segment against the student's."""
@@ -172,8 +177,7 @@ def build_teacher_view(
             f"trajectory {traj.id}: the chat template does not render the system message "
             "as its own segment, so the privileged context cannot be added to it alone"
         )
-    teacher_system = f"{system}{SEPARATOR}{privileged}" if privileged else system
-    builder = _replay(traj, tokenizer, teacher_system, user, tools, groups)
+    builder = _replay(traj, tokenizer, teacher_system(system, privileged), user, tools, groups)
     student, teacher = traj.spans, builder.spans
     if [s.type for s in student] != [s.type for s in teacher]:
         raise ProvenanceError(

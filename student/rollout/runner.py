@@ -41,6 +41,7 @@ from miniverl.common.trajectory import (
 )
 from miniverl.student.environments import get_environment
 from miniverl.student.rollout.chat import EpisodeBuilder, parse_error_result
+from miniverl.student.rollout.privileged import teacher_system
 
 MAX_CONSECUTIVE_PARSE_ERRORS = 2
 MAX_REPEATED_CALLS = 3
@@ -110,9 +111,14 @@ class RolloutRunner:
         tokenizer_fp: str,
         device: Any = None,
         ignore_stop: bool = False,
+        privileged: bool = False,
     ):
         """``ignore_stop`` never ends a turn at ``<|im_end|>`` so every turn samples
-        exactly ``max_new_tokens_per_turn`` tokens (fixed-length benchmarks only)."""
+        exactly ``max_new_tokens_per_turn`` tokens (fixed-length benchmarks only).
+        ``privileged`` plays the privileged teacher's view (``teacher.mode:
+        privileged_context``): every system message also carries
+        ``env.privileged_context(task)``, as ``rollout/privileged.py`` renders it for
+        scoring, so a teacher is qualified on the view it scores with."""
         self.model = model
         self.tokenizer = tokenizer
         self.env_name = env_name
@@ -120,6 +126,7 @@ class RolloutRunner:
         self.tokenizer_fp = tokenizer_fp
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.ignore_stop = ignore_stop
+        self.privileged = privileged
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
         self.max_turns = rollout.max_turns
@@ -189,7 +196,11 @@ class RolloutRunner:
     def _start(self, task: Any, seed: int) -> _Episode:
         env = get_environment(self.env_name, **self.env_params)
         env.reset(task)
-        builder = EpisodeBuilder(self.tokenizer, env.system_prompt(), task.prompt, env.tool_specs())
+        system = env.system_prompt()
+        if self.privileged:
+            # Each episode's system block is its own then: no shared prefix to cache.
+            system = teacher_system(system, env.privileged_context(task))
+        builder = EpisodeBuilder(self.tokenizer, system, task.prompt, env.tool_specs())
         gen = torch.Generator(device="cpu")
         gen.manual_seed(seed)
         ep = _Episode(task=task, seed=seed, env=env, builder=builder, generator=gen)

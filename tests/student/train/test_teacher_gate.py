@@ -91,6 +91,49 @@ def test_measure_writes_a_record_that_matches_only_the_same_teacher(toy, tmp_pat
         measure(toy.model, None, recipe, identity=identity, model_dir=model_dir, split="train")
 
 
+def test_a_privileged_teacher_is_measured_and_gated_in_the_view_it_scores_with(
+        toy, tmp_path, records):
+    # A privileged_context teacher scores with the task's privileged context in its
+    # system message; measured without it, the gate would vouch for a view nobody scores.
+    from miniverl.common.modeling import load_tokenizer
+    from miniverl.common.trajectory import read_trajectories
+    from miniverl.student.environments import get_environment, make_tasks
+    from miniverl.student.eval import evaluate
+    from miniverl.student.rollout.privileged import teacher_system
+
+    plain = _recipe(tmp_path, min_success=0.5)
+    privileged = _recipe(tmp_path, min_success=0.5, mode="privileged_context")
+    assert "view" not in qualify.environment_signature(plain)  # old plain records still match
+    assert qualify.environment_signature(privileged)["view"] == "privileged_context"
+    tokenizer = load_tokenizer(toy_dir(TEACHER))
+    evaluate(toy.model, tokenizer, privileged, split="eval", policy_version=0,
+             out_dir=tmp_path / "priv", tokenizer_fp=toy.tokenizer_fp, privileged=True)
+    evaluate(toy.model, tokenizer, plain, split="eval", policy_version=0,
+             out_dir=tmp_path / "plain", tokenizer_fp=toy.tokenizer_fp)
+    cfg = plain.environment
+    env = get_environment(cfg.name, **cfg.params)
+    tasks = {t.id: t for t in make_tasks(cfg.name, "eval", cfg.eval_tasks, cfg.difficulty,
+                                         cfg.split_seed, params=cfg.params)}
+    for view, want in (("priv", True), ("plain", False)):
+        (traj, *_rest) = read_trajectories(tmp_path / view / "eval-v0.trajectories.jsonl")
+        system = traj.messages[0]["content"]
+        hint = env.privileged_context(tasks[traj.task_id])
+        assert (system == teacher_system(env.system_prompt(), hint)) is want
+        assert (hint in tokenizer.decode(traj.tokens[: traj.spans[0].end])) is want
+    record = measure(toy.model, tokenizer, privileged, identity=FAKE_IDENTITY, model_dir=None,
+                     split="eval", tokenizer_fp=toy.tokenizer_fp)
+    assert record["environment"]["view"] == "privileged_context"
+    # A plain-view record (a preparation's, say) does not qualify the privileged teacher...
+    save_record(_record(plain, 0.9))
+    assert require_qualified(plain, FAKE_IDENTITY)["success"] == 0.9
+    with pytest.raises(TeacherNotQualified, match="in its privileged_context view"):
+        require_qualified(privileged, FAKE_IDENTITY)
+    # ...its own view's record does, and the two never mix.
+    save_record(_record(privileged, 0.6))
+    assert require_qualified(privileged, FAKE_IDENTITY)["success"] == 0.6
+    assert require_qualified(plain, FAKE_IDENTITY)["success"] == 0.9
+
+
 def test_gate_prefers_eval_and_the_latest_record(tmp_path, records):
     recipe = _recipe(tmp_path, min_success=0.5)
     save_record(_record(recipe, 0.9, split="test"))
