@@ -57,6 +57,24 @@ def test_the_preregistered_config_asks_its_question(tmp_path):
     assert cold.environment.params["faults"] == 0 and env.params["faults"] > 0
 
 
+def test_the_second_run_changes_the_budget_and_nothing_else(tmp_path):
+    # budget_256.yaml asks the first run's question at twice its budget: the same base
+    # recipe, start points, seeds, metric and baseline, four of its five arms unchanged.
+    first, base = load_benchmark_config(CONFIG)
+    second, base2 = load_benchmark_config(CONFIG.parent / "budget_256.yaml")
+    assert second.budget.updates == 2 * first.budget.updates == 256
+    assert base2 == base and second.student_prepare == first.student_prepare
+    assert (second.seeds, second.metric, second.baseline) == (
+        first.seeds, first.metric, first.baseline)
+    arms = {a.name: a for a in first.arms}
+    assert [a.name for a in second.arms] == ["sft", "oracle_kd", "frozen_kd", "opd"]
+    assert all(a == arms[a.name] for a in second.arms)
+    assert second.output_dir != first.output_dir  # the first run's results stay as they are
+    for arm in second.arms:
+        recipe = Recipe.model_validate(cell_recipe(second, base2, arm, 1, tmp_path))
+        assert recipe.train.cycles == 256 and recipe.environment.train_tasks == 2048
+
+
 def test_a_cell_reads_the_fault_breakdown_of_its_evals(tmp_path):
     run = make_run(tmp_path / "run")
     for old in (run / "eval").iterdir():
