@@ -63,8 +63,11 @@ PRIVILEGED = "privileged_context"
 
 
 def privileged_view(recipe: Any) -> bool:
-    """Whether the recipe's teacher scores in the privileged view (``teacher.mode``)."""
-    return recipe.teacher is not None and recipe.teacher.mode == PRIVILEGED
+    """Whether the model a qualification of this recipe measures plays the privileged view:
+    the teacher of a ``teacher.mode: privileged_context`` recipe, or the model a
+    ``rollout.view: privileged_context`` preparation trains (the teacher to be)."""
+    return ((recipe.teacher is not None and recipe.teacher.mode == PRIVILEGED)
+            or recipe.rollout.view == PRIVILEGED)
 
 
 def environment_signature(recipe: Any) -> dict[str, Any]:

@@ -110,6 +110,14 @@ class Recipe(BaseModel):
                         "raise max_positions",
                     )
                 )
+        run = info.data.get("run")
+        if rollout.view is not None and run is not None and run.mode != "sft":
+            issues.append((
+                ("view",),
+                f"rollout.view {rollout.view} shows the model each task's answer; it prepares a "
+                f"privileged-context teacher by SFT (run.mode: sft), not a {run.mode} run; "
+                "remove rollout.view (a student plays the plain view)",
+            ))
         raise_issues(issues)
         return rollout
 
@@ -227,7 +235,7 @@ HASHED_ONLY_WHEN_SET = (
     "train.fixed_set", "teacher.min_recovery",
     "student.model.toy.init_std", "student.model.toy.rope_theta",
     "teacher.model.toy.init_std", "teacher.model.toy.rope_theta",
-    "runtime.warmup_cpu_threads",
+    "runtime.warmup_cpu_threads", "rollout.view",
 )
 
 

@@ -89,6 +89,12 @@ class RolloutConfig(Section):
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; 1.0 = off.")
     batch_size: int = Field(8, ge=1, le=4096, description="Episodes sampled together.")
+    view: Literal["privileged_context"] | None = Field(
+        None,
+        description="privileged_context: every episode (oracle trace, eval) also shows the "
+        "task's privileged context in its system message; only to prepare a privileged "
+        "teacher by SFT (run.mode sft). Unset: the plain view.",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> RolloutConfig:

@@ -109,7 +109,9 @@ def evaluate(
     """Play the ``split`` tasks (default ``recipe.eval.split``) and summarise them.
 
     ``privileged``: play them in the privileged teacher's view (the task's privileged
-    context in every system message; qualifying a ``privileged_context`` teacher)."""
+    context in every system message; qualifying a ``privileged_context`` teacher). A
+    recipe with ``rollout.view: privileged_context`` (a privileged teacher's preparation)
+    always plays that view."""
     split = split or recipe.eval.split
     env_cfg = recipe.environment
     n = env_cfg.eval_tasks if split == "eval" else env_cfg.test_tasks
@@ -130,7 +132,7 @@ def evaluate(
         env_params=env_cfg.params,
         rollout=recipe.rollout,
         tokenizer_fp=tokenizer_fp,
-        privileged=privileged,
+        privileged=privileged or recipe.rollout.view == "privileged_context",
     )
     trajs = runner.run(
         tasks,

@@ -20,6 +20,7 @@ from miniverl.common.errors import ProvenanceError
 from miniverl.common.trajectory import StopReason, ToolCallStats, Trajectory
 from miniverl.student.environments import FinalAnswer, ToolCall, get_environment
 from miniverl.student.rollout.chat import EpisodeBuilder
+from miniverl.student.rollout.privileged import teacher_system
 
 
 def oracle_trajectory(
@@ -28,11 +29,19 @@ def oracle_trajectory(
     tokenizer,
     tokenizer_fp: str,
     env_params: dict[str, Any] | None = None,
+    *,
+    privileged: bool = False,
 ) -> Trajectory:
-    """The oracle's episode for ``task`` as a verified trajectory (``source="oracle"``)."""
+    """The oracle's episode for ``task`` as a verified trajectory (``source="oracle"``).
+
+    ``privileged``: in the privileged teacher's view (the task's privileged context in
+    the system message), to prepare such a teacher on the view it scores with."""
     env = get_environment(env_name, **(env_params or {}))
     env.reset(task)
-    builder = EpisodeBuilder(tokenizer, env.system_prompt(), task.prompt, env.tool_specs())
+    system = env.system_prompt()
+    if privileged:
+        system = teacher_system(system, env.privileged_context(task))
+    builder = EpisodeBuilder(tokenizer, system, task.prompt, env.tool_specs())
     by_name: dict[str, int] = {}
     failed = 0
     verdict = None
@@ -91,6 +100,9 @@ def oracle_trajectories(
     tokenizer,
     tokenizer_fp: str,
     env_params: dict[str, Any] | None = None,
+    *,
+    privileged: bool = False,
 ) -> list[Trajectory]:
     """:func:`oracle_trajectory` for each task, in order."""
-    return [oracle_trajectory(env_name, t, tokenizer, tokenizer_fp, env_params) for t in tasks]
+    return [oracle_trajectory(env_name, t, tokenizer, tokenizer_fp, env_params,
+                              privileged=privileged) for t in tasks]

@@ -22,8 +22,9 @@ from miniverl.common.qualification import (
 
 IDENTITY = {"name": "t", "model": "org/teacher", "revision": None, "adapter_sha256": None}
 RECIPE = SimpleNamespace(
-    teacher=SimpleNamespace(min_success=0.9, min_recovery=None),
+    teacher=SimpleNamespace(min_success=0.9, min_recovery=None, mode="standard"),
     environment=SimpleNamespace(name="calculator", params={}, difficulty="easy", split_seed=0),
+    rollout=SimpleNamespace(view=None),
 )
 
 

@@ -27,7 +27,8 @@ ENV = SimpleNamespace(name="calculator", params={"faults": 0.5}, difficulty="eas
 
 def recipe(min_success=None, min_recovery=None):
     return SimpleNamespace(teacher=SimpleNamespace(min_success=min_success,
-                                                   min_recovery=min_recovery), environment=ENV)
+                                                   min_recovery=min_recovery, mode="standard"),
+                           environment=ENV, rollout=SimpleNamespace(view=None))
 
 
 def write(folder, **over):

@@ -62,6 +62,7 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     recipe = Recipe.model_validate(base())
     data = recipe_dict(recipe)
     assert data["runtime"].pop("warmup_cpu_threads") is None
+    assert data["rollout"].pop("view") is None
     del data["train"]["fixed_set"], data["teacher"]["min_recovery"]
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]
@@ -78,6 +79,19 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     threads = base()
     threads.setdefault("runtime", {})["warmup_cpu_threads"] = 2
     assert recipe_digest(Recipe.model_validate(threads)) != recipe_digest(recipe)
+    viewed = {**base("sft"), "rollout": {"view": "privileged_context"}}
+    assert recipe_digest(Recipe.model_validate(viewed)) != recipe_digest(
+        Recipe.model_validate(base("sft")))
+
+
+@pytest.mark.parametrize("mode", ["offline_kd", "opd", "replay", "dpo"])
+def test_only_a_teachers_sft_preparation_plays_the_privileged_view(mode):
+    # The privileged view shows the answer: a student trained on it learns nothing it can
+    # use, so only an SFT run (preparing a privileged teacher) may set rollout.view.
+    assert Recipe.model_validate({**base("sft"), "rollout": {"view": "privileged_context"}})
+    (line,) = [e for e in errors({**base(mode), "rollout": {"view": "privileged_context"}})
+               if "rollout.view" in e]
+    assert "run.mode: sft" in line and f"not a {mode} run" in line
 
 
 def test_validate_says_it_in_one_line_and_exits_1(tmp_path: Path, capsys):

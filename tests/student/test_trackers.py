@@ -234,7 +234,7 @@ def test_jsonl_is_always_on_and_logger_names_are_checked(tmp_path):
             if toy.get(field, 0) is None:
                 del toy[field]
     for section, field in (("train", "fixed_set"), ("teacher", "min_recovery"),
-                           ("runtime", "warmup_cpu_threads")):
+                           ("runtime", "warmup_cpu_threads"), ("rollout", "view")):
         if (before.get(section) or {}).get(field, 0) is None:
             del before[section][field]
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":")).encode()

@@ -40,8 +40,11 @@ def oracle_batch(state: TrainState, cycle: int) -> list[Trajectory]:
     # Oracle traces are a pure function of the task: render each one once per run.
     missing = [t for t in tasks if t.id not in state.oracle_cache]
     policy = state.policy
+    # rollout.view: a privileged teacher's preparation trains on the view it will score in.
+    privileged = state.recipe.rollout.view == "privileged_context"
     for task, traj in zip(missing, oracle_trajectories(
-        env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params
+        env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params,
+        privileged=privileged,
     ), strict=True):
         state.oracle_cache[task.id] = traj
     return [state.oracle_cache[t.id] for t in tasks]

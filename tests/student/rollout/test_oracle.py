@@ -70,3 +70,23 @@ def test_a_conversation_rendered_again_comes_from_the_first_render(tok, monkeypa
     env = get_environment("calculator")
     rendered = real(tok, traj.messages, tools=env.tool_specs(), tokenize=False)
     assert tok.decode(traj.tokens) + "\n" == rendered
+
+
+@pytest.mark.parametrize("env_name", ["calculator", "jsonnav", "sqlite"])
+def test_a_privileged_oracle_trace_is_the_view_the_teacher_scores(tok, env_name):
+    # rollout.view: privileged_context prepares a privileged teacher on these traces; they
+    # must be token for token what the teacher is sent when it scores (rollout/privileged).
+    from miniverl.student.environments import get_environment
+    from miniverl.student.rollout.privileged import build_teacher_view
+
+    env = get_environment(env_name)
+    for task in make_tasks(env_name, "train", 4, "easy", split_seed=0):
+        plain = oracle_trajectory(env_name, task, tok, "fp")
+        priv = oracle_trajectory(env_name, task, tok, "fp", privileged=True)
+        assert priv.verifier.success
+        view = build_teacher_view(plain, tok, tokenizer_fp="fp", tools=env.tool_specs(),
+                                  privileged=env.privileged_context(task))
+        assert priv.tokens == view.tokens.tolist()
+        assert env.privileged_context(task) in priv.messages[0]["content"]
+        cut = plain.spans[0].end
+        assert priv.tokens[priv.spans[0].end:] == plain.tokens[cut:]

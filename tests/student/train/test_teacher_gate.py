@@ -258,3 +258,47 @@ def test_a_prepared_teacher_is_qualified_by_its_own_held_out_eval(tmp_path, reco
     assert record["success"] < 0.5  # two SFT steps: the toy teacher cannot solve anything yet
     with pytest.raises(TeacherNotQualified, match=f"measured success {record['success']:.3f}"):
         require_qualified(recipe, identity)
+
+
+def test_a_privileged_preparation_trains_and_qualifies_the_view_its_teacher_scores(
+        tmp_path, records, monkeypatch):
+    # rollout.view in the preparation: SFT on privileged-view oracle traces, the held-out
+    # eval in that view, and a record the privileged recipe's gate reads (a plain one can't).
+    from miniverl.common import toy as toy_stack
+    from miniverl.student import teacher_prep
+    from miniverl.student.rollout.runner import RolloutRunner
+    from miniverl.student.train.modes import sft as sft_mode
+
+    monkeypatch.setattr(toy_stack, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(teacher_prep, "cache_root", lambda: tmp_path / "cache")
+    prep = recipe_dict("sft", tmp_path / "prep-runs", cycles=2)
+    prep["student"]["model"] = {"toy": dict(recipe_dict("opd", tmp_path)["teacher"]["model"]["toy"])}
+    prep["rollout"]["view"] = "privileged_context"
+    prep_path = tmp_path / "prep.yaml"
+    prep_path.write_text(json.dumps(prep), encoding="utf-8")  # JSON is YAML
+    recipe = _recipe(tmp_path, prepare=str(prep_path), min_success=0.0,
+                     mode="privileged_context")
+    seen: dict[str, list] = {"trained": [], "evaluated": []}
+    real_oracle, real_run = sft_mode.oracle_trajectories, RolloutRunner.run
+
+    def oracle_spy(*args, **kwargs):
+        out = real_oracle(*args, **kwargs)
+        seen["trained"] += out
+        return out
+
+    def run_spy(self, *args, **kwargs):
+        out = real_run(self, *args, **kwargs)
+        seen["evaluated"] += out
+        return out
+
+    monkeypatch.setattr(sft_mode, "oracle_trajectories", oracle_spy)
+    monkeypatch.setattr(RolloutRunner, "run", run_spy)
+    prepared = teacher_prep.prepare_teacher(recipe, prep_path, show_progress=False)
+    identity = {"name": prepared.model_dir.name, "model": str(prepared.model_dir),
+                "revision": None, "adapter_sha256": None}
+    assert require_qualified(recipe, identity)["environment"]["view"] == "privileged_context"
+    plain = _recipe(tmp_path, prepare=str(prep_path), min_success=0.0)
+    assert find_record(plain, identity) is None
+    assert seen["trained"] and seen["evaluated"]  # what it trained on and what measured it
+    assert all("The answer is" in traj.messages[0]["content"] for traj in seen["trained"])
+    assert all("The answer is" in traj.messages[0]["content"] for traj in seen["evaluated"])
