@@ -72,7 +72,7 @@ def copy_scores(pairs: list[tuple[str, str | None]]) -> dict:
     for want, got in pairs:
         got = got or ""
         exact.append(got == want)
-        acc.append(sum(a == b for a, b in zip(want, got)) / len(want))
+        acc.append(sum(a == b for a, b in zip(want, got, strict=False)) / len(want))  # got may be shorter
         k = 0
         while k < min(len(want), len(got)) and want[k] == got[k]:
             k += 1
