@@ -10,7 +10,7 @@ the measured success is below ``teacher.min_success``, or the recovery rate afte
 tool error (environments with faults) below ``teacher.min_recovery`` (the record is
 written anyway). A ``teacher.mode: privileged_context`` teacher plays the split in its
 privileged view, the one it scores with; that record goes to the cache only (a
-prepared directory keeps its preparation's plain-view record).
+prepared directory keeps its preparation's own record).
 
 With ``--teacher ENDPOINT`` nothing is loaded: the teacher already serving there is
 measured over the wire (``student/qualify_remote.py``), with the recipe's student
@@ -75,7 +75,7 @@ def qualify_recipe(
     record["min_success"] = recipe.teacher.min_success
     record["min_recovery"] = recipe.teacher.min_recovery
     if privileged_view(recipe):
-        beside = None  # the prepared directory keeps its preparation's plain-view record
+        beside = None  # the prepared directory keeps its preparation's own record
     return record, save_record(record, out=out, beside=beside)
 
 

@@ -76,7 +76,7 @@ def environment_signature(recipe: Any) -> dict[str, Any]:
 
     A privileged teacher scores with the task's privileged context in its system message,
     so it is measured, and gated, in that view: ``"view": "privileged_context"``. A record
-    of its plain view (or of a preparation, which plays the plain view) does not match it.
+    of its plain view (or of a preparation without ``rollout.view``) does not match it.
     """
     env = recipe.environment
     return {

@@ -110,15 +110,20 @@ class Recipe(BaseModel):
                         "raise max_positions",
                     )
                 )
+        raise_issues(issues)
+        return rollout
+
+    @field_validator("rollout")
+    @classmethod
+    def _view_prepares_a_teacher(cls, rollout: RolloutConfig, info: ValidationInfo):
         run = info.data.get("run")
         if rollout.view is not None and run is not None and run.mode != "sft":
-            issues.append((
+            raise_issues([(
                 ("view",),
                 f"rollout.view {rollout.view} shows the model each task's answer; it prepares a "
                 f"privileged-context teacher by SFT (run.mode: sft), not a {run.mode} run; "
                 "remove rollout.view (a student plays the plain view)",
-            ))
-        raise_issues(issues)
+            )])
         return rollout
 
     @field_validator("train")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.common.atomic import atomic_write_json
+from miniverl.common.qualification import PRIVILEGED
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.environments import make_tasks
@@ -132,7 +133,7 @@ def evaluate(
         env_params=env_cfg.params,
         rollout=recipe.rollout,
         tokenizer_fp=tokenizer_fp,
-        privileged=privileged or recipe.rollout.view == "privileged_context",
+        privileged=privileged or recipe.rollout.view == PRIVILEGED,
     )
     trajs = runner.run(
         tasks,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from miniverl.common.qualification import PRIVILEGED
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.optim import lr_at
@@ -41,7 +42,7 @@ def oracle_batch(state: TrainState, cycle: int) -> list[Trajectory]:
     missing = [t for t in tasks if t.id not in state.oracle_cache]
     policy = state.policy
     # rollout.view: a privileged teacher's preparation trains on the view it will score in.
-    privileged = state.recipe.rollout.view == "privileged_context"
+    privileged = state.recipe.rollout.view == PRIVILEGED
     for task, traj in zip(missing, oracle_trajectories(
         env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params,
         privileged=privileged,
