@@ -20,7 +20,7 @@ from miniverl.common.errors import ProvenanceError
 from miniverl.common.trajectory import StopReason, ToolCallStats, Trajectory
 from miniverl.student.environments import FinalAnswer, ToolCall, get_environment
 from miniverl.student.rollout.chat import EpisodeBuilder
-from miniverl.student.rollout.privileged import teacher_system
+from miniverl.student.rollout.privileged import episode_system
 
 
 def oracle_trajectory(
@@ -38,10 +38,8 @@ def oracle_trajectory(
     the system message), to prepare such a teacher on the view it scores with."""
     env = get_environment(env_name, **(env_params or {}))
     env.reset(task)
-    system = env.system_prompt()
-    if privileged:
-        system = teacher_system(system, env.privileged_context(task))
-    builder = EpisodeBuilder(tokenizer, system, task.prompt, env.tool_specs())
+    builder = EpisodeBuilder(tokenizer, episode_system(env, task, privileged), task.prompt,
+                             env.tool_specs())
     by_name: dict[str, int] = {}
     failed = 0
     verdict = None

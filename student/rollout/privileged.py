@@ -49,6 +49,14 @@ def teacher_system(system: str, privileged: str) -> str:
     return f"{system}{SEPARATOR}{privileged}" if privileged else system
 
 
+def episode_system(env: Any, task: Any, privileged: bool) -> str:
+    """The system message an episode of ``task`` opens with: the environment's, plus the
+    task's privileged context in the privileged view (preparing or qualifying a
+    privileged teacher; rollout and oracle traces share this)."""
+    system = env.system_prompt()
+    return teacher_system(system, env.privileged_context(task)) if privileged else system
+
+
 @dataclass
 class TeacherView:
     """The teacher's tokens and spans, and the offset of each segment against the student's."""

@@ -41,7 +41,7 @@ from miniverl.common.trajectory import (
 )
 from miniverl.student.environments import get_environment
 from miniverl.student.rollout.chat import EpisodeBuilder, parse_error_result
-from miniverl.student.rollout.privileged import teacher_system
+from miniverl.student.rollout.privileged import episode_system
 
 MAX_CONSECUTIVE_PARSE_ERRORS = 2
 MAX_REPEATED_CALLS = 3
@@ -196,11 +196,9 @@ class RolloutRunner:
     def _start(self, task: Any, seed: int) -> _Episode:
         env = get_environment(self.env_name, **self.env_params)
         env.reset(task)
-        system = env.system_prompt()
-        if self.privileged:
-            # Each episode's system block is its own then: no shared prefix to cache.
-            system = teacher_system(system, env.privileged_context(task))
-        builder = EpisodeBuilder(self.tokenizer, system, task.prompt, env.tool_specs())
+        # Privileged: each episode's system block is its own, no shared prefix to cache.
+        builder = EpisodeBuilder(self.tokenizer, episode_system(env, task, self.privileged),
+                                 task.prompt, env.tool_specs())
         gen = torch.Generator(device="cpu")
         gen.manual_seed(seed)
         ep = _Episode(task=task, seed=seed, env=env, builder=builder, generator=gen)
