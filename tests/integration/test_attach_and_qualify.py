@@ -1,6 +1,6 @@
 """Attaching to a teacher served from a recipe, and measuring a teacher that is running.
 
-Users rely on (docs/up.md "Attaching to a running teacher", docs/teachers.md):
+Users rely on (docs/up.md "Attaching to a running teacher", docs/choosing-a-teacher.md):
 ``miniverl teacher serve --recipe R`` serves what ``R`` means, the teacher its
 ``teacher.prepare`` makes (prepared once, then reused from the cache), refuses one that
 fails ``R``'s own gate, and the prepared teacher's qualification record goes with it,

@@ -126,7 +126,7 @@ def test_a_key_the_teacher_does_not_list_gets_no_answer(curve_teacher):
 
 def test_qualify_teacher_measures_a_curve_teacher(curve_teacher, capsys):
     # Users rely on: a teacher on another machine is measured where the student runs,
-    # with the student's key (qualify-teacher --teacher, docs/teachers.md).
+    # with the student's key (qualify-teacher --teacher, docs/choosing-a-teacher.md).
     from miniverl.cli.app import run
     from tests.toy_kit import write_recipe
 
