@@ -1,4 +1,4 @@
-"""The layers of DESIGN §1, enforced by parsing every import.
+"""The layers of docs/design.md ("Layers"), enforced by parsing every import.
 
 - common/ and protocol/ import no torch, transformers, peft or bitsandbytes at module
   level (they must load on the torch-free core install);
@@ -13,7 +13,8 @@
 - no import circle, counting imports inside functions too;
 - a function-local import is for a heavy optional dependency, or (cli/, or a line
   commented "start-up") a measured start-up cost; never to hide a circle;
-- no module over 500 lines, median module at most 200 (STYLE rule 1);
+- no module over 800 lines (docs/design.md, "Layers": a module holds one job, whole;
+  cohesion decides a split, the cap only catches a file that outgrew one job);
 - `miniverl --help` and importing common/protocol do not load torch.
 """
 
@@ -46,8 +47,7 @@ OPTIONAL = (*HEAVY, "pyarrow", "gguf", "safetensors", "tokenizers", "huggingface
 LAYER = {"miniverl.common": 0, "miniverl.protocol": 1, "miniverl.student.environments": 1,
          "miniverl.teacher_server": 2, "miniverl.student": 2, "miniverl.bridge": 2,
          "miniverl.cli": 3, "miniverl.testing": 3}
-MAX_LINES = 500
-MAX_MEDIAN_LINES = 200
+MAX_LINES = 800
 
 
 @dataclass
@@ -307,7 +307,7 @@ def test_function_local_imports_are_for_optional_dependencies_or_start_up():
     bad = []
     for folder in PACKAGES:
         if folder == "cli":
-            continue  # command bodies import lazily so `miniverl --help` stays fast (STYLE 5)
+            continue  # command bodies import lazily so `miniverl --help` stays fast (docs/design.md)
         for f in files(folder):
             if f.parent.name == "templates":
                 # Bundle payloads run inside verl's workers: a missing miniverl must
@@ -329,11 +329,11 @@ def test_function_local_imports_are_for_optional_dependencies_or_start_up():
     )
 
 
-def test_modules_stay_small():
+def test_no_module_is_over_the_cap():
+    # No median rule: a median rewards splitting one job into files that then write each
+    # other's state. The cap catches only a module that has clearly outgrown one job.
     sizes = {f.relative_to(ROOT).as_posix(): len(f.read_text(encoding="utf-8").splitlines())
              for folder in PACKAGES for f in files(folder)}
     big = sorted(f"{name}: {n} lines" for name, n in sizes.items() if n > MAX_LINES)
-    assert not big, f"modules over {MAX_LINES} lines:\n" + "\n".join(big)
-    ordered = sorted(sizes.values())
-    median = ordered[len(ordered) // 2]
-    assert median <= MAX_MEDIAN_LINES, f"median module is {median} lines"
+    assert not big, (f"modules over {MAX_LINES} lines (split where a file holds two jobs):\n"
+                     + "\n".join(big))
