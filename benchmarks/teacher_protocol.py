@@ -14,8 +14,9 @@ bytes per scored position, and writes ``benchmarks/results/teacher_protocol.json
 The servers run in this process on their own event-loop threads with the real torch
 backend; the bytes still cross real ipc/tcp sockets, but the client and the server
 share one interpreter. Exact replies for 4,096 positions of the large vocabulary are
-2.5 GB each and are skipped unless ``--full``. Targets (DESIGN §3): the wire adds at
-most 5% at 2k+ top-k positions; top-k bytes per position = 8·k + 8.
+2.5 GB each and are skipped unless ``--full``. Targets (docs/teacher-server.md, "What the
+wire costs"): the wire adds at most 5% at 2k+ top-k positions; top-k bytes per position =
+8·k + 8.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ FUZZ_MESSAGES = 10_000
 PROBES = ("fuzz", "unauthorised", "finite", "tools", "cli", "flips", "determinism")
 
 
-# -- a raw DEALER, framed by hand as DESIGN §3 describes ------------------------------
+# -- a raw DEALER, framed by hand as docs/protocol.md describes ------------------------
 
 
 class Raw:

@@ -5,7 +5,7 @@ miniverl.teacher_server``; Ctrl-C or SIGTERM drains and exits); ``serve --recipe
 recipe with ``teacher.prepare`` prepares the teacher first (or reuses the cached one)
 and refuses one below the recipe's ``teacher.min_success``. ``status`` is a
 scoring-level request; ``reload``, ``park``, ``wake`` and ``shutdown`` are admin requests
-over ``mvl-score/1`` and carry proof (DESIGN §3): an admin CURVE key, or the admin token
+over ``mvl-score/1`` and carry proof (docs/protocol.md, "Admin"): an admin CURVE key, or the admin token
 file the teacher wrote at start (``--admin-token FILE``; by default the one beside an
 ``ipc://`` socket, or the per-user one of a ``tcp://`` teacher started without ``--log``).
 They need no tokenizer and no torch. ``keys`` creates CURVE certificates for a teacher,

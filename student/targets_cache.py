@@ -307,7 +307,8 @@ class TargetsCache:
         if teacher is not None:
             usable = [k for k in usable if (k.teacher, k.instance, k.gen) == tuple(teacher)]
         if student_version is not None:
-            # The protocol's staleness rule (DESIGN §3), applied to stored targets.
+            # The protocol's staleness rule (docs/protocol.md, "Staleness rule"), applied
+            # to stored targets.
             lag = 10**18 if max_lag is None else max_lag
             usable = [k for k in usable if within_lag(student_version, k.student_version, lag)]
         if not usable:

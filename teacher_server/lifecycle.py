@@ -1,4 +1,4 @@
-"""The teacher's lifecycle: LOADING → READY ⇄ PARKED, RELOADING, DRAINING (DESIGN §3).
+"""The teacher's lifecycle: LOADING → READY ⇄ PARKED, RELOADING, DRAINING (docs/teacher-server.md, "States").
 
 - the first load runs on the worker thread after the bind (``PING`` answers
   ``LOADING`` meanwhile); a failed load answers the held ``HELLO`` s with

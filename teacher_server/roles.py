@@ -1,4 +1,4 @@
-"""Who may do what on a teacher (DESIGN §3): the admission rule for admin messages.
+"""Who may do what on a teacher (docs/teacher-server.md, "Who may do what"): admin admission.
 
 Scoring clients may ``HELLO``, ``SCORE``, ``PING`` and ``STATUS``. The admin messages
 ``RELOAD``, ``PARK``, ``WAKE`` and ``SHUTDOWN`` need proof, decided once at bind time

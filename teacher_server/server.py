@@ -1,7 +1,7 @@
 """The teacher's server: one ZeroMQ ROUTER, admission, and the loop that dispatches.
 
 :class:`TeacherServer` binds the socket (CURVE when configured) *before* the model
-loads, reads every message on an asyncio loop, and admits or refuses it (DESIGN §3):
+loads, reads every message on an asyncio loop, and admits or refuses it (docs/protocol.md, "ERROR"):
 
 - every malformed message gets ``ERROR`` with the request's id (``BAD_REQUEST``,
   ``VERSION_MISMATCH``, ``TOO_LARGE``...) or is dropped when no header parses; the

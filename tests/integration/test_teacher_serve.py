@@ -46,7 +46,7 @@ def dealer(endpoint: str) -> zmq.Socket:
 
 
 def hand_written_hello(sock: zmq.Socket, fp: str, vocab: int, client: str) -> dict:
-    """A HELLO framed by hand with msgpack, as DESIGN §3 describes it; the reply header."""
+    """A HELLO framed by hand with msgpack, as docs/protocol.md describes it; the reply header."""
     sock.send_multipart([msgpack.packb({"v": 1, "t": "HELLO", "id": 1, "client": client,
                                         "tokenizer_fp": fp, "vocab_size": vocab})])
     assert sock.poll(10_000)
@@ -123,7 +123,7 @@ def sample_request(vocab: int, seed: int = 0):
 
 
 def test_hand_written_hello_and_score(ipc_teacher, toy_dirs):
-    # The issue's "done when": DESIGN §3 is enough to talk to the teacher.
+    # The issue's "done when": docs/protocol.md is enough to talk to the teacher.
     fp, vocab = fingerprint(toy_dirs["first"])
     sock = dealer(ipc_teacher.endpoint)
     try:

@@ -1,4 +1,5 @@
-"""Memory strategies of one device (DESIGN §4): ``swap`` trains exactly like ``resident``.
+"""Memory strategies of one device (docs/up.md, "Memory strategies on one device"):
+``swap`` trains exactly like ``resident``.
 
 The trainer runs in this process against ``FakeTeacherClient`` (the real scoring
 function, no sockets) given ``park``/``wake`` methods that record when they are

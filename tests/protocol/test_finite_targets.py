@@ -59,7 +59,8 @@ def test_finite_replies_pass_and_each_kind_of_non_finite_is_named():
 
 
 def test_tail_is_minus_inf_only_when_k_covers_the_vocabulary():
-    # DESIGN §3: tail_logmass is -inf when k = V (no mass outside the top-k), nowhere else.
+    # docs/protocol.md, "SCORE_OK": tail_logmass is -inf when k = V (no mass outside the
+    # top-k), nowhere else.
     reply = {"tail_logmass": np.full(3, -np.inf, np.float32),
              "target_logprobs": np.zeros(3, np.float32)}
     assert nonfinite_report(reply, kind="topk", k=VOCAB, vocab_size=VOCAB) is None

@@ -3,7 +3,7 @@
 The server runs in a :class:`miniverl.testing.TeacherHarness` (the real
 ``TeacherServer`` over an in-memory ROUTER, no sockets); a test talks to it through
 ``h.raw()`` connections, and these helpers speak the codec directly, so what the tests
-assert is what any client written from DESIGN §3 would see on the wire. No torch, no
+assert is what any client written from docs/protocol.md would see on the wire. No torch, no
 processes.
 """
 
