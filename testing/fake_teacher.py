@@ -1,7 +1,7 @@
 """A scriptable fake teacher that speaks ``mvl-score/1`` over in-memory connections.
 
-:class:`FakeTeacher` answers what a client sends the way DESIGN §3 says a teacher
-does — ``HELLO`` (checking the tokenizer), ``SCORE`` (``NEED_HELLO`` before a
+:class:`FakeTeacher` answers what a client sends the way docs/protocol.md says a
+teacher does — ``HELLO`` (checking the tokenizer), ``SCORE`` (``NEED_HELLO`` before a
 ``HELLO``), ``PING``, ``STATUS``, ``PARK``, ``WAKE``, ``RELOAD`` (``gen`` + 1) and
 ``SHUTDOWN`` — with every message encoded and decoded by the real codec, so the client
 under test runs exactly its production code. What it does with each ``SCORE`` is
