@@ -2,15 +2,15 @@
 
 Both steps follow the same shape: split the batch into ``grad_accum`` micro-batches, run
 the decoder once per micro-batch (:func:`hidden_at_positions`), keep the hidden states at
-the selected positions only, apply the LM head chunk by chunk (:func:`chunked_loss`:
-``chunk_size`` positions at a time under activation checkpointing, so ``[P, V]`` logits
-never exist whole), normalise by the number of selected positions over the *whole* step
-(not per micro-batch, so gradient accumulation gives the same update as one big batch),
-clip, step, schedule. :func:`distillation_loss` picks the per-position loss the recipe's
-``loss`` section names from ``losses.py``.
+the selected positions only, evaluate the objective on them (``objectives/``: chunk by
+chunk, so ``[P, V]`` logits never exist whole, normalised by the number of selected
+positions over the *whole* step, not per micro-batch, so gradient accumulation gives the
+same update as one big batch), clip, step, schedule. The pipelined update's first
+forward (:class:`EarlyForward`) is one of these micro-batches, run before its targets
+arrive.
 
-This module does not load the policy (``policy.py``), hold the loss formulas
-(``losses.py``), sample, talk to the teacher or write files.
+This module does not load the policy (``policy.py``), hold or pick an objective
+(``objectives/``), sample, talk to the teacher or write files.
 """
 
 from __future__ import annotations
@@ -21,22 +21,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from miniverl.common.errors import ConfigError
 from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.quant import check_trainable_grads
 from miniverl.student.train.link import Scored
-from miniverl.student.train.losses import (
-    ESTIMATORS,
-    OBJECTIVES,
+from miniverl.student.train.objectives import (
     LossSettings,
     TeacherTargets,
-    bucketed_topk_tail_divergence_P,
-    cross_entropy_P,
-    exact_divergence_P,
-    sampled_token_reverse_kl_P,
+    objective_for,
+    sft_loss,
 )
 from miniverl.student.train.policy import Policy
 
@@ -216,11 +210,14 @@ def distill_step(
     autocast: Any = None,
     early: EarlyForward | None = None,
 ) -> StepStats:
-    """Distillation on the scored positions of every trajectory in ``scored``.
+    """Distillation on the scored positions of every trajectory in ``scored``, with the
+    objective the recipe's ``loss`` section picks (``objectives.objective_for``).
 
     ``early``, when it covers the first micro-batch exactly, is used as its forward.
     """
     total = int(sum(len(s.positions_P) for s in scored))
+    settings = LossSettings.of(loss_config)
+    objective = objective_for(settings)
     pending = early
 
     def micro_loss(part: range) -> tuple[torch.Tensor, dict[str, float]]:
@@ -233,202 +230,9 @@ def distill_step(
         else:
             hidden_P_H = hidden_at_positions(policy, trajs, pos, autocast)
         targets = targets_for(batch, kind, policy.device)
-        return distillation_loss(hidden_P_H, policy.lm_head, targets, loss_config,
-                                 num_global_positions=total)
+        return objective.loss(hidden_P_H, policy.lm_head, targets, settings,
+                              num_global_positions=total)
 
     return _step(policy, optimizer, scheduler, micro_batches(len(scored), grad_accum),
                  micro_loss, max_grad_norm=max_grad_norm, total=total,
                  tokens=sum(len(s.traj.tokens) for s in scored))
-
-
-# -- the objective, chunk by chunk ---------------------------------------------------------
-
-
-PerChunkFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-
-
-def chunked_loss(
-    hidden_P_H: torch.Tensor,
-    lm_head: Callable[[torch.Tensor], torch.Tensor],
-    per_position: PerChunkFn,
-    inputs: dict[str, torch.Tensor],
-    *,
-    chunk_size: int = 1024,
-    num_global_positions: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum a per-position loss chunk by chunk; ``(loss, divergence_sum)``.
-
-    ``per_position(logits_C_V, **inputs_chunk) -> (loss_C, divergence_C)`` is called
-    on ``chunk_size`` positions at a time; each chunk runs under
-    ``torch.utils.checkpoint`` so neither the forward nor the backward ever holds
-    more than one chunk's ``[C, V]`` logits. ``loss`` is the summed loss divided by
-    ``num_global_positions`` (default ``P``): with micro-batches pass the count over
-    the whole optimizer step, or the mean becomes a mean of means and small
-    micro-batches get over-weighted. ``divergence_sum`` is detached.
-    """
-    if chunk_size < 1:
-        raise ConfigError(f"loss.chunk_size={chunk_size} must be >= 1; fix the recipe")
-    num_positions = hidden_P_H.shape[0]
-    denom = max(1, num_positions if num_global_positions is None else num_global_positions)
-    if num_positions == 0:
-        # Still run the head on the empty batch so every parameter gets a (zero) gradient
-        # and backward() works in a step where a micro-batch selected nothing.
-        zero = lm_head(hidden_P_H).sum() * 0.0
-        return zero, zero.detach()
-    names = list(inputs)
-
-    def run_chunk(hidden_C_H, *chunk_inputs):
-        logits_C_V = lm_head(hidden_C_H)
-        loss_C, div_C = per_position(logits_C_V, **dict(zip(names, chunk_inputs, strict=True)))
-        return loss_C.sum(), div_C.detach().sum()
-
-    # Accumulate in at least fp32 (bf16 sums over thousands of positions drift), and in
-    # fp64 when the caller computes in fp64.
-    acc_dtype = torch.promote_types(hidden_P_H.dtype, torch.float32)
-    loss_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
-    div_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
-    for start in range(0, num_positions, chunk_size):
-        end = min(start + chunk_size, num_positions)
-        chunk_inputs = [inputs[name][start:end] for name in names]
-        if torch.is_grad_enabled():
-            loss_c, div_c = checkpoint(
-                run_chunk, hidden_P_H[start:end], *chunk_inputs, use_reentrant=False
-            )
-        else:
-            loss_c, div_c = run_chunk(hidden_P_H[start:end], *chunk_inputs)
-        loss_sum = loss_sum + loss_c.to(acc_dtype)
-        div_sum = div_sum + div_c.to(acc_dtype)
-    return loss_sum / denom, div_sum
-
-
-def _setting(config: Any, name: str) -> Any:
-    return getattr(config, name, getattr(LossSettings, name))
-
-
-def distillation_loss(
-    hidden_P_H: torch.Tensor,
-    lm_head: Callable[[torch.Tensor], torch.Tensor],
-    targets: TeacherTargets,
-    config: Any = None,
-    *,
-    num_global_positions: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The distillation loss the recipe asks for, over ``P`` selected positions.
-
-    Args:
-        hidden_P_H: the student's final hidden states at the selected positions.
-        lm_head: maps ``[C, H] -> [C, V]`` logits (``model.lm_head`` or any callable).
-        targets: teacher targets for the same positions, in the same order.
-        config: the recipe's ``loss`` section (or :class:`LossSettings`): reads
-            ``objective``, ``divergence``, ``jsd_beta``, ``temperature``,
-            ``tail_epsilon``, ``chunk_size``, ``estimator``.
-        num_global_positions: selected positions over the whole optimizer step.
-    Returns:
-        ``(loss, metrics)`` with metrics ``divergence`` (mean over these positions),
-        ``divergence_sum`` (to aggregate over micro-batches) and ``positions``.
-    """
-    config = config if config is not None else LossSettings()
-    objective = _setting(config, "objective")
-    divergence = _setting(config, "divergence")
-    jsd_beta = float(_setting(config, "jsd_beta"))
-    temperature = float(_setting(config, "temperature"))
-    tail_epsilon = float(_setting(config, "tail_epsilon"))
-    estimator = _setting(config, "estimator")
-
-    if estimator == "sampled_token":
-        if divergence != "reverse_kl":
-            raise ConfigError(
-                f"loss.estimator='sampled_token' estimates the reverse KL, but loss.divergence="
-                f"{divergence!r}; set divergence: reverse_kl or estimator: full"
-            )
-        _need(targets.target_logprobs_P, "target_logprobs", "sampled_token")
-
-        def per_position(logits, sampled, target):
-            return sampled_token_reverse_kl_P(logits, sampled, target, temperature=temperature)
-
-        inputs = {"sampled": targets.sampled_ids_P, "target": targets.target_logprobs_P}
-    elif estimator != "full":
-        raise ConfigError(
-            f"loss.estimator={estimator!r} is not one of {', '.join(ESTIMATORS)}; fix the recipe"
-        )
-    elif objective == "exact_full_vocab":
-        _need(targets.logprobs_P_V, "logprobs [P, V]", objective)
-
-        def per_position(logits, teacher):
-            div = exact_divergence_P(
-                logits, teacher, divergence=divergence, jsd_beta=jsd_beta, temperature=temperature
-            )
-            return div, div
-
-        inputs = {"teacher": targets.logprobs_P_V}
-    elif objective == "bucketed_topk_tail":
-        _need(targets.topk_ids_P_K, "ids [P, K]", objective)
-        _need(targets.topk_logprobs_P_K, "logprobs [P, K]", objective)
-        _need(targets.tail_logmass_P, "tail_logmass [P]", objective)
-
-        def per_position(logits, ids, logprobs, tail):
-            div = bucketed_topk_tail_divergence_P(
-                logits,
-                ids,
-                logprobs,
-                tail,
-                divergence=divergence,
-                jsd_beta=jsd_beta,
-                temperature=temperature,
-                tail_epsilon=tail_epsilon,
-            )
-            return div, div
-
-        inputs = {
-            "ids": targets.topk_ids_P_K,
-            "logprobs": targets.topk_logprobs_P_K,
-            "tail": targets.tail_logmass_P,
-        }
-    else:
-        raise ConfigError(
-            f"loss.objective={objective!r} is not one of {', '.join(OBJECTIVES)}; fix the recipe"
-        )
-
-    return _loss_and_metrics(hidden_P_H, lm_head, per_position, inputs,
-                             int(_setting(config, "chunk_size")), num_global_positions)
-
-
-def sft_loss(
-    hidden_P_H: torch.Tensor,
-    lm_head: Callable[[torch.Tensor], torch.Tensor],
-    target_ids_P: torch.Tensor,
-    *,
-    chunk_size: int = 1024,
-    num_global_positions: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Chunked SFT cross-entropy; ``(loss, metrics)`` with the mean NLL as ``divergence``."""
-
-    def per_position(logits, target):
-        nll = cross_entropy_P(logits, target)
-        return nll, nll
-
-    return _loss_and_metrics(hidden_P_H, lm_head, per_position, {"target": target_ids_P},
-                             chunk_size, num_global_positions)
-
-
-def _loss_and_metrics(hidden_P_H, lm_head, per_position, inputs, chunk_size: int,
-                      num_global_positions: int | None) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`chunked_loss` plus the metrics every loss reports: the mean divergence over
-    these positions, its sum (to aggregate over micro-batches) and the position count."""
-    loss, div_sum = chunked_loss(hidden_P_H, lm_head, per_position, inputs,
-                                 chunk_size=chunk_size, num_global_positions=num_global_positions)
-    num_positions = int(hidden_P_H.shape[0])
-    metrics = {
-        "divergence": float(div_sum) / max(1, num_positions),
-        "divergence_sum": float(div_sum),
-        "positions": float(num_positions),
-    }
-    return loss, metrics
-
-
-def _need(value: torch.Tensor | None, what: str, objective: str) -> None:
-    if value is None:
-        raise ConfigError(
-            f"loss '{objective}' needs teacher {what}, which these targets lack; request "
-            f"kind 'exact' for exact_full_vocab and 'topk' for bucketed_topk_tail"
-        )

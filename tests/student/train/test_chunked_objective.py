@@ -1,24 +1,30 @@
-"""The chunked loss driver and the objective dispatcher: chunked equals unchunked,
-micro-batches add up to one batch, all-masked gives 0 with a valid gradient, and no
-chunk ever holds every position's logits (CPU, float64)."""
+"""The objective package: chunked equals unchunked, micro-batches add up to one batch,
+all-masked gives 0 with a valid gradient, no chunk ever holds every position's logits
+(CPU, float64), and the table has one objective for every loss the recipe allows."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from test_losses import DT, _logits, _topk_targets
 
 from miniverl.common.errors import ConfigError
-from miniverl.student.train.losses import (
+from miniverl.student.train.objectives import (
+    OBJECTIVES,
+    SFT,
     LossSettings,
     TeacherTargets,
     bucketed_topk_tail_divergence_P,
+    distillation_loss,
     exact_divergence_P,
+    objective_for,
+    request_kind,
+    sft_loss,
 )
-from miniverl.student.train.updates import distillation_loss, sft_loss
 
 torch.set_num_threads(1)
 
@@ -177,3 +183,76 @@ def test_chunks_never_hold_all_positions_logits():
     assert seen_rows and max(seen_rows) <= chunk
     assert len(seen_rows) == 2 * math.ceil(p / chunk)  # forward + recomputation in backward
     assert not any(len(s) == 2 and s[-1] == v for s in saved_shapes)
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def _allowed_losses():
+    """Every (estimator, objective, divergence) the recipe schema accepts."""
+    from typing import get_args
+
+    from miniverl.common.recipe_sections import LossConfig
+
+    values = {name: get_args(LossConfig.model_fields[name].annotation)
+              for name in ("estimator", "objective", "divergence")}
+    return [(e, o, d) for e in values["estimator"] for o in values["objective"]
+            for d in values["divergence"] if e == "full" or d == "reverse_kl"]
+
+
+def test_every_loss_the_recipe_allows_has_exactly_one_row():
+    # A recipe value the schema accepts must pick an objective, and the table must hold
+    # no row a recipe cannot reach.
+    allowed = _allowed_losses()
+    assert sorted(OBJECTIVES) == sorted(allowed)
+    for estimator, objective, divergence in allowed:
+        cfg = LossSettings(estimator=estimator, objective=objective, divergence=divergence)
+        assert objective_for(cfg) is OBJECTIVES[(estimator, objective, divergence)]
+
+
+@pytest.mark.parametrize("key", sorted(OBJECTIVES))
+def test_each_objective_reads_what_its_target_kind_carries(key):
+    # The fields an objective reads are exactly those the requested kind fills (plus the
+    # sampled token), so a recipe never asks the teacher for targets its loss cannot use.
+    estimator, objective, divergence = key
+    cfg = LossSettings(estimator=estimator, objective=objective, divergence=divergence)
+    kind = request_kind(cfg)
+    arrays = {"ids": np.zeros((2, 3), np.int32), "logprobs": np.zeros((2, 3), np.float32),
+              "tail_logmass": np.zeros(2, np.float32),
+              "target_logprobs": np.zeros(2, np.float32)}
+    if kind == "exact":
+        arrays = {"logprobs": np.zeros((2, 5), np.float32),
+                  "target_logprobs": np.zeros(2, np.float32)}
+    targets = TeacherTargets.from_arrays(arrays, np.array([1, 2]), kind=kind)
+    inputs = OBJECTIVES[key].inputs(targets)
+    assert set(inputs) == set(OBJECTIVES[key].reads)
+    assert kind == ("exact" if objective == "exact_full_vocab" else "topk")
+
+
+def test_a_missing_field_names_it_and_the_kind_that_carries_it():
+    head = _head()
+    hidden = torch.randn(3, 6, dtype=DT)
+    targets = TeacherTargets(sampled_ids_P=torch.tensor([1, 2, 3]))
+    with pytest.raises(ConfigError, match=r"needs teacher ids \[P, K\].*'topk' for bucketed"):
+        distillation_loss(hidden, head, targets, LossSettings())
+    with pytest.raises(ConfigError, match="target_logprobs"):
+        distillation_loss(hidden, head, targets,
+                          LossSettings(estimator="sampled_token", divergence="reverse_kl"))
+    with pytest.raises(ConfigError, match="loss.divergence='nope'"):
+        distillation_loss(hidden, head, targets, LossSettings(divergence="nope"))
+    with pytest.raises(ConfigError, match="loss.estimator='nope'"):
+        distillation_loss(hidden, head, targets, LossSettings(estimator="nope"))
+
+
+def test_sft_trains_at_temperature_one_and_reads_only_the_next_token():
+    # SFT's target is the data: loss.temperature tempers distillation targets only.
+    p, v = 6, 11
+    head = _head(v=v)
+    hidden = torch.randn(p, 6, dtype=DT)
+    y = torch.randint(0, v, (p,))
+    assert SFT.reads == ("sampled_ids_P",)
+    loss, metrics = SFT.loss(hidden, head, TeacherTargets(sampled_ids_P=y),
+                             LossSettings(temperature=2.0, chunk_size=4))
+    ref = F.cross_entropy(head(hidden), y)
+    assert torch.allclose(loss, ref, atol=1e-12)
+    assert math.isclose(metrics["divergence"], ref.item(), rel_tol=1e-12)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miniverl.student.train.losses import (
+from miniverl.student.train.objectives import (
     bucketed_topk_tail_distributions,
     bucketed_topk_tail_divergence_P,
     cross_entropy_P,

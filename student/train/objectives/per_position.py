@@ -1,6 +1,5 @@
-"""The losses: pure tensor functions from student logits and teacher targets to a
-``[P]`` tensor, with shapes in their suffixes, plus the two records they read
-(:class:`LossSettings`, :class:`TeacherTargets`).
+"""The per-position functions: pure tensor maps from student logits and teacher targets
+to a ``[P]`` tensor, with shapes in their suffixes.
 
 Two families of divergence, named so a call site cannot confuse them:
 
@@ -25,24 +24,20 @@ Temperature divides the student logits only: the teacher server already applied
 the same temperature before it returned log-probs. No ``T**2`` rescaling is applied.
 
 This module does not chunk, normalise over a step or pick the recipe's objective
-(``updates.py`` does: :func:`~miniverl.student.train.updates.distillation_loss`),
-select positions or step an optimizer.
+(``objective.py`` and ``table.py`` in this package do), select positions or step an
+optimizer.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from miniverl.common.errors import ConfigError
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
-OBJECTIVES = ("exact_full_vocab", "bucketed_topk_tail")
-ESTIMATORS = ("full", "sampled_token")
 
 
 # -- primitives -------------------------------------------------------------------------
@@ -265,64 +260,3 @@ def cross_entropy_P(
     """SFT cross-entropy ``-log S(target)`` per position ``[P]``."""
     student_logp_P_V = _student_logp(student_logits_P_V, temperature)
     return -student_logp_P_V.gather(-1, target_ids_P.long().unsqueeze(-1)).squeeze(-1)
-
-
-# -- what the losses read ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The recipe's ``loss`` fields this module reads (any object with them works)."""
-
-    objective: str = "bucketed_topk_tail"
-    divergence: str = "forward_kl"
-    jsd_beta: float = 0.5
-    temperature: float = 1.0
-    tail_epsilon: float = 1e-6
-    chunk_size: int = 1024
-    estimator: str = "full"
-
-
-@dataclass
-class TeacherTargets:
-    """Teacher targets for ``P`` selected positions, as tensors on the student's device.
-
-    ``sampled_ids_P`` is the token that actually follows each position (needed by the
-    sampled-token estimator and by SFT). Top-k targets fill ``topk_ids_P_K``,
-    ``topk_logprobs_P_K`` and ``tail_logmass_P``; exact ones fill ``logprobs_P_V``.
-    """
-
-    sampled_ids_P: torch.Tensor
-    target_logprobs_P: torch.Tensor | None = None
-    topk_ids_P_K: torch.Tensor | None = None
-    topk_logprobs_P_K: torch.Tensor | None = None
-    tail_logmass_P: torch.Tensor | None = None
-    logprobs_P_V: torch.Tensor | None = None
-
-    @classmethod
-    def from_arrays(
-        cls,
-        arrays: dict[str, np.ndarray],
-        sampled_ids_P: np.ndarray | torch.Tensor,
-        *,
-        kind: str,
-        device: torch.device | str = "cpu",
-    ) -> TeacherTargets:
-        """Build from a ``SCORE_OK`` / cache entry's arrays (``ids``, ``logprobs``, ...)."""
-
-        def t(name: str) -> torch.Tensor | None:
-            value = arrays.get(name)
-            return None if value is None else torch.as_tensor(np.asarray(value)).to(device)
-
-        sampled = torch.as_tensor(np.asarray(sampled_ids_P)).long().to(device)
-        if kind == "topk":
-            return cls(
-                sampled_ids_P=sampled,
-                target_logprobs_P=t("target_logprobs"),
-                topk_ids_P_K=t("ids"),
-                topk_logprobs_P_K=t("logprobs"),
-                tail_logmass_P=t("tail_logmass"),
-            )
-        if kind == "exact":
-            return cls(sampled, target_logprobs_P=t("target_logprobs"), logprobs_P_V=t("logprobs"))
-        raise ConfigError(f"target kind {kind!r} is not 'topk' or 'exact'")
