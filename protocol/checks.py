@@ -1,16 +1,31 @@
 """What the arrays of a ``SCORE`` and a ``SCORE_OK`` must satisfy (DESIGN §3).
 
-The one place on the wire that looks at a position: :func:`check_limits` holds a
-decoded message to the negotiated limits (token, sequence and position counts, ``k``,
-the exact vocabulary, the teacher model's context), whoever receives it;
-:func:`validate_score` checks a SCORE against the teacher's vocabulary: offsets, token
-ids, and that every position predicts a token of its own sequence. The client runs
-``validate_score`` before it sends, the teacher when it receives.
+The one module on the wire that looks at a position or a target. Where each check runs
+(``docs/protocol.md``, "Where each check runs"), once on each side:
 
-This module does not parse headers (``messages.py``) or touch bytes (``codec.py``).
+- :func:`check_limits` holds a decoded message to the negotiated limits (token,
+  sequence and position counts, ``k``, the exact vocabulary, the teacher model's
+  context); the codec runs it on every message either side receives.
+- :func:`validate_score` checks a SCORE against the teacher's vocabulary and limits:
+  offsets, token ids, and that every position predicts a token of its own sequence.
+  The client runs it before it sends (``client.py``), the teacher once when it receives
+  (``teacher_server/server.py``).
+- :func:`nonfinite_report` is the finite-targets rule: every float of a reply is
+  finite, except ``tail_logmass = -inf`` when ``k = V``. The teacher runs it once before
+  it sends, whichever backend computed the reply (``teacher_server/batcher.py``); the
+  client once on receipt, inside :func:`reply_problem`.
+- :func:`reply_problem` is everything the client checks in a SCORE_OK that passed the
+  staleness rule: it answers the request it names (kind, ``k``, positions, width),
+  holds finite targets, and names no token id outside the vocabulary. The pending
+  table runs it once per reply (``pending.py``, :meth:`PendingTable.on_score_ok`).
+
+This module does not parse headers (``messages.py``), touch bytes (``codec.py``) or
+decide staleness (``pending.py``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,6 +36,7 @@ from miniverl.protocol.messages import (
     Message,
     ProtocolViolation,
     Score,
+    ScoreOk,
 )
 
 
@@ -147,3 +163,77 @@ def validate_score(
             ErrorCode.UNSUPPORTED,
         )
 
+
+def nonfinite_report(
+    arrays: dict[str, np.ndarray], *, kind: str, k: int, vocab_size: int | None
+) -> str | None:
+    """``None`` when every float in a reply's ``arrays`` is allowed, else what was not.
+
+    ``vocab_size`` is the teacher's ``V``; ``tail_logmass`` may be ``-inf`` (and only
+    ``-inf``) when ``kind == "topk"`` and ``k >= vocab_size``. The report reads like
+    ``"logprobs: 3 NaN, 1 +inf; target_logprobs: 2 NaN"``.
+    """
+    problems = []
+    for name in sorted(arrays):
+        arr = np.asarray(arrays[name])
+        if arr.dtype.kind != "f":
+            continue
+        finite = np.isfinite(arr)
+        if bool(finite.all()):
+            continue
+        whole_vocab = kind == "topk" and vocab_size is not None and k >= vocab_size
+        if name == "tail_logmass" and whole_vocab and bool(np.all(finite | (arr == -np.inf))):
+            continue
+        nan = int(np.isnan(arr).sum())
+        pos = int((arr == np.inf).sum())
+        neg = int((arr == -np.inf).sum())
+        counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (pos, "+inf"), (neg, "-inf")) if n]
+        problems.append(f"{name}: {', '.join(counts)}")
+    return "; ".join(problems) or None
+
+
+class ReplyProblem(NamedTuple):
+    """Why a SCORE_OK is not trained on: the counter it adds to and, when the request
+    can no longer succeed, the error it ends with (None: it stays open and is resent)."""
+
+    counter: str
+    error: str | None
+
+
+def reply_problem(
+    msg: ScoreOk,
+    arrays: dict[str, np.ndarray],
+    *,
+    kind: str,
+    k: int,
+    positions: int,
+    vocab_size: int,
+) -> ReplyProblem | None:
+    """None when a reply to a request for ``positions`` positions of ``kind``/``k`` may be
+    trained on, else the problem (see :class:`ReplyProblem`).
+
+    A reply of another kind, ``k``, length or width (exact: ``V`` columns) is counted
+    ``malformed`` and the request stays open. A NaN or an infinity the protocol forbids
+    is ``nonfinite_replies`` and a top-k id outside ``[0, vocab_size)`` is ``malformed``:
+    both end the request with a teacher error (an id past the vocabulary would index out
+    of bounds in the loss's gather, a device-side assert on CUDA).
+    """
+    if msg.kind != kind or (kind == "topk" and msg.k != k):
+        return ReplyProblem("malformed", None)
+    if arrays["target_logprobs"].shape[0] != positions:
+        return ReplyProblem("malformed", None)
+    if kind == "exact" and arrays["logprobs"].shape[1] != vocab_size:
+        return ReplyProblem("malformed", None)
+    if problem := nonfinite_report(arrays, kind=msg.kind, k=msg.k, vocab_size=vocab_size):
+        return ReplyProblem("nonfinite_replies", (
+            f"teacher sent non-finite targets for SCORE {msg.id} ({problem}); the reply was "
+            "dropped; check the teacher's weights, dtype and temperature"))
+    ids = arrays.get("ids")
+    if ids is not None and ids.size:
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        if bad.size:
+            return ReplyProblem("malformed", (
+                f"teacher sent token ids outside [0, {vocab_size}) for SCORE {msg.id} (e.g. "
+                f"{int(bad.flat[0])}); the reply was dropped; check the teacher's vocabulary "
+                "and top-k"))
+    return None

@@ -10,22 +10,22 @@ is pending, and :class:`TeacherUnavailable` once the teacher has been silent for
 ``unavailable_timeout_s``. Control requests (PING, STATUS, admin) go through
 :meth:`Link.call`.
 
-The link sends the rows of the pending table (``pending.py``) but never decides
-whether a SCORE_OK may be trained on: it hands each one to ``on_score_ok`` (the
-client, ``client.py``, which applies the staleness rule) and reports every teacher
-``(instance, gen)`` it sees to ``on_identity``.
+The link moves frames between the socket and the pending table (``pending.py``),
+which it shares with the client (``client.py``): it sends the rows the table says are
+due, files every decoded reply with the table (which alone decides whether a SCORE_OK
+may be trained on) and tells it of every teacher ``(instance, gen)`` it sees. It never
+reads or writes a row of the table itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import numpy as np
 
 from miniverl.common.errors import (
     ConfigError,
@@ -50,7 +50,8 @@ from miniverl.protocol.messages import (
     ScoreOk,
     StatusOk,
 )
-from miniverl.protocol.pending import REPLY_TO, RETRYABLE_CODES, Identity, PendingTable, Request
+from miniverl.protocol.pending import REPLY_TO, RETRYABLE_CODES, PendingTable, Request
+from miniverl.protocol.scoring_client import Identity
 from miniverl.protocol.transport import Transport, TransportFactory, checked_factory, frame_nbytes
 from miniverl.protocol.transport import zmq_transport_factory as _zmq_factory
 
@@ -84,19 +85,10 @@ class LinkSettings:
 
 
 class Link:
-    """One kept-alive connection, opened by :class:`~miniverl.protocol.client.TeacherClient`.
+    """One kept-alive connection, opened by :class:`~miniverl.protocol.client.TeacherClient`,
+    feeding the client's ``table``."""
 
-    ``on_score_ok`` gets every decoded SCORE_OK (the staleness rule lives there);
-    ``on_identity`` hears of every new teacher ``(instance, gen)``.
-    """
-
-    def __init__(
-        self,
-        settings: LinkSettings,
-        *,
-        on_score_ok: Callable[[ScoreOk, dict[str, np.ndarray]], None],
-        on_identity: Callable[[Identity], None],
-    ):
+    def __init__(self, settings: LinkSettings, table: PendingTable):
         self.settings = settings
         self.endpoint = check_endpoint(settings.endpoint)
         self.tokenizer_fp = settings.tokenizer_fp
@@ -107,11 +99,9 @@ class Link:
         self.factory = checked_factory(settings.transport_factory) or _zmq_factory(settings.curve)
         self._base_limits = settings.limits or Limits()
         self.limits = self._base_limits
-        self._on_score_ok = on_score_ok
-        self._on_identity = on_identity
         self.hello: HelloOk | None = None
         self.tick = max(0.002, min(0.05, self.heartbeat_s / 5, self.request_timeout_s / 5))
-        self.table = PendingTable()
+        self.table = table
         self.identity: Identity | None = None  # the teacher last seen on the wire
         self.retargeting = False
         self._transport: Transport | None = None
@@ -175,10 +165,16 @@ class Link:
         await self.until_up(None)
         return self.hello
 
-    async def rehello(self) -> None:
-        """Handshake again on the same socket (a new gen of the same process)."""
-        self._need_hello(resend=False)
+    async def settled_identity(self) -> Identity:
+        """The teacher ``(instance, gen)`` this link is up with, once up; handshakes again
+        first when the wire has shown another gen (a reload since the last HELLO_OK)."""
         await self.until_up(None)
+        identity = (self.hello.instance, self.hello.gen)
+        if self.identity is not None and self.identity != identity:
+            self._need_hello(resend=False)
+            await self.until_up(None)
+            identity = (self.hello.instance, self.hello.gen)
+        return identity
 
     # ----------------------------------------------------------------- helpers
     def require_started(self) -> None:
@@ -218,8 +214,8 @@ class Link:
             if transport is self._transport:
                 self._down()
             return False
-        self.table.counts["sent"] += 1
-        self.table.counts["bytes_sent"] += sum(frame_nbytes(f) for f in frames)
+        self.table.count("sent")
+        self.table.count("bytes_sent", sum(frame_nbytes(f) for f in frames))
         return True
 
     def _can_send(self, req: Request) -> bool:
@@ -242,7 +238,7 @@ class Link:
         if self._fatal is not None:
             raise self._fatal
         req = Request(id=msg.id, t=msg.t, frames=encode(msg))
-        self.table.rows[req.id] = req
+        self.table.file(req)
         limit = timeout_s or self.unavailable_timeout_s
         try:
             if self._state in ("down", "closed"):
@@ -261,7 +257,7 @@ class Link:
                     f"no answer to {msg.t} from {self.endpoint} within {limit} s"
                 )
         finally:
-            self.table.rows.pop(req.id, None)
+            self.table.take(req.id)
         if req.error is not None:
             raise req.error
         if isinstance(req.result, ErrorReply):
@@ -343,7 +339,7 @@ class Link:
             try:
                 if self._state == "down":
                     if opened_before:
-                        self.table.counts["reconnects"] += 1
+                        self.table.count("reconnects")
                         delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2**self._failures)
                         self._failures += 1
                         self._close_transport()
@@ -416,7 +412,7 @@ class Link:
             vocab_size=self.vocab_size,
         )
         req = Request(id=hello.id, t="HELLO", frames=encode(hello))
-        self.table.rows[req.id] = req
+        self.table.file(req)
         try:
             await self.pump()
             while not req.done.is_set():
@@ -427,14 +423,14 @@ class Link:
                 if self._state != "hello" or self._pings_out >= MISSED_PINGS:
                     return None
         finally:
-            self.table.rows.pop(req.id, None)
+            self.table.take(req.id)
         if req.error is not None:
             raise req.error
         return req.result
 
     def _observe(self, instance: str | None, gen: int | None, rehello: bool = True) -> None:
         """Track the teacher identity seen on the wire: a new instance needs a fresh
-        HELLO and a resend, a new gen only a fresh HELLO_OK; the client hears of both."""
+        HELLO and a resend, a new gen only a fresh HELLO_OK; the table hears of both."""
         if instance is None or gen is None:
             return
         new = (instance, gen)
@@ -443,7 +439,7 @@ class Link:
             return
         if rehello and old is not None:
             self._need_hello(resend=old[0] != instance)
-        self._on_identity(new)
+        self.table.teacher_seen(new, retargeting=self.retargeting)
 
     # ----------------------------------------------------------------- receiving
     async def _reader(self, transport: Transport, *, task_status=anyio.TASK_STATUS_IGNORED):
@@ -463,24 +459,24 @@ class Link:
                 await self._on_frames(frames)
 
     async def _on_frames(self, frames: list[Any]) -> None:
-        self.table.counts["bytes_received"] += sum(frame_nbytes(f) for f in frames)
+        self.table.count("bytes_received", sum(frame_nbytes(f) for f in frames))
         self._last_recv = time.monotonic()
         self._pings_out = 0
         try:
             msg, arrays = decode(frames, self.limits)
         except ProtocolError:
-            self.table.counts["malformed"] += 1
+            self.table.count("malformed")
             return
-        self.table.counts["received"] += 1
+        self.table.count("received")
         if isinstance(msg, ScoreOk):
-            self._on_score_ok(msg, arrays)
+            self.table.on_score_ok(msg, arrays, self.vocab_size)
             self._observe(msg.instance, msg.gen)
         elif isinstance(msg, ErrorReply):
             self._on_error(msg)
         elif type(msg) in REPLY_TO.values():
             self._on_control_reply(msg)
         else:
-            self.table.counts["malformed"] += 1
+            self.table.count("malformed")
         self.table.notify()
 
     def _on_error(self, msg: ErrorReply) -> None:

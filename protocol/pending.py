@@ -1,32 +1,40 @@
-"""The client's pending table and THE staleness rule of ``mvl-score/1`` (DESIGN §3).
+"""The client's pending table: every request in flight, and THE staleness rule (DESIGN §3).
 
 A :class:`Request` is one row of the table: a request sent (or queued) under its
 ``id``, with its encoded frames for a resend and, for a ``SCORE``, what DESIGN calls
 ``pending[id] = (student_version, instance, gen)``: the student version it was sent
-for and the teacher ``(instance, gen)`` the update was bound to. :class:`PendingTable`
-holds the rows, sends what is due through the link's ``send``, files ERROR and
-control replies under their rows, and counts what it drops.
+for and the teacher ``(instance, gen)`` the update was bound to.
+
+:class:`PendingTable` owns the rows and everything that decides their fate: the
+student's current version, the allowed lag and the bound teacher (set by the client,
+``client.py``), which rows are due to be sent (the link sends them, ``link.py``), and
+what each reply does to its row. A request passes through it four times, each once:
+filed (:meth:`~PendingTable.file`), sent (:meth:`~PendingTable.pump`), answered
+(:meth:`~PendingTable.on_score_ok`, :meth:`~PendingTable.on_error`,
+:meth:`~PendingTable.on_control_reply`) and collected (:meth:`~PendingTable.collect`).
+No other module reads or writes a row's fields.
 
 :func:`accept_reply` is the one place that decides whether a ``SCORE_OK`` may be
-trained on; every check of a reply against a version and a teacher calls it (the
-client on receipt, the student's teacher link before the loss, test fakes).
-:func:`within_lag` is its version half, for checks that have no reply (a pending
-request after the version moved, a replay buffer entry).
+trained on; :meth:`PendingTable.on_score_ok` applies it once per reply, then the
+reply checks of ``checks.py``. :func:`within_lag` is its version half, for checks that
+have no reply (a pending request after the version moved, a replay buffer entry, the
+targets cache). The in-process fake (``miniverl.testing``) applies the same rule.
 
-This module holds no socket and never reconnects (``link.py``); it does not know the
-student's current version or binding (``client.py`` passes them in).
+This module holds no socket and never reconnects (``link.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 import anyio
+import numpy as np
 
-from miniverl.common.errors import TeacherError, TokenizerMismatch
+from miniverl.common.errors import StaleTargetError, TeacherError, TokenizerMismatch
+from miniverl.protocol.checks import reply_problem
 from miniverl.protocol.messages import (
     ErrorCode,
     ErrorReply,
@@ -35,12 +43,12 @@ from miniverl.protocol.messages import (
     ParkOk,
     Pong,
     ReloadOk,
+    ScoreOk,
     ShutdownOk,
     StatusOk,
     WakeOk,
 )
-
-Identity = tuple[str, int]  # a teacher process and reload: (instance, gen)
+from miniverl.protocol.scoring_client import Identity, ScoreResult, ScoreTimeout, TeacherChanged
 
 RETRYABLE_CODES = {ErrorCode.OVERLOADED, ErrorCode.RELOADING, ErrorCode.DEADLINE_EXCEEDED}
 REPLY_TO = {
@@ -150,43 +158,105 @@ def accept_reply(
 
 
 class PendingTable:
-    """Rows by id, the counters, and the ``progress`` event waiters sleep on."""
+    """Rows by id, the counters, the version and binding replies are held to, and the
+    ``progress`` event waiters sleep on."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, Request] = {}
-        self.counts = dict.fromkeys(COUNTERS, 0)
-        self.progress = anyio.Event()
+        self._rows: dict[int, Request] = {}
+        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._progress = anyio.Event()
         self._next_id = 1
+        self.version = 0
+        self.allowed_lag = 0
+        self.bound: Identity | None = None
+        self._changed: TeacherChanged | None = None
 
+    # ----------------------------------------------------------------- bookkeeping
     def new_id(self) -> int:
         rid, self._next_id = self._next_id, self._next_id + 1
         return rid
 
+    @property
+    def progress(self) -> anyio.Event:
+        """Set (and replaced) whenever something changed: a reply, an error, a drop."""
+        return self._progress
+
     def notify(self) -> None:
         """Wake everyone waiting on :attr:`progress`."""
-        self.progress.set()
-        self.progress = anyio.Event()
+        self._progress.set()
+        self._progress = anyio.Event()
 
-    def drop(self, req: Request, error: BaseException) -> None:
-        self.rows.pop(req.id, None)
+    def count(self, name: str, by: int = 1) -> None:
+        self._counts[name] += by
+
+    def counters(self) -> dict[str, int]:
+        """A copy of the counters (``COUNTERS``)."""
+        return dict(self._counts)
+
+    def file(self, req: Request) -> None:
+        """Add a row; it goes out at the next :meth:`pump`."""
+        self._rows[req.id] = req
+
+    def file_score(self, frames: list[Any], *, rid: int, kind: str, k: int,
+                   positions: int) -> None:
+        """File a SCORE encoded for :attr:`version` and sent under :attr:`bound`."""
+        self.file(Request(id=rid, t="SCORE", frames=frames, student_version=self.version,
+                          binding=self.bound, kind=kind, k=k, positions=positions))
+
+    def take(self, rid: int) -> None:
+        """Forget a row whose caller has its answer (or gave up)."""
+        self._rows.pop(rid, None)
+
+    def _drop(self, req: Request, error: BaseException) -> None:
+        self._rows.pop(req.id, None)
         req.finish(error=error)
 
     def fail_all(self, error: BaseException) -> None:
-        for req in list(self.rows.values()):
+        for req in list(self._rows.values()):
             if req.open:
                 req.finish(error=error)
         self.notify()
 
     def busy(self) -> bool:
         """Some row still waits for its reply."""
-        return any(r.result is None for r in self.rows.values())
+        return any(r.result is None for r in self._rows.values())
 
     def resend_scores(self) -> None:
         """Queue every open SCORE again under its id (the teacher may have lost them)."""
-        for req in self.rows.values():
+        for req in self._rows.values():
             if req.t == "SCORE" and req.open:
                 req.sent_at = None
 
+    # ----------------------------------------------------------------- version and binding
+    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+        """The student's version now; SCOREs outside the lag fail with StaleTargetError."""
+        if version < 0 or allowed_lag < 0:
+            raise ValueError(f"version={version}, allowed_lag={allowed_lag} must be >= 0")
+        self.version, self.allowed_lag = version, allowed_lag
+        for req in list(self._rows.values()):
+            if req.t == "SCORE" and not within_lag(version, req.student_version, allowed_lag):
+                self._drop(req, StaleTargetError(
+                    f"request {req.id} was sent for student version {req.student_version}, "
+                    f"now {version} with allowed lag {allowed_lag}; re-submit it"))
+        self.notify()
+
+    def bind(self, identity: Identity, *, retargeting: bool) -> None:
+        """Tie new SCOREs to ``identity``; rows bound to another teacher are dropped."""
+        self.bound, self._changed = identity, None
+        for req in list(self._rows.values()):
+            if req.binding is not None and req.binding != identity:
+                self._drop(req, _changed(req.binding, identity, retargeting))
+
+    def unbind(self) -> None:
+        self.bound, self._changed = None, None
+
+    def teacher_seen(self, new: Identity, *, retargeting: bool) -> None:
+        """A teacher answered; one other than the bound one means the update cannot finish."""
+        if self.bound is not None and new != self.bound and self._changed is None:
+            self._changed = _changed(self.bound, new, retargeting)
+            self.notify()
+
+    # ----------------------------------------------------------------- sending
     async def pump(
         self,
         send: Callable[[Sequence[Any]], Awaitable[bool]],
@@ -199,10 +269,10 @@ class PendingTable:
         now = time.monotonic()
         inflight = sum(
             1
-            for r in self.rows.values()
+            for r in self._rows.values()
             if r.t == "SCORE" and r.sent_at is not None and r.result is None
         )
-        for req in list(self.rows.values()):
+        for req in list(self._rows.values()):
             if not req.open or not can_send(req):
                 continue
             if req.sent_at is None:
@@ -220,14 +290,35 @@ class PendingTable:
             resend = req.sent_at is not None
             req.sent_at, req.retry_at = time.monotonic(), None
             if await send(req.frames) and resend:
-                self.counts["retries"] += 1
+                self._counts["retries"] += 1
+
+    # ----------------------------------------------------------------- receiving
+    def on_score_ok(self, msg: ScoreOk, arrays: dict[str, np.ndarray], vocab_size: int) -> None:
+        """Accept a SCORE_OK (the staleness rule, then ``checks.reply_problem``) or drop it."""
+        req = self._rows.get(msg.id)
+        reason = accept_reply(req.pending if req is not None else None, msg,
+                              current_version=self.version, max_lag=self.allowed_lag,
+                              bound_teacher=self.bound)
+        if reason is not None:
+            self._counts["stale_dropped"] += 1
+            if reason == "lag":
+                self._drop(req, StaleTargetError(f"reply {msg.id} is outside the allowed lag"))
+            return
+        problem = reply_problem(msg, arrays, kind=req.kind, k=req.k, positions=req.positions,
+                                vocab_size=vocab_size)
+        if problem is None:
+            req.finish(result=ScoreResult.from_reply(msg, arrays))
+            return
+        self._counts[problem.counter] += 1  # never trained on
+        if problem.error is not None:
+            self._drop(req, TeacherError(problem.error))
 
     def on_error(self, msg: ErrorReply, retry_after_s: float) -> TokenizerMismatch | None:
         """File an ERROR under its row; returns the fatal error a tokenizer mismatch is."""
         rid = msg.ref_id if msg.ref_id is not None else msg.id
-        req = self.rows.get(rid) if rid is not None else None
+        req = self._rows.get(rid) if rid is not None else None
         if req is None or not req.open:
-            self.counts["stale_dropped"] += 1
+            self._counts["stale_dropped"] += 1
             return None
         if req.t != "SCORE":
             req.finish(result=msg)  # the caller interprets control errors
@@ -238,7 +329,7 @@ class PendingTable:
         elif msg.retryable or msg.code in RETRYABLE_CODES:
             req.retry_at = time.monotonic() + retry_after_s
         else:
-            self.drop(
+            self._drop(
                 req,
                 TeacherError(f"teacher refused SCORE {rid}: {msg.code.value}: {msg.message}"),
             )
@@ -246,14 +337,68 @@ class PendingTable:
 
     def on_control_reply(self, msg: Message) -> None:
         """File a HELLO_OK, PONG, STATUS_OK or admin ``*_OK`` under its row."""
-        req = self.rows.get(msg.id)
+        req = self._rows.get(msg.id)
         if req is None or req.t == "SCORE" or req.done.is_set():
             # A second HELLO_OK for a HELLO resent while the teacher was loading carries no
             # targets: count it apart, so `stale_dropped` counts only SCORE replies.
             if not isinstance(msg, Pong):  # answers to heartbeat PINGs are not tracked
-                self.counts["late_control_replies"] += 1
+                self._counts["late_control_replies"] += 1
             return
         if not isinstance(msg, REPLY_TO[req.t]):
-            self.counts["stale_dropped"] += 1
+            self._counts["stale_dropped"] += 1
             return
         req.finish(result=msg)
+
+    # ----------------------------------------------------------------- collecting
+    async def collect(
+        self,
+        ids: Iterable[int],
+        timeout_s: float | None,
+        *,
+        tick: float,
+        raise_fatal: Callable[[], None],
+    ) -> dict[int, ScoreResult]:
+        """Wait until every SCORE in ``ids`` has an accepted reply and take the rows.
+
+        Raises the row's error, ``raise_fatal``'s (the connection's), the pending
+        :class:`TeacherChanged` of a bound row, or :class:`ScoreTimeout`.
+        """
+        wanted = list(ids)
+        reqs = []
+        for rid in wanted:
+            req = self._rows.get(rid)
+            if req is None or req.t != "SCORE":
+                raise StaleTargetError(
+                    f"request id {rid} is not pending (already collected, or dropped by "
+                    "set_version/bind); re-submit it"
+                )
+            reqs.append(req)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            progress = self._progress
+            for req in reqs:
+                if req.error is not None:
+                    self._rows.pop(req.id, None)
+                    raise req.error
+            if all(req.result is not None for req in reqs):
+                for rid in wanted:
+                    self._rows.pop(rid, None)
+                return {req.id: req.result for req in reqs}
+            raise_fatal()
+            if self._changed is not None and any(req.binding is not None for req in reqs):
+                raise self._changed
+            if deadline is not None and time.monotonic() >= deadline:
+                left = [req.id for req in reqs if req.result is None]
+                raise ScoreTimeout(f"no accepted reply for ids {left} within {timeout_s} s")
+            with anyio.move_on_after(tick):
+                await progress.wait()
+
+
+def _changed(old: Identity, new: Identity, retargeting: bool) -> TeacherChanged:
+    if retargeting:
+        how = "retarget"
+    elif old[0] != new[0]:
+        how = "restart"
+    else:
+        how = "reload"
+    return TeacherChanged(old, new, how)

@@ -2,8 +2,10 @@
 
 The training loop is synchronous; :class:`SyncTeacherClient` runs the async client on its
 own event-loop thread (anyio blocking portal, asyncio backend) and exposes the same
-methods as plain calls. It adds no behaviour of its own: the staleness rule lives in
-``pending.py``/``client.py``, liveness and retries in ``link.py``.
+methods as plain calls. It implements
+:class:`~miniverl.protocol.scoring_client.ScoringClient`, the seam the training side is
+typed against. It adds no behaviour of its own: the staleness rule lives in
+``pending.py``, liveness and retries in ``link.py``, messages in ``client.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from miniverl.protocol.client import ScoreResult, TeacherClient
+from miniverl.protocol.client import TeacherClient
 from miniverl.protocol.messages import (
     HelloOk,
     ParkOk,
@@ -24,7 +26,7 @@ from miniverl.protocol.messages import (
     ShutdownOk,
     WakeOk,
 )
-from miniverl.protocol.pending import Identity
+from miniverl.protocol.scoring_client import Identity, ScoreResult
 
 
 class SyncTeacherClient:
@@ -78,8 +80,21 @@ class SyncTeacherClient:
     def unbind(self) -> None:
         self._run(_as_async(self._core.unbind))
 
-    def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, **kw: Any) -> int:
-        return self._run(self._core.submit, tokens_N, cu_seqlens_B1, positions_P, **kw)
+    def submit(
+        self,
+        tokens_N: Any,
+        cu_seqlens_B1: Any,
+        positions_P: Any,
+        *,
+        kind: str = "topk",
+        k: int = 16,
+        temperature: float = 1.0,
+        deadline_ms: int | None = None,
+        deterministic: bool = False,
+    ) -> int:
+        return self._run(self._core.submit, tokens_N, cu_seqlens_B1, positions_P, kind=kind,
+                         k=k, temperature=temperature, deadline_ms=deadline_ms,
+                         deterministic=deterministic)
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
         return self._run(self._core.wait, list(ids), timeout_s)

@@ -22,8 +22,8 @@ import time
 import traceback
 
 from miniverl.protocol import messages as m
+from miniverl.protocol.checks import nonfinite_report
 from miniverl.protocol.codec import encode
-from miniverl.protocol.finite import nonfinite_report
 from miniverl.protocol.messages import ErrorCode, TeacherState
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.teacher_server.lifecycle import wake_locked

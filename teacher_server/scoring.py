@@ -34,7 +34,7 @@ import numpy as np
 
 from miniverl.common.errors import MiniverlError
 from miniverl.common.shared_prefix import decoder_hidden
-from miniverl.protocol.finite import nonfinite_report
+from miniverl.protocol.checks import nonfinite_report
 from miniverl.protocol.messages import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 # Upper bound on fp32 elements of one logits chunk ([rows, V]). On an accelerator,

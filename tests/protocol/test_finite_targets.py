@@ -16,8 +16,8 @@ import pytest
 
 from miniverl.common.errors import ProtocolError, TeacherError
 from miniverl.protocol import messages as m
+from miniverl.protocol.checks import nonfinite_report
 from miniverl.protocol.codec import decode, encode
-from miniverl.protocol.finite import nonfinite_report
 from miniverl.protocol.limits import Limits
 from miniverl.testing import FakeTeacher, ScoreJob, answer, next_token_targets
 from tests.protocol.client_kit import CU, POS, TOKENS, VOCAB, run

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from miniverl.common.errors import TeacherError, TeacherUnavailable, Unauthorized
+from miniverl.protocol.checks import nonfinite_report
 from miniverl.protocol.codec import encode
-from miniverl.protocol.finite import nonfinite_report
 from miniverl.testing import (
     FAKE_VOCAB,
     BackendError,

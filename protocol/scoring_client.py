@@ -1,0 +1,135 @@
+"""The seam between the student's training side and whatever scores its visited states.
+
+:class:`ScoringClient` is a :class:`typing.Protocol`: the methods the training side calls
+on a teacher client (``student/train/teacher_link.py``, ``student/train/teacher.py``,
+``student/train/trainer.py``). Two classes implement it today: the ZeroMQ client
+(:class:`~miniverl.protocol.sync_client.SyncTeacherClient`, over ``mvl-score/1``) and
+the in-process fake (:class:`~miniverl.testing.fake_teacher.FakeTeacherClient`, no
+sockets); ``tests/protocol/test_scoring_client.py`` checks that both do, method by
+method. Nothing in the signatures names a transport, so a client over another one
+(an HTTP engine teacher) implements the same methods.
+
+What an implementation promises: :meth:`ScoringClient.wait` returns only replies that
+passed the staleness rule (``protocol/pending.py``, :func:`accept_reply`) for the
+version set by :meth:`~ScoringClient.set_version` and the teacher tied by
+:meth:`~ScoringClient.bind`, and raises :class:`TeacherChanged` when the bound teacher
+is gone; the caller does not check a reply again.
+
+This module holds the types the seam carries (:class:`ScoreResult`, ``Identity``) and
+the errors it raises; it sends nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from miniverl.common.errors import MiniverlError, TeacherUnavailable
+from miniverl.protocol.messages import HelloOk, ParkOk, ScoreOk, WakeOk
+
+Identity = tuple[str, int]  # a teacher process and reload: (instance, gen)
+
+
+class TeacherChanged(MiniverlError, RuntimeError):
+    """The teacher the current update is bound to is gone (new instance or gen).
+
+    ``old``/``new`` are ``(instance, gen)``; ``how`` is ``reload``, ``restart`` or
+    ``retarget``. The trainer calls ``bind()`` again and re-submits the whole update.
+    """
+
+    def __init__(self, old: Identity, new: Identity, how: str):
+        super().__init__(
+            f"teacher changed ({how}) from instance {old[0]} gen {old[1]} to instance "
+            f"{new[0]} gen {new[1]}; call bind() and re-submit the update"
+        )
+        self.old, self.new, self.how = old, new, how
+
+
+class ScoreTimeout(TeacherUnavailable, TimeoutError):
+    """``wait(..., timeout_s)`` ran out before every reply was accepted."""
+
+
+@dataclass
+class ScoreResult:
+    """An accepted SCORE_OK. ``arrays`` (read-only views of the received frames):
+    topk: ids i4[P,k], logprobs f4[P,k], tail_logmass f4[P], target_logprobs f4[P];
+    exact: logprobs f4[P,V], target_logprobs f4[P]."""
+
+    id: int
+    student_version: int
+    instance: str
+    gen: int
+    kind: str
+    k: int
+    arrays: dict[str, np.ndarray]
+    timing: dict[str, float]
+
+    @classmethod
+    def from_reply(cls, msg: ScoreOk, arrays: dict[str, np.ndarray]) -> ScoreResult:
+        fields = msg.model_dump(include={"id", "student_version", "instance", "gen", "kind", "k"})
+        return cls(**fields, arrays=arrays, timing=msg.timing.model_dump())
+
+
+@runtime_checkable
+class ScoringClient(Protocol):
+    """Something that scores the student's visited states, as the training side uses it.
+
+    Arrays are numpy-convertible 1-D integers: ``tokens_N`` (B sequences packed back to
+    back), ``cu_seqlens_B1`` (their offsets, ``[0, ..., N]``), ``positions_P`` (each
+    predicts the next token of its own sequence).
+    """
+
+    @property
+    def hello(self) -> HelloOk | None:
+        """Who the teacher is (``teacher``, ``instance``, ``gen``, tokenizer, limits),
+        once a handshake validated it; None before."""
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """sent, received, stale_dropped, retries, reconnects, bytes_sent,
+        bytes_received and whatever else the client counts."""
+
+    def connect(self, timeout_s: float | None = None) -> HelloOk | None:
+        """Handshake; raises ``TokenizerMismatch`` or ``TeacherUnavailable``."""
+
+    def connect_soon(self, timeout_s: float | None = None) -> Future:
+        """Start :meth:`connect` without waiting; the future holds its result or error."""
+
+    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+        """The student's parameter version now and how far behind a reply may be."""
+
+    def bind(self) -> Identity:
+        """Tie the current update to the teacher ``(instance, gen)`` now connected."""
+
+    def submit(
+        self,
+        tokens_N: Any,
+        cu_seqlens_B1: Any,
+        positions_P: Any,
+        *,
+        kind: str = "topk",
+        k: int = 16,
+        temperature: float = 1.0,
+        deadline_ms: int | None = None,
+        deterministic: bool = False,
+    ) -> int:
+        """Queue one request for the current version and binding; returns its id."""
+
+    def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
+        """Accepted replies for every id; raises :class:`TeacherChanged` and the like."""
+
+    def retarget(self, endpoint: str) -> HelloOk:
+        """Handshake with another teacher; only if it validates, switch to it."""
+
+    def park(self) -> ParkOk:
+        """Move the teacher's weights off the device (memory: swap)."""
+
+    def wake(self) -> WakeOk:
+        """Bring them back before scoring."""
+
+    def close(self) -> None:
+        """Release the connection (idempotent)."""
