@@ -4,8 +4,7 @@
     python benchmarks/real_model_learning.py                 # the preregistered config
     python benchmarks/real_model_learning.py --resume        # continue an interrupted one
     python benchmarks/real_model_learning.py --analyze-only  # re-read the kept runs
-    python benchmarks/real_model_learning.py --runs RUN_DIR... --output X.json
-                                                             # the same analysis of any runs
+    python benchmarks/real_model_learning.py --runs RUN_DIR...  # the same analysis of any runs
 
 Runs ``miniverl benchmark`` on ``benchmarks/real_model/config.yaml`` (committed before
 any result of it): the arms (strict OPD from ``recipes/smollm2_cpu_opd.yaml``, SFT on
@@ -20,16 +19,19 @@ cell, it reads the run's held-out greedy evals before and after and reports:
 - per difficulty, stop reasons, tool-call validity (calls that parsed and ran, over
   all calls), and the wall time split into rollout, teacher wait and update.
 
-Writes ``benchmarks/results/real_model_learning.json`` (every cell, failed ones
-included) beside the benchmark's own ``results.json`` and ``report.html``. Conversion
-of the GGUF (from a warm cache) is timed and counted in each run's wall time.
+Writes ``real_model_learning.json`` (every cell, failed ones included) and the report's
+charts (``figure-N.svg``) beside the benchmark's own ``results.json`` and ``report.html``
+in ``--output-dir`` (default ``runs/benchmarks/real_model``, git-ignored); with
+``--update-committed``, the committed ``benchmarks/results/real_model/`` and
+``benchmarks/results/real_model_learning.json`` instead. ``--runs`` writes
+``real_model_runs.json`` (committed: ``real_model_exploration.json``). Conversion of the
+GGUF (from a warm cache) is timed and counted in each run's wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections import Counter
@@ -37,9 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
+
+from recovery_report import extract_figures, record_path  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "real_model" / "config.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "real_model_learning.json"
+RUNS_RESULTS = ROOT / "benchmarks" / "results" / "real_model_exploration.json"
 
 
 def eval_files(run_dir: Path) -> tuple[Path | None, Path | None]:
@@ -121,7 +128,14 @@ def example(ep: dict) -> list[dict]:
     return [m for m in ep.get("messages", []) if m.get("role") != "system"]
 
 
-def cell_outcome(cell: dict, *extra: str) -> tuple[dict, tuple[Path, Path] | None]:
+def run_path(results_dir: Path, run_dir: str) -> Path:
+    """A cell's run folder: its stored ``run_dir`` is relative to the results' folder."""
+    path = Path(run_dir)
+    return path if path.is_absolute() else results_dir / path
+
+
+def cell_outcome(cell: dict, results_dir: Path, *extra: str
+                 ) -> tuple[dict, tuple[Path, Path] | None]:
     """A cell's outcome (its result's fields, ``extra`` too), and its first and last
     eval files when it finished with both (``None`` otherwise, ``error`` saying why)."""
     result = cell["result"]
@@ -130,18 +144,18 @@ def cell_outcome(cell: dict, *extra: str) -> tuple[dict, tuple[Path, Path] | Non
                                          *extra)}}
     if out["status"] != "ok" or not out["run_dir"]:
         return out, None
-    first, last = eval_files(Path(out["run_dir"]))
+    first, last = eval_files(run_path(results_dir, out["run_dir"]))
     if first is None or first == last:
         out["error"] = "no before/after eval in the run"
         return out, None
     return out, (first, last)
 
 
-def analyze_cell(cell: dict, rng: np.random.Generator) -> dict:
-    out, evals = cell_outcome(cell, "peak_memory_bytes")
+def analyze_cell(cell: dict, rng: np.random.Generator, results_dir: Path) -> dict:
+    out, evals = cell_outcome(cell, results_dir, "peak_memory_bytes")
     if evals is None:
         return out
-    run_dir = Path(out["run_dir"])
+    run_dir = run_path(results_dir, out["run_dir"])
     before, after = read_episodes(evals[0]), read_episodes(evals[1])
     tasks = sorted(set(before) & set(after))
     b = np.array([before[t]["verifier"]["success"] for t in tasks], dtype=bool)
@@ -165,17 +179,26 @@ def analyze_cell(cell: dict, rng: np.random.Generator) -> dict:
     return out
 
 
-def provenance(results_path: Path, data: dict) -> dict:
+def provenance(results_path: Path, data: dict, output: Path) -> dict:
     """Which results an analysis read: their file, config digest and completeness."""
-    where = results_path.relative_to(ROOT) if results_path.is_relative_to(ROOT) else results_path
-    return {"benchmark": str(where), "config_digest": data["config_digest"],
-            "complete": data["complete"]}
+    return {"benchmark": record_path(results_path, output.parent),
+            "config_digest": data["config_digest"], "complete": data["complete"]}
 
 
-def analyze(results_path: Path, conversion_s: float | None) -> dict:
+def missing_runs(results_path: Path) -> list[str]:
+    """Why the kept runs of ``results_path`` cannot be re-read (empty: they can)."""
+    if not results_path.is_file():
+        return [f"{results_path} (no benchmark results in this folder)"]
+    data = json.loads(results_path.read_text(encoding="utf-8"))
+    return [f"{c['arm']} seed {c['seed']}: {c['result']['run_dir']}" for c in data["cells"]
+            if c["result"]["status"] == "ok" and c["result"].get("run_dir")
+            and not run_path(results_path.parent, c["result"]["run_dir"]).is_dir()]
+
+
+def analyze(results_path: Path, conversion_s: float | None, output: Path) -> dict:
     data = json.loads(results_path.read_text(encoding="utf-8"))
     rng = np.random.default_rng(0)
-    cells = [analyze_cell(c, rng) for c in data["cells"]]
+    cells = [analyze_cell(c, rng, results_path.parent) for c in data["cells"]]
     arms: dict[str, dict] = {}
     for arm in dict.fromkeys(c["arm"] for c in cells):
         mine = [c for c in cells if c["arm"] == arm]
@@ -195,7 +218,7 @@ def analyze(results_path: Path, conversion_s: float | None) -> dict:
             )
         arms[arm] = entry
     return {
-        **provenance(results_path, data),
+        **provenance(results_path, data, output),
         "gguf_conversion_warm_s": conversion_s,
         "environment": data.get("environment", {}),
         "arms": arms,
@@ -216,9 +239,10 @@ def analyze_runs(run_dirs: list[Path], output: Path) -> int:
         cell = {"arm": run_dir.name, "seed": None, "result": {
             "status": "ok" if status["status"] == "completed" else "failed",
             "error": status.get("reason"), "updates": len(rows),
-            "wall_s": float(wall / np.timedelta64(1, "ms")) / 1000, "run_dir": str(run_dir),
+            "wall_s": float(wall / np.timedelta64(1, "ms")) / 1000,
+            "run_dir": record_path(run_dir, output.parent),
             "final_loss": rows[-1]["loss"] if rows else None}}
-        entry = analyze_cell(cell, rng)
+        entry = analyze_cell(cell, rng, output.parent)
         entry["loss_curve"] = [round(r["loss"], 4) for r in rows]
         entry["train_success_curve"] = [r.get("train_success") for r in rows]
         cells.append(entry)
@@ -233,23 +257,6 @@ def analyze_runs(run_dirs: list[Path], output: Path) -> int:
             print(f"{c['arm']}: {c['status']} {c.get('error') or ''}")
     print(f"wrote {output}")
     return 0
-
-
-def extract_figures(out_dir: Path) -> list[str]:
-    """The report's SVG charts as files beside it (docs link them; no second renderer)."""
-    html = (out_dir / "report.html").read_text(encoding="utf-8")
-    style = re.search(r"<style>(.*?)</style>", html, flags=re.S)
-    css = f"<style>{style.group(1)}</style>" if style else ""
-    names = []
-    for i, match in enumerate(re.finditer(r"<svg\b.*?</svg>", html, flags=re.S), start=1):
-        path = out_dir / f"figure-{i}.svg"
-        svg = match.group(0)
-        if "xmlns=" not in svg[:200]:  # inline SVG in HTML may omit it; a file may not
-            svg = svg.replace("<svg", '<svg xmlns="http://www.w3.org/2000/svg"', 1)
-        svg = re.sub(r"(<svg\b[^>]*>)", lambda m: m.group(1) + css, svg, count=1)
-        path.write_text(svg + "\n", encoding="utf-8")
-        names.append(str(path.relative_to(ROOT)))
-    return names
 
 
 def print_table(summary: dict) -> None:
@@ -272,28 +279,60 @@ def print_table(summary: dict) -> None:
     Console().print(table)
 
 
-def benchmark_arguments(doc: str, config: Path, results: Path) -> argparse.ArgumentParser:
+def benchmark_arguments(doc: str, config: Path) -> argparse.ArgumentParser:
     """The options every preregistered benchmark script takes."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--config", type=Path, default=config)
     ap.add_argument("--resume", action="store_true", help="continue an interrupted benchmark")
     ap.add_argument("--analyze-only", action="store_true", help="only re-read the kept runs")
-    ap.add_argument("--output", type=Path, default=results)
+    ap.add_argument("--output-dir", type=Path, default=None,
+                    help="where to write (default runs/benchmarks/<config name>)")
+    ap.add_argument("--update-committed", action="store_true",
+                    help="rewrite the committed results (the config's output_dir) instead")
     return ap
 
 
+def benchmark_outputs(args: argparse.Namespace, committed_analysis: Path) -> tuple[Path, Path]:
+    """The benchmark's output folder and the analysis file; exits 1 with one line when
+    ``--analyze-only`` has no kept runs to read or a committed file would be rewritten."""
+    from miniverl.common.errors import ConfigError
+    from miniverl.student.benchmark.config import load_benchmark_config
+    from miniverl.student.benchmark.outputs import refuse_committed
+    from miniverl.student.benchmark.run import output_folder
+
+    try:
+        config, _ = load_benchmark_config(args.config)
+        # A script's config names its folders from the repository root.
+        out_dir = output_folder(config, args.output_dir, update_committed=args.update_committed,
+                                root=ROOT)
+        analysis = (committed_analysis if args.update_committed
+                    else out_dir / committed_analysis.name)
+        refuse_committed([analysis], update_committed=args.update_committed)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.analyze_only:
+        missing = missing_runs(out_dir / "results.json")
+        if missing:
+            raise SystemExit(
+                f"error: --analyze-only re-reads kept runs, and {len(missing)} are missing "
+                f"({'; '.join(missing[:3])}{'; ...' if len(missing) > 3 else ''}); run "
+                "directories are git-ignored, so a fresh clone has none: run the benchmark "
+                "first (without --analyze-only), or name its folder with --output-dir"
+            )
+    return out_dir, analysis
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = benchmark_arguments(__doc__, CONFIG, RESULTS)
+    ap = benchmark_arguments(__doc__, CONFIG)
     ap.add_argument("--runs", type=Path, nargs="+",
                     help="analyse these run directories (e.g. `miniverl up` runs) instead")
     args = ap.parse_args(argv)
     if args.runs:
-        return analyze_runs(args.runs, args.output)
+        out_dir = args.output_dir or ROOT / "runs" / "benchmarks" / "real_model"
+        output = RUNS_RESULTS if args.update_committed else out_dir / "real_model_runs.json"
+        return analyze_runs(args.runs, output)
 
-    from miniverl.student.benchmark.config import default_output_dir, load_benchmark_config
-
-    config, _ = load_benchmark_config(args.config)
-    out_dir = (ROOT / config.output_dir) if config.output_dir else default_output_dir(config)
+    out_dir, output = benchmark_outputs(args, RESULTS)
     conversion_s = None
     if not args.analyze_only:
         from miniverl.common.gguf_import import convert_gguf, smollm2_gguf
@@ -309,15 +348,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"success {r.success_before} -> {r.success_after}, {r.wall_s or 0:.0f} s"
                   + (f", {r.error}" if r.error else ""), flush=True)
 
-        run_benchmark(args.config, resume=args.resume, output_dir=out_dir, on_cell=on_cell)
-    summary = analyze(out_dir / "results.json", conversion_s)
-    summary["report_html"] = str((out_dir / "report.html").relative_to(ROOT))
-    summary["figures"] = extract_figures(out_dir)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        run_benchmark(args.config, resume=args.resume, output_dir=out_dir,
+                      update_committed=args.update_committed, on_cell=on_cell)
+    summary = analyze(out_dir / "results.json", conversion_s, output)
+    summary["report_html"] = record_path(out_dir / "report.html", output.parent)
+    summary["figures"] = extract_figures(out_dir, output.parent)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print_table(summary)
-    print(f"wrote {args.output.relative_to(ROOT) if args.output.is_relative_to(ROOT) else args.output}"
-          f" and {summary['report_html']}")
+    print(f"wrote {output} and {out_dir / 'report.html'}")
     return 0
 
 

@@ -28,10 +28,14 @@ eval tasks to know which carry a fault, and reports:
   bytes on the wire; the wall-time ratio of the OPD cell to the frozen-state KD cell
   per seed, whole cell and training only.
 
-Writes ``benchmarks/results/recovery_bench.json`` (every cell, failed ones included),
-and beside the benchmark's own ``results.json`` and ``report.html`` the report's charts
+Writes, in ``--output-dir`` (default ``runs/benchmarks/<config name>``, git-ignored),
+beside the benchmark's own ``results.json``, ``report.html`` and ``runs/``:
+``recovery_bench.json`` (every cell, failed ones included), the report's charts
 (``figure-N.svg``), this analysis's charts (``recovery-N.svg``) and
-``recovery_report.html``.
+``recovery_report.html``. ``--update-committed`` writes the committed ones instead (the
+config's ``output_dir`` and ``benchmarks/results/recovery_bench.json``; for another
+config ``recovery_bench_<suffix>.json``, the suffix its name adds to ``recovery``).
+``--analyze-only`` without the kept runs (git-ignored) says which are missing.
 """
 
 from __future__ import annotations
@@ -45,8 +49,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
-from real_model_learning import benchmark_arguments, cell_outcome, provenance  # noqa: E402
-from recovery_report import extract_figures, write_report  # noqa: E402
+from real_model_learning import (  # noqa: E402
+    benchmark_arguments,
+    benchmark_outputs,
+    cell_outcome,
+    provenance,
+    run_path,
+)
+from recovery_report import extract_figures, record_path, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "recovery" / "config.yaml"
@@ -142,12 +152,12 @@ def cost(run_dir: Path, wall_s: float | None) -> dict:
             "bytes_received": received}
 
 
-def analyze_cell(cell: dict) -> dict:
-    out, evals = cell_outcome(cell)
+def analyze_cell(cell: dict, results_dir: Path) -> dict:
+    out, evals = cell_outcome(cell, results_dir)
     out["budget_matched"] = cell.get("budget_matched")
     if evals is None:
         return out
-    run_dir = Path(out["run_dir"])
+    run_dir = run_path(results_dir, out["run_dir"])
     recipe = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text(encoding="utf-8"))
     faulted = faulted_ids(recipe)
     before, after = read_eval(evals[0], faulted), read_eval(evals[1], faulted)
@@ -250,16 +260,16 @@ def cost_ratio(cells: list[dict], fresh: str, frozen: str) -> dict:
             "mean_training": float(np.mean([v["training"] for v in per_seed.values()]))}
 
 
-def analyze(results_path: Path) -> dict:
+def analyze(results_path: Path, output: Path) -> dict:
     data = json.loads(results_path.read_text(encoding="utf-8"))
     rng = np.random.default_rng(0)
-    cells = [analyze_cell(c) for c in data["cells"]]
+    cells = [analyze_cell(c, results_path.parent) for c in data["cells"]]
     baseline = data["baseline"]
     modes = {a["name"]: (a["mode"], (a.get("overrides") or {}).get("train", {}))
              for a in data["config"]["arms"]}
     fresh = next((n for n, (mode, _) in modes.items() if mode == "opd"), None)
     return {
-        **provenance(results_path, data),
+        **provenance(results_path, data, output),
         "baseline": baseline,
         "metric": data["metric"],
         "budget": data["config"]["budget"],
@@ -299,13 +309,17 @@ def print_table(summary: dict) -> None:
               f"(max {ratio['max_cell']:.2f}x), {ratio['mean_training']:.2f}x training only")
 
 
+def committed_analysis(config_path: Path) -> Path:
+    """The committed analysis file of a recovery config: ``recovery_bench.json`` for
+    ``recovery``, ``recovery_bench_256.json`` for ``recovery-256``."""
+    name = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))["name"]
+    suffix = str(name).removeprefix("recovery").replace("-", "_")
+    return RESULTS.with_name(f"recovery_bench{suffix}.json")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = benchmark_arguments(__doc__, CONFIG, RESULTS).parse_args(argv)
-
-    from miniverl.student.benchmark.config import default_output_dir, load_benchmark_config
-
-    config, _ = load_benchmark_config(args.config)
-    out_dir = ROOT / (config.output_dir or default_output_dir(config))  # absolute stays so
+    args = benchmark_arguments(__doc__, CONFIG).parse_args(argv)
+    out_dir, output = benchmark_outputs(args, committed_analysis(args.config))
     if not args.analyze_only:
         from miniverl.student.benchmark.run import run_benchmark
 
@@ -316,14 +330,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.recovery_before} -> {r.recovery_after}, {r.wall_s or 0:.0f} s"
                   + (f", {r.error}" if r.error else ""), flush=True)
 
-        run_benchmark(args.config, resume=args.resume, output_dir=out_dir, on_cell=on_cell)
-    summary = analyze(out_dir / "results.json")
-    summary["report_html"] = str(out_dir / "report.html")
-    summary["figures"] = extract_figures(out_dir) + write_report(out_dir, summary)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        run_benchmark(args.config, resume=args.resume, output_dir=out_dir,
+                      update_committed=args.update_committed, on_cell=on_cell)
+    summary = analyze(out_dir / "results.json", output)
+    summary["report_html"] = record_path(out_dir / "report.html", output.parent)
+    summary["figures"] = (extract_figures(out_dir, output.parent)
+                          + write_report(out_dir, summary, output.parent))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print_table(summary)
-    print(f"wrote {args.output} and {out_dir / 'recovery_report.html'}")
+    print(f"wrote {output} and {out_dir / 'recovery_report.html'}")
     return 0 if summary["complete"] else 1
 
 

@@ -1,7 +1,12 @@
 """How close each arm's repeated call comes to the call it must repeat (recovery benchmark).
 
-    python benchmarks/recovery_copies.py benchmarks/results/recovery_256/results.json \
-        --output benchmarks/results/recovery_copies_256.json
+    python benchmarks/recovery_copies.py runs/benchmarks/recovery-256/results.json
+
+Writes ``recovery_copies.json`` (``recovery_copies_256.json`` for ``recovery-256``, the
+suffix the benchmark's name adds to ``recovery``) in ``--output-dir`` (default
+``runs/benchmarks/recovery_copies``), or with ``--update-committed`` the committed one in
+``benchmarks/results/``. A results file whose run directories are missing (they are
+git-ignored: a fresh clone has none) is refused, naming them.
 
 A descriptive look at the kept runs, added after the results and not preregistered.
 The recovery metric is all or nothing: the call after the error must repeat the failed
@@ -29,7 +34,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
-from real_model_learning import cell_outcome  # noqa: E402
+from real_model_learning import ROOT, cell_outcome, missing_runs, record_path  # noqa: E402
+
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file  # noqa: E402
 
 
 def _expression(message: dict) -> str | None:
@@ -85,12 +92,20 @@ def copy_scores(pairs: list[tuple[str, str | None]]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="a recovery benchmark's results.json")
-    parser.add_argument("--output", type=Path, default=None, help="write the JSON here too")
+    add_output_options(parser, ROOT / "benchmarks" / "results" / "recovery_copies.json")
     args = parser.parse_args(argv)
+    missing = missing_runs(args.results)
+    if missing:
+        raise SystemExit(f"error: {len(missing)} run directories of {args.results} are missing "
+                         f"({'; '.join(missing[:3])}{'; ...' if len(missing) > 3 else ''}); "
+                         "they are git-ignored: run the benchmark first")
     data = json.loads(args.results.read_text(encoding="utf-8"))
+    suffix = str(data["name"]).removeprefix("recovery").replace("-", "_")
+    output = script_output_file(
+        args, ROOT / "benchmarks" / "results" / f"recovery_copies{suffix}.json", ROOT)
     cells = []
     for cell in data["cells"]:
-        out, evals = cell_outcome(cell)
+        out, evals = cell_outcome(cell, args.results.parent)
         if evals is None:
             cells.append({"arm": out["arm"], "seed": out["seed"], "error": out.get("error")})
             continue
@@ -103,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         arms[name] = {"cells": len(done), **{
             key: float(np.mean([d[key] for d in done])) if done else None
             for key in ("n", "exact", "char_accuracy", "prefix", "expression_chars")}}
-    summary = {"source": str(args.results), "arms": arms, "cells": cells}
+    summary = {"source": record_path(args.results, output.parent), "arms": arms, "cells": cells}
     print(f"{'arm':<10} {'cells':>5} {'calls':>6} {'exact':>7} {'chars right':>12} {'prefix':>7}")
     for name, a in arms.items():
         if a["exact"] is None:
@@ -111,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{name:<10} {a['cells']:>5} {a['n']:>6.1f} {a['exact']:>7.1%} "
               f"{a['char_accuracy']:>12.1%} {a['prefix']:>7.2f}")
-    if args.output:
-        args.output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.output}")
+    output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {output}")
     return 0
 
 

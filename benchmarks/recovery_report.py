@@ -13,6 +13,7 @@ This module computes nothing; it draws what the summary holds.
 from __future__ import annotations
 
 import html
+import os
 import re
 from pathlib import Path
 
@@ -26,12 +27,18 @@ TIMES = (("rollout_s", "rollout"), ("teacher_wait_s", "teacher wait"), ("update_
          ("other_s", "evals + start-up"))
 
 
-def _name(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+def record_path(path: Path, base: Path) -> str:
+    """How a record names ``path``: from the repository root when it lies inside it (the
+    committed results), else relative to ``base`` (the record's folder); never absolute."""
+    path = path.resolve()
+    if path.is_relative_to(ROOT):
+        return path.relative_to(ROOT).as_posix()
+    return Path(os.path.relpath(path, base.resolve())).as_posix()
 
 
-def extract_figures(out_dir: Path) -> list[str]:
-    """The benchmark report's SVG charts as files beside it (no second renderer)."""
+def extract_figures(out_dir: Path, base: Path) -> list[str]:
+    """The benchmark report's SVG charts as files beside it (no second renderer); their
+    paths as :func:`record_path` names them from ``base``."""
     page = out_dir / "report.html"
     if not page.is_file():
         return []
@@ -46,7 +53,7 @@ def extract_figures(out_dir: Path) -> list[str]:
         svg = re.sub(r"(<svg\b[^>]*>)", lambda m: m.group(1) + css, svg, count=1)
         path = out_dir / f"figure-{i}.svg"
         path.write_text(svg + "\n", encoding="utf-8")
-        names.append(_name(path))
+        names.append(record_path(path, base))
     return names
 
 
@@ -178,15 +185,16 @@ def _table(summary: dict) -> str:
             + "".join(rows) + "</table>")
 
 
-def write_report(out_dir: Path, summary: dict) -> list[str]:
-    """The four charts as ``recovery-N.svg`` and ``recovery_report.html``; returns paths."""
+def write_report(out_dir: Path, summary: dict, base: Path) -> list[str]:
+    """The four charts as ``recovery-N.svg`` and ``recovery_report.html``; returns their
+    paths as :func:`record_path` names them from ``base``."""
     charts = [metrics_chart(summary), difference_chart(summary, "recovery"),
               difference_chart(summary, "faulted_success"), time_chart(summary)]
     names = []
     for i, svg in enumerate(charts, start=1):
         path = out_dir / f"recovery-{i}.svg"
         path.write_text(svg, encoding="utf-8")
-        names.append(_name(path))
+        names.append(record_path(path, base))
     ratio = summary.get("cost_ratio_opd_vs_frozen") or {}
     ratio_text = (f"OPD cell / frozen-state KD cell wall time: mean {ratio['mean_cell']:.2f}x, "
                   f"max {ratio['max_cell']:.2f}x; training only {ratio['mean_training']:.2f}x."

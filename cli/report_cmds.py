@@ -68,7 +68,11 @@ def benchmark(
     ),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted benchmark."),
     output_dir: Path | None = typer.Option(
-        None, "--output-dir", help="Override the config's output_dir."
+        None, "--output-dir", help="Where to write (default runs/benchmarks/<name>)."
+    ),
+    update_committed: bool = typer.Option(
+        False, "--update-committed",
+        help="Rewrite the committed results (the config's output_dir) instead.",
     ),
 ) -> None:
     """Compare training arms over several seeds under one matched budget."""
@@ -80,7 +84,8 @@ def benchmark(
         extra = f" ({cell.result.error})" if cell.result.error else ""
         typer.echo(f"cell {cell.arm} seed {cell.seed}: {state}{extra}", err=True)
 
-    results, out_dir = run_benchmark(config, resume=resume, output_dir=output_dir, on_cell=progress)
+    results, out_dir = run_benchmark(config, resume=resume, output_dir=output_dir,
+                                     update_committed=update_committed, on_cell=progress)
     typer.echo(summary_markdown(results))
     typer.echo(f"results: {out_dir / 'results.json'}\nreport: {out_dir / 'report.html'}")
     if not results.complete:

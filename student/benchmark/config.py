@@ -5,7 +5,10 @@ A benchmark config (YAML, :class:`BenchmarkConfig`) names a base recipe, the arm
 one budget that every cell gets: the same number of optimizer updates, or the same
 wall time; optionally an sft recipe that warms the student every cell starts from
 (``student_prepare``). :func:`load_benchmark_config` validates it and reads the base recipe;
-:func:`cell_recipe` builds one arm × seed cell's recipe from them.
+:func:`cell_recipe` builds one arm × seed cell's recipe from them. A run writes to
+:func:`fresh_output_dir` (``runs/benchmarks/<name>``, git-ignored) unless it is given a
+folder or told to rewrite the committed results (:func:`committed_output_dir`, the
+config's ``output_dir``).
 
 This module runs nothing and imports no torch (:mod:`~miniverl.student.benchmark.run`
 runs the cells).
@@ -104,7 +107,11 @@ class BenchmarkConfig(StrictModel):
         ),
     )
     output_dir: str | None = Field(
-        None, description="Results folder; null = benchmarks/results/<name>."
+        None,
+        description=(
+            "The committed results folder, written only with --update-committed; null = "
+            "benchmarks/results/<name>. A plain run writes runs/benchmarks/<name>."
+        ),
     )
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
 
@@ -201,7 +208,13 @@ def digest(obj: Any) -> str:
     return "sha256:" + sha256_text(text)
 
 
-def default_output_dir(config: BenchmarkConfig) -> Path:
+def committed_output_dir(config: BenchmarkConfig) -> Path:
+    """Where the committed results of ``config`` live (written only when asked to)."""
     return (
         Path(config.output_dir) if config.output_dir else Path("benchmarks/results") / config.name
     )
+
+
+def fresh_output_dir(config: BenchmarkConfig) -> Path:
+    """Where a run writes unless told otherwise: a git-ignored folder of its own."""
+    return Path("runs") / "benchmarks" / config.name

@@ -24,7 +24,7 @@ class CellResult(StrictModel):
     """What one arm × seed training run produced."""
 
     status: Literal["ok", "failed"] = "ok"
-    run_dir: str | None = None
+    run_dir: str | None = None  # in a results.json: relative to the folder that holds it
     final_version: int | None = None
     updates: int | None = Field(None, ge=0)
     wall_s: float | None = Field(None, ge=0)

@@ -9,8 +9,14 @@ atomically rewrites ``results.json`` (schema-validated
 ``report.html`` in the output folder. ``resume=True`` keeps the finished cells of an
 interrupted benchmark and runs the rest; failed cells run again.
 
+The output folder is ``runs/benchmarks/<name>`` (git-ignored) unless ``output_dir`` names
+another; the config's committed ``output_dir`` is written only with ``update_committed``
+(:mod:`~miniverl.student.benchmark.outputs`). Each cell's ``run_dir`` is stored relative
+to the output folder.
+
 This module does not train anything itself and imports no torch until a default cell
-runs. Run with ``miniverl benchmark CONFIG [--resume]``.
+runs. Run with ``miniverl benchmark CONFIG [--resume] [--output-dir DIR |
+--update-committed]``.
 """
 
 from __future__ import annotations
@@ -33,12 +39,14 @@ from miniverl.common.recipe_models import ModelSource
 from miniverl.student.benchmark.config import (
     BenchmarkConfig,
     cell_recipe,
-    default_output_dir,
+    committed_output_dir,
     digest,
+    fresh_output_dir,
     load_benchmark_config,
 )
 from miniverl.student.benchmark.export import collect_environment
 from miniverl.student.benchmark.html import render_benchmark_html
+from miniverl.student.benchmark.outputs import choose_output_dir, refuse_committed, relative_to
 from miniverl.student.benchmark.results import (
     BenchmarkResults,
     CellRecord,
@@ -51,6 +59,9 @@ from miniverl.student.teacher_prep import prepare_model
 from miniverl.student.teacher_process import start_teacher, stop_teacher
 
 RunCell = Callable[[dict[str, Any], int], CellResult]
+
+
+OUTPUTS = ("results.json", "summary.md", "report.html")
 
 
 def _write_outputs(out_dir: Path, results: BenchmarkResults) -> None:
@@ -66,17 +77,24 @@ def run_benchmark(
     resume: bool = False,
     run_cell: RunCell | None = None,
     output_dir: str | Path | None = None,
+    update_committed: bool = False,
     on_cell: Callable[[CellRecord], None] | None = None,
 ) -> tuple[BenchmarkResults, Path]:
-    """Run (or continue) every arm × seed cell; returns the results and the output folder."""
+    """Run (or continue) every arm × seed cell; returns the results and the output folder.
+
+    The folder is ``output_dir``, else the config's committed ``output_dir`` when
+    ``update_committed``, else ``runs/benchmarks/<name>``; committed files are written
+    only when ``update_committed``.
+    """
     config, base = load_benchmark_config(config_path)
-    out_dir = Path(output_dir) if output_dir else default_output_dir(config)
+    out_dir = output_folder(config, output_dir, update_committed=update_committed)
     results_path = out_dir / "results.json"
     config_dump = config.model_dump(mode="json")
     config_digest = digest({"config": config_dump, "recipe": base})
-    if results_path.exists() and not resume:
+    if results_path.exists() and not resume and not update_committed:
         raise ConfigError(
-            f"{results_path} already exists; pass --resume to continue it or set another output_dir"
+            f"{results_path} already exists (an earlier run); pass --resume to continue it, "
+            "or --output-dir DIR for a fresh folder"
         )
     if resume and results_path.exists():
         results = load_results(results_path)
@@ -118,6 +136,19 @@ def run_benchmark(
     return results, out_dir
 
 
+def output_folder(config: BenchmarkConfig, output_dir: str | Path | None, *,
+                  update_committed: bool = False, root: Path | None = None) -> Path:
+    """Where a run of ``config`` writes (the config's folders named from ``root``, default
+    the working directory); ConfigError before it would rewrite a committed file."""
+    root = root or Path()
+    out_dir = choose_output_dir(Path(output_dir) if output_dir else None,
+                                update_committed=update_committed,
+                                committed=root / committed_output_dir(config),
+                                fresh=root / fresh_output_dir(config))
+    refuse_committed([out_dir / name for name in OUTPUTS], update_committed=update_committed)
+    return out_dir
+
+
 def _run_cells(
     config: BenchmarkConfig,
     base: dict[str, Any],
@@ -137,6 +168,8 @@ def _run_cells(
                 result = run_cell(recipe, seed)
             except Exception as exc:  # one broken cell must not lose the others
                 result = CellResult(status="failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            if result.run_dir is not None:  # stored relative to the results: no machine path
+                result.run_dir = relative_to(result.run_dir, out_dir)
             matched = None
             if (
                 config.budget.kind == "updates"

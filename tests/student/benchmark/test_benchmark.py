@@ -29,6 +29,12 @@ BASE_RECIPE = {
 ARM_SHIFT = {"sft": 0.0, "opd": 0.2, "opd_serial": 0.15}
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch) -> None:
+    # A run writes runs/benchmarks/<name> under the working directory: keep it in tmp.
+    monkeypatch.chdir(tmp_path)
+
+
 def write_config(tmp_path: Path, **changes) -> Path:
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE_RECIPE))
     config = {
@@ -134,7 +140,8 @@ def test_resume_runs_only_the_missing_cells(tmp_path: Path) -> None:
     first = FakeCells(fail_after=4)
     with pytest.raises(KeyboardInterrupt):
         run_benchmark(config, run_cell=first)
-    saved = BenchmarkResults.model_validate_json((tmp_path / "out" / "results.json").read_text())
+    fresh = tmp_path / "runs" / "benchmarks" / "toy"  # the default: a folder of its own
+    saved = BenchmarkResults.model_validate_json((fresh / "results.json").read_text())
     assert len(saved.cells) == 4 and not saved.complete
     with pytest.raises(ConfigError, match="--resume"):
         run_benchmark(config, run_cell=FakeCells())
@@ -157,6 +164,42 @@ def test_failed_cells_are_recorded_and_rerun_on_resume(tmp_path: Path) -> None:
     again = FakeCells()
     results, _ = run_benchmark(config, resume=True, run_cell=again)
     assert [(a, s) for a, s, _ in again.calls] == [("opd", 1)] and results.complete
+
+
+def test_the_committed_results_are_written_only_when_asked(tmp_path: Path) -> None:
+    # A plain run never writes the config's output_dir (the committed results); a file git
+    # tracks there is rewritten only with update_committed.
+    import subprocess
+
+    config = write_config(tmp_path)
+    committed = tmp_path / "out"
+    results, out = run_benchmark(config, run_cell=FakeCells())
+    assert out == Path("runs/benchmarks/toy") and not committed.exists()
+    assert all(not Path(c.result.run_dir or "x").is_absolute() for c in results.cells)
+    with pytest.raises(ConfigError, match="committed results folder"):
+        run_benchmark(config, run_cell=FakeCells(), output_dir=committed)
+    _, out = run_benchmark(config, run_cell=FakeCells(), update_committed=True)
+    assert out == committed and (committed / "results.json").is_file()
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "out/results.json"], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "results.json").write_text((committed / "results.json").read_text())
+    subprocess.run(["git", "-C", str(tmp_path), "add", "elsewhere/results.json"], check=True)
+    with pytest.raises(ConfigError, match="committed result; pass --update-committed"):
+        run_benchmark(config, run_cell=FakeCells(), output_dir=elsewhere, resume=True)
+    with pytest.raises(ConfigError, match="both say where to write"):
+        run_benchmark(config, run_cell=FakeCells(), output_dir=elsewhere, update_committed=True)
+
+
+def test_a_cell_run_dir_is_stored_relative_to_the_results(tmp_path: Path) -> None:
+    def cell(recipe: dict, seed: int) -> CellResult:
+        run_dir = Path(recipe["run"]["output_dir"]).resolve() / f"cell-{seed}"
+        return CellResult(updates=5, success_after=0.5, run_dir=str(run_dir))
+
+    results, out = run_benchmark(write_config(tmp_path), run_cell=cell)
+    assert {c.result.run_dir for c in results.cells} == {"runs/cell-0", "runs/cell-1", "runs/cell-2"}
+    assert '"run_dir": "/' not in (out / "results.json").read_text()
 
 
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:

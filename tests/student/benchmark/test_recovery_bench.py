@@ -108,8 +108,9 @@ def test_the_benchmark_runs_two_arms_one_seed_two_updates_end_to_end(tmp_path):
                   arms=[a for a in config["arms"] if a["name"] in ("frozen_kd", "opd")],
                   output_dir=str(tmp_path / "out"))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    output = tmp_path / "recovery_bench.json"
-    assert main(["--config", str(tmp_path / "config.yaml"), "--output", str(output)]) == 0
+    output = tmp_path / "out" / "recovery_bench.json"
+    assert main(["--config", str(tmp_path / "config.yaml"), "--output-dir",
+                 str(tmp_path / "out")]) == 0
     summary = json.loads(output.read_text())
     assert summary["complete"] and set(summary["arms"]) == {"frozen_kd", "opd"}
     for cell in summary["cells"]:
@@ -127,4 +128,5 @@ def test_the_benchmark_runs_two_arms_one_seed_two_updates_end_to_end(tmp_path):
     assert set(summary["cost_ratio_opd_vs_frozen"]["per_seed"]) == {"1"}
     out = tmp_path / "out"
     assert (out / "recovery_report.html").is_file() and (out / "recovery-1.svg").is_file()
-    assert all(Path(f).is_file() or (ROOT / f).is_file() for f in summary["figures"])
+    assert all((out / f).is_file() or (ROOT / f).is_file() for f in summary["figures"])
+    assert not any(Path(f).is_absolute() for f in summary["figures"])
