@@ -1,4 +1,4 @@
 """The wire protocol mvl-score/1: message models, frame codec, async client, limits.
 
-Torch-free. Spec: DESIGN.md section 3.
+Torch-free. Spec: docs/protocol.md.
 """

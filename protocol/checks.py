@@ -1,4 +1,5 @@
-"""What the arrays of a ``SCORE`` and a ``SCORE_OK`` must satisfy (DESIGN §3).
+"""What the arrays of a ``SCORE`` and a ``SCORE_OK`` must satisfy (docs/protocol.md, "SCORE"
+and "SCORE_OK").
 
 The one module on the wire that looks at a position or a target. Where each check runs
 (``docs/protocol.md``, "Where each check runs"), once on each side:
@@ -102,7 +103,7 @@ def validate_score(
 ) -> None:
     """Check a decoded SCORE against the teacher's vocabulary and limits.
 
-    Rules (DESIGN §3): ``cu_seqlens`` starts at 0, never decreases and ends at N;
+    Rules (docs/protocol.md, "SCORE"): ``cu_seqlens`` starts at 0, never decreases and ends at N;
     every token id is in ``[0, vocab_size)``; every position ``p`` predicts a token of
     its own sequence, ``cu_seqlens[b] <= p < cu_seqlens[b+1] - 1``; ``k <= k_max`` and
     ``k <= vocab_size``; N, B and P within limits (``TOO_LARGE``); exact scoring only

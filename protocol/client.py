@@ -8,7 +8,7 @@ over one connection. It is made of three parts, each with its own job:
   (STATUS, PARK, WAKE, RELOAD, SHUTDOWN: one round trip each) with their ``auth``;
 - the pending table (``pending.py``) owns every request in flight, the student's
   version, the allowed lag and the bound teacher, and decides once per SCORE_OK
-  whether it may be trained on (THE staleness rule, DESIGN §3);
+  whether it may be trained on (THE staleness rule, docs/protocol.md "Staleness rule");
 - the link (``link.py``) keeps the socket up: HELLO, heartbeat, reconnect, resend.
 
 The staleness rule: a SCORE_OK is accepted only if its id is pending, its echoed

@@ -1,6 +1,7 @@
 """Endpoint rules and CURVE key loading for ``mvl-score/1`` sockets.
 
-:func:`check_bind_endpoint` enforces DESIGN §3's bind rules before a server binds:
+:func:`check_bind_endpoint` enforces the bind rules of docs/protocol.md ("Sockets and
+endpoints") before a server binds:
 ``ipc://`` parent directories are created private (0700), ``tcp://`` on anything but
 a loopback address is refused unless CURVE is configured, ``inproc://`` is allowed.
 :func:`load_curve_server_keys` / :func:`load_curve_client_keys` read ZeroMQ
@@ -8,7 +9,7 @@ certificate files (``zmq.auth``); :func:`apply_curve_server` and
 :func:`apply_curve_client` set them on a socket. This module does not open or bind
 sockets itself.
 
-The admin token (DESIGN §3 "Who may do what"): without CURVE a teacher proves nothing
+The admin token (docs/teacher-server.md, "Who may do what"): without CURVE a teacher proves nothing
 about its clients, so admin messages carry a random token the teacher writes at start
 to a 0600 file. :func:`admin_token_path` says where (beside an ``ipc://`` socket, beside
 ``--log`` for ``tcp://``, else a per-user directory), :func:`write_admin_token` and

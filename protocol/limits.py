@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_HEADER_BYTES = 65536
-"""DESIGN §3: the msgpack header (frame 0) is at most 64 KiB."""
+"""docs/protocol.md, "Framing": the msgpack header (frame 0) is at most 64 KiB."""
 
 
 class Limits(BaseModel):

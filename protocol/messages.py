@@ -1,7 +1,7 @@
-"""Typed headers of ``mvl-score/1`` (DESIGN §3): one pydantic model per message type.
+"""Typed headers of ``mvl-score/1`` (docs/protocol.md): one pydantic model per message type.
 
-Each model is the msgpack map in frame 0 minus its ``arrays`` list, with DESIGN's
-field names exactly as they travel. Models are strict (``extra="forbid"``, no
+Each model is the msgpack map in frame 0 minus its ``arrays`` list, with the field names
+of docs/protocol.md ("Messages") exactly as they travel. Models are strict (``extra="forbid"``, no
 coercion of ``"5"`` into ``5``, no NaN), so a header either parses into the model
 its ``t`` names or :func:`parse_header` raises :class:`ProtocolViolation` carrying
 the error code the server answers with. :func:`expected_arrays` says which arrays
@@ -34,7 +34,7 @@ MAX_ID = 2**63 - 1
 
 
 class ErrorCode(str, Enum):
-    """The ``code`` of an ``ERROR`` reply (DESIGN §3)."""
+    """The ``code`` of an ``ERROR`` reply (docs/protocol.md, "ERROR")."""
 
     BAD_REQUEST = "BAD_REQUEST"
     VERSION_MISMATCH = "VERSION_MISMATCH"

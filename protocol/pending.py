@@ -1,9 +1,10 @@
-"""The client's pending table: every request in flight, and THE staleness rule (DESIGN §3).
+"""The client's pending table: every request in flight, and THE staleness rule
+(docs/protocol.md, "Staleness rule").
 
 A :class:`Request` is one row of the table: a request sent (or queued) under its
-``id``, with its encoded frames for a resend and, for a ``SCORE``, what DESIGN calls
-``pending[id] = (student_version, instance, gen)``: the student version it was sent
-for and the teacher ``(instance, gen)`` the update was bound to.
+``id``, with its encoded frames for a resend and, for a ``SCORE``, what docs/protocol.md
+("Staleness rule") calls ``pending[id] = (student_version, binding)``: the student
+version it was sent for and the teacher ``(instance, gen)`` the update was bound to.
 
 :class:`PendingTable` owns the rows and everything that decides their fate: the
 student's current version, the allowed lag and the bound teacher (set by the client,
@@ -73,8 +74,9 @@ teacher than the one the update is bound to."""
 
 
 class Pending(NamedTuple):
-    """What a SCORE was sent for: DESIGN's ``pending[id] = (student_version, instance,
-    gen)``, the teacher kept as one ``binding`` (None: sent while no update was bound)."""
+    """What a SCORE was sent for: ``pending[id] = (student_version, binding)`` of
+    docs/protocol.md ("Staleness rule"), the binding the teacher ``(instance, gen)`` (None:
+    sent while no update was bound)."""
 
     student_version: int
     binding: Identity | None
@@ -137,7 +139,8 @@ def accept_reply(
     max_lag: int,
     bound_teacher: Identity | None,
 ) -> StaleReason | None:
-    """None when ``reply`` may be trained on, else why it must be dropped (DESIGN §3).
+    """None when ``reply`` may be trained on, else why it must be dropped (docs/protocol.md,
+    "Staleness rule").
 
     A SCORE_OK is accepted only if its id is pending (``pending`` is the entry for the
     reply's id, None when there is none), its echoed ``student_version`` equals the pending one,

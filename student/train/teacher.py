@@ -16,7 +16,8 @@ The functions here change a run's :class:`~miniverl.student.train.link.TeacherSi
   a teacher that fails the gate is refused and training goes on with the old one.
 - :func:`memory_strategy`: ``resident`` keeps the teacher's weights on the device;
   ``swap`` asks the teacher to ``PARK`` before each update and ``WAKE`` before scoring;
-  ``auto`` picks from measured free memory and says why (DESIGN §4). On CPU there is
+  ``auto`` picks from measured free memory and says why (docs/up.md, "Memory strategies
+  on one device"). On CPU there is
   no device memory to share, so ``auto`` is ``resident`` there. PARK and WAKE are admin
   messages: :func:`park` and :func:`wake` send them with the admin token (the file ``up``
   names, else the one beside the teacher's socket) or an admin CURVE key; a teacher that
@@ -161,7 +162,8 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
 
 
 def client_proof(state: TrainState) -> dict[str, Any]:
-    """``curve`` keys and ``admin_token_file`` for the teacher client (DESIGN §3)."""
+    """``curve`` keys and ``admin_token_file`` for the teacher client (docs/protocol.md,
+    "Admin")."""
     side, teacher = state.teacher, state.recipe.teacher
     files = side.curve
     if files is None and teacher is not None and teacher.curve_secret_key is not None:
@@ -281,7 +283,7 @@ def apply_retarget(state: TrainState) -> None:
 
 
 def choose_memory(state: TrainState) -> str:
-    """resident or swap for this run (DESIGN §4), recorded as an event and in the manifest."""
+    """resident or swap for this run (docs/up.md), recorded as an event and in the manifest."""
     wanted = state.recipe.teacher.memory
     strategy, reason = memory_strategy(state.recipe, state.policy.device)
     state.run.event("memory_strategy", wanted=wanted, chosen=strategy, reason=reason)

@@ -1,6 +1,6 @@
 """TeacherClient against ``miniverl.testing``'s scripted fake teacher (no ZeroMQ).
 
-Each test pins one promise DESIGN §3 makes to the trainer: a reply is trained on
+Each test pins one promise docs/protocol.md makes to the trainer: a reply is trained on
 only if it is pending, for the same student version, within the lag and from the
 bound teacher; a lost or refused request is resent under the same id; a restarted
 teacher is re-handshaken; a tokenizer mismatch stops everything; a transport passed

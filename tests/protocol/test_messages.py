@@ -1,8 +1,8 @@
 """Message models, SCORE semantics, limits and endpoint rules of mvl-score/1.
 
-The properties pinned here are the ones a hand-written client relies on: DESIGN's
-field names on the wire, the error code for each kind of bad request, and the bind
-rules that keep a teacher off the network without CURVE keys.
+The properties pinned here are the ones a hand-written client relies on: the field
+names of docs/protocol.md on the wire, the error code for each kind of bad request, and
+the bind rules that keep a teacher off the network without CURVE keys.
 """
 
 from __future__ import annotations
