@@ -24,6 +24,12 @@ same call made again works. The oracle calls again, so its trace shows the recov
 With ``faults=0`` tasks, prompts and tools are exactly those of an environment without
 the parameter.
 
+Chains (``chain``, a number of steps from 2 to 6, default 0 = off): every task is a chain
+of dependent calls, whatever the difficulty (``Chain: 37 + 48, then * 3, then - 19.``).
+Each step's expression starts with the previous step's result, which the model reads
+from the last tool response, so one wrong copy derails every step after it: errors
+compound. The oracle makes one call per step, then answers the last result.
+
 The verifier compares the last number of the answer with the ground truth (exact
 for integers, 1e-6 relative otherwise). This module is torch-free.
 """
@@ -46,6 +52,7 @@ MAX_MAGNITUDE = 1e15
 MAX_EXPONENT = 64
 MAX_NODES = 100
 MAX_UNIT_CHARS = 20
+MAX_CHAIN_STEPS = 6
 _FUNCTIONS = {
     "abs": (1, 1, abs),
     "round": (1, 2, round),
@@ -209,10 +216,18 @@ class CalculatorEnv(Environment):
 
     name = "calculator"
 
-    def __init__(self, units: bool = True, faults: float = 0.0) -> None:
+    def __init__(self, units: bool = True, faults: float = 0.0, chain: int = 0) -> None:
         super().__init__()
         self.units = bool(units)
         self.faults = check_rate(faults)
+        if isinstance(chain, bool) or not isinstance(chain, int) or not (
+            chain == 0 or 2 <= chain <= MAX_CHAIN_STEPS
+        ):
+            raise ValueError(
+                f"chain {chain!r} must be 0 (off) or a whole number of steps from 2 to "
+                f"{MAX_CHAIN_STEPS}; fix environment.params.chain"
+            )
+        self.chain = chain
         self._fault = FaultState(None)
 
     def on_reset(self, task: Task) -> None:
@@ -274,20 +289,22 @@ class CalculatorEnv(Environment):
 
     def generate_task(self, seed: int, split: str, difficulty: str) -> Task:
         rng = random.Random(f"calculator:{int(seed)}:{difficulty}")
-        if difficulty == "easy":
+        if difficulty not in ("easy", "medium", "hard"):
+            raise ValueError(f"difficulty {difficulty!r} is not easy, medium or hard")
+        if self.chain:
+            prompt, plan = self._chain(rng, self.chain)
+        elif difficulty == "easy":
             prompt, plan = self._arith(rng, 1)
         elif difficulty == "medium":
             if self.units and rng.random() < 0.5:
                 prompt, plan = self._conversion(rng)
             else:
                 prompt, plan = self._arith(rng, 2)
-        elif difficulty == "hard":
+        else:
             if self.units and rng.random() < 0.5:
                 prompt, plan = self._conversion_sum(rng)
             else:
                 prompt, plan = self._arith(rng, 3)
-        else:
-            raise ValueError(f"difficulty {difficulty!r} is not easy, medium or hard")
         answer = self._replay(plan)
         data: dict[str, Any] = {"plan": plan}
         if self.faults > 0:
@@ -311,6 +328,22 @@ class CalculatorEnv(Environment):
             a, b, c, d = (rng.randint(2, 60) for _ in range(4))
             expr = f"({a} {rng.choice('+-')} {b}) * {rng.randint(2, 12)} {rng.choice('+-')} {c + d}"
         return f"What is {expr}?", [{"tool": "calculator", "arguments": {"expression": expr}}]
+
+    @staticmethod
+    def _chain(rng: random.Random, steps: int) -> tuple[str, list[dict]]:
+        """``steps`` calls, each on the last one's result: ``a op b``, then ``op c``, ..."""
+        first = f"{rng.randint(10, 99)} {rng.choice('+-')} {rng.randint(10, 99)}"
+        ops = [
+            f"* {rng.randint(2, 9)}" if rng.random() < 0.3 else f"{rng.choice('+-')} {rng.randint(10, 99)}"
+            for _ in range(steps - 1)
+        ]
+        plan = [{"tool": "calculator", "arguments": {"expression": first}}]
+        value = evaluate(first)
+        for op in ops:
+            expr = f"{format_number(value)} {op}"
+            plan.append({"tool": "calculator", "arguments": {"expression": expr}})
+            value = evaluate(expr)
+        return f"Chain: {first}, then {', then '.join(ops)}.", plan
 
     @staticmethod
     def _conversion(rng: random.Random) -> tuple[str, list[dict]]:

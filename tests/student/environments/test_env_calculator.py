@@ -77,3 +77,35 @@ def test_convert_errors(env):
     assert env.step("convert", {"value": 1e300, "from_unit": "km", "to_unit": "mm"}).startswith(
         "error: result exceeds"
     )
+
+
+# Chains: every step's expression starts with the previous step's result, so the oracle's
+# trace is what the task promises (errors compound) and the answer is the last result.
+@pytest.mark.parametrize("steps", [2, 3, 6])
+def test_chain_tasks_depend_on_the_last_result(steps):
+    env = get_environment("calculator", units=False, chain=steps)
+    for task in make_tasks("calculator", "train", 8, "easy", 0, {"units": False, "chain": steps}):
+        env.reset(task)
+        results = []
+        for action in env.oracle_actions(task)[:-1]:
+            if results:
+                assert action.arguments["expression"].startswith(results[-1] + " ")
+            obs = env.step(action.name, action.arguments)
+            results.append(obs)
+        assert len(results) == steps
+        assert env.oracle_actions(task)[-1].text == results[-1] == task.answer
+        assert task.prompt.startswith("Chain: ") and task.prompt.count(", then ") == steps - 1
+
+
+def test_chain_tasks_are_seeded_and_off_by_default():
+    plain = make_tasks("calculator", "train", 4, "easy", 0, {"units": False})
+    assert all(not t.prompt.startswith("Chain") for t in plain)
+    a = make_tasks("calculator", "eval", 4, "easy", 0, {"units": False, "chain": 3})
+    b = make_tasks("calculator", "eval", 4, "easy", 0, {"units": False, "chain": 3})
+    assert [t.prompt for t in a] == [t.prompt for t in b]
+
+
+@pytest.mark.parametrize("bad", [1, 7, -2, 2.5, True, "3"])
+def test_chain_length_is_checked(bad):
+    with pytest.raises(ValueError, match="chain .* must be 0 .* from 2 to 6"):
+        get_environment("calculator", units=False, chain=bad)
