@@ -15,6 +15,7 @@ the wire) and does not talk to a teacher.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,17 @@ def measure(
                             tokenizer_fp=tokenizer_fp)
 
 
+def _stored_dir(model_dir: str | Path) -> str:
+    """How a record names the weights: relative to the cache when they are in it (a
+    prepared or converted model), else relative to the working directory; never an
+    absolute path of this machine (the digest beside it identifies the weights)."""
+    from miniverl.common.toy import cache_root
+
+    path, cache = Path(model_dir).expanduser().resolve(), cache_root().resolve()
+    return (path.relative_to(cache).as_posix() if path.is_relative_to(cache)
+            else Path(os.path.relpath(path)).as_posix())
+
+
 def record_from_eval(
     summary: dict[str, Any],
     recipe: Any,
@@ -104,7 +116,7 @@ def record_from_eval(
     return {
         "kind": RECORD_KIND,
         "teacher": {k: identity.get(k) for k in IDENTITY_KEYS},
-        "model_dir": str(Path(model_dir).expanduser().resolve()) if model_dir else None,
+        "model_dir": _stored_dir(model_dir) if model_dir else None,
         "model_dir_sha256": model_dir_digest(model_dir) if model_dir else None,
         "tokenizer_fp": tokenizer_fp,
         "environment": environment_signature(recipe),
