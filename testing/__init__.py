@@ -3,6 +3,8 @@
 - :class:`FakeTeacher` — a scriptable in-memory teacher: scripted replies, delays,
   errors, lost and held requests, restarts, reloads, stale and duplicate replies
   (the steps in :mod:`miniverl.testing.script`);
+- :class:`FakeTeacherClient` — an in-process ``ScoringClient`` over a torch model (no
+  wire), for testing a trainer: real targets, the client's staleness rule, counters;
 - :class:`MemoryTransport`, :class:`MemoryNetwork` — the in-memory connections a
   client's ``transport_factory`` opens;
 - :class:`TeacherHarness` — any ``Backend``, loader or scorer behind the real teacher
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
         FakeBackend,
         next_token_targets,
     )
-    from miniverl.testing.fake_teacher import FAST_SETTINGS, FakeTeacher
+    from miniverl.testing.fake_teacher import FAST_SETTINGS, FakeTeacher, FakeTeacherClient
     from miniverl.testing.harness import TeacherHarness
     from miniverl.testing.memory import MemoryNetwork, MemoryTransport
     from miniverl.testing.router import RawConnection
@@ -64,6 +66,7 @@ _HOME: dict[str, str] = {
     "next_token_targets": "miniverl.testing.backends",
     "FAST_SETTINGS": "miniverl.testing.fake_teacher",
     "FakeTeacher": "miniverl.testing.fake_teacher",
+    "FakeTeacherClient": "miniverl.testing.fake_teacher",
     "TeacherHarness": "miniverl.testing.harness",
     "MemoryNetwork": "miniverl.testing.memory",
     "MemoryTransport": "miniverl.testing.memory",
@@ -88,6 +91,7 @@ __all__ = [
     "FAST_SETTINGS",
     "FakeBackend",
     "FakeTeacher",
+    "FakeTeacherClient",
     "MemoryNetwork",
     "MemoryTransport",
     "RawConnection",

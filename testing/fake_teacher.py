@@ -1,4 +1,4 @@
-"""A scriptable fake teacher that speaks ``mvl-score/1`` over in-memory connections.
+"""Fake teachers: one that speaks ``mvl-score/1`` in memory, one with no wire at all.
 
 :class:`FakeTeacher` answers what a client sends the way docs/protocol.md says a
 teacher does — ``HELLO`` (checking the tokenizer), ``SCORE`` (``NEED_HELLO`` before a
@@ -13,13 +13,26 @@ new process at the same endpoint), :meth:`~FakeTeacher.reload` it, or make it
 Connect a client with ``transport_factory=teacher.transport_factory``, or get one
 with :meth:`FakeTeacher.client`. The teacher's state may be changed from the test's
 thread while the client runs on its own (the ``SyncTeacherClient`` case).
+
+:class:`FakeTeacherClient` is the other fake: an in-process
+:class:`~miniverl.protocol.scoring_client.ScoringClient` (the methods of
+``SyncTeacherClient``, no messages, no sockets) that scores a torch model with
+``teacher_server.scoring.score_positions``, the function the served teacher runs, so a
+trainer under test sees real targets. It applies the client's staleness rule
+(``protocol/pending.py``, ``accept_reply``) to its own pending requests and to replies a
+test queues in ``injected`` (wrong version, unknown id, old generation), and counts what
+it drops. miniverl's own trainer tests run on it.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,7 +42,8 @@ from miniverl.protocol.checks import validate_score
 from miniverl.protocol.client import TeacherClient
 from miniverl.protocol.codec import decode, decode_header_only, encode
 from miniverl.protocol.limits import Limits
-from miniverl.protocol.pending import RETRYABLE_CODES
+from miniverl.protocol.pending import RETRYABLE_CODES, Pending, accept_reply
+from miniverl.protocol.scoring_client import Identity, ScoreResult, TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.testing.backends import FAKE_TOKENIZER_FP, FAKE_VOCAB, job_targets
@@ -315,3 +329,138 @@ def _next_instance(instance: str) -> str:
     if stem and len(last) == 1 and "A" <= last < "Z":
         return f"{stem}-{chr(ord(last) + 1)}"
     return f"{instance}-restarted"
+
+
+@dataclass
+class FakeTeacherClient:
+    """An in-process teacher client over a torch ``model`` (see the module docstring).
+
+    Test hooks: ``scored_versions`` (the student version of every ``submit``, in order),
+    ``reload_before_next_wait`` (the next :meth:`wait` meets a reload: ``gen`` + 1 and
+    :class:`TeacherChanged`, as the real client raises it), ``injected`` (replies the
+    next :meth:`wait` receives before its own; each is dropped unless the staleness rule
+    accepts it, and counted in ``stale_dropped``).
+    """
+
+    model: Any
+    tokenizer_fp: str
+    vocab_size: int
+    name: str = "toy-teacher"
+    exact_max_vocab: int = 1 << 20
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
+    gen: int = 0
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict(sent=0, received=0, stale_dropped=0, retries=0,
+                                     reconnects=0, bytes_sent=0, bytes_received=0)
+    )
+    scored_versions: list[int] = field(default_factory=list)
+    reload_before_next_wait: bool = False
+    injected: list[ScoreResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[int, Identity, dict[str, np.ndarray]]] = {}
+        self._version = 0
+        self._lag = 0
+        self._bound: Identity | None = None
+
+    @property
+    def hello(self) -> m.HelloOk:
+        return m.HelloOk(
+            id=0, teacher={"name": self.name, "model": "toy"}, instance=self.instance,
+            gen=self.gen, tokenizer_fp=self.tokenizer_fp, vocab_size=self.vocab_size,
+            kinds={"topk": {"k_max": self.vocab_size},
+                   "exact": {"max_vocab": self.exact_max_vocab}},
+            limits={"max_tokens": 1 << 20, "max_positions": 1 << 20, "max_inflight": 64},
+            heartbeat_ms=1000, server_version="fake/1",
+        )
+
+    def connect(self, timeout_s: float | None = None) -> m.HelloOk:
+        return self.hello
+
+    def connect_soon(self, timeout_s: float | None = None) -> Future:
+        """:meth:`connect`, already done (an in-process teacher answers at once)."""
+        future: Future = Future()
+        future.set_result(self.connect(timeout_s))
+        return future
+
+    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+        self._version, self._lag = version, allowed_lag
+
+    def bind(self) -> Identity:
+        self._bound = (self.instance, self.gen)
+        return self._bound
+
+    def submit(
+        self,
+        tokens_N: Any,
+        cu_seqlens_B1: Any,
+        positions_P: Any,
+        *,
+        kind: str = "topk",
+        k: int = 16,
+        temperature: float = 1.0,
+        deadline_ms: int | None = None,
+        deterministic: bool = False,  # in process, every request is scored alone anyway
+    ) -> int:
+        from miniverl.teacher_server.scoring import score_positions  # torch, on first use
+
+        rid = next(self._ids)
+        arrays = score_positions(self.model, tokens_N, cu_seqlens_B1, positions_P, kind=kind,
+                                 k=k, temperature=temperature,
+                                 exact_max_vocab=self.exact_max_vocab)
+        self._pending[rid] = (self._version, (self.instance, self.gen), arrays)
+        self.counters["sent"] += 1
+        self.counters["bytes_sent"] += int(np.asarray(tokens_N).nbytes
+                                           + np.asarray(positions_P).nbytes)
+        self.scored_versions.append(self._version)
+        return rid
+
+    def _accepted(self, rid: int, result: ScoreResult) -> bool:
+        """The real client's rule, applied to this fake's pending requests."""
+        version, identity, _ = self._pending.get(rid, (None, None, None))
+        entry = None if version is None else Pending(version, identity)
+        return accept_reply(entry, result, current_version=self._version, max_lag=self._lag,
+                            bound_teacher=self._bound) is None
+
+    def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
+        ids = list(ids)
+        if self.reload_before_next_wait:
+            self.reload_before_next_wait = False
+            old = self._bound
+            self.gen += 1
+            raise TeacherChanged(old, (self.instance, self.gen), "reload")
+        for bad in self.injected:
+            if not self._accepted(bad.id, bad):
+                self.counters["stale_dropped"] += 1
+        self.injected.clear()
+        out = {}
+        for rid in ids:
+            version, identity, arrays = self._pending[rid]
+            result = ScoreResult(id=rid, student_version=version, instance=identity[0],
+                                 gen=identity[1], kind="topk" if "ids" in arrays else "exact",
+                                 k=arrays["ids"].shape[1] if "ids" in arrays else 0,
+                                 arrays=arrays, timing={})
+            if not self._accepted(rid, result):
+                self.counters["stale_dropped"] += 1
+                raise TeacherChanged(identity, (self.instance, self.gen), "reload")
+            out[rid] = result
+            self.counters["received"] += 1
+            self.counters["bytes_received"] += sum(a.nbytes for a in arrays.values())
+        for rid in ids:
+            self._pending.pop(rid, None)
+        return out
+
+    def retarget(self, endpoint: str) -> m.HelloOk:
+        self.instance = uuid.uuid4().hex
+        self.gen = 0
+        return self.hello
+
+    def park(self) -> m.ParkOk:
+        return m.ParkOk(id=0, state=m.TeacherState.PARKED)
+
+    def wake(self) -> m.WakeOk:
+        return m.WakeOk(id=0, state=m.TeacherState.READY)
+
+    def close(self) -> None:
+        """Nothing to release: no connection was opened."""

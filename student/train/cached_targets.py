@@ -23,8 +23,8 @@ from miniverl.common.rundir import RunDir
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.targets_entries import CacheIdentity, EntryKey
-from miniverl.student.train.link import Scored
 from miniverl.student.train.policy import Policy
+from miniverl.student.train.teacher_link import Scored
 
 
 def open_cache(recipe: Recipe, run: RunDir, policy: Policy, kind: str) -> TargetsCache | None:

@@ -37,9 +37,9 @@ from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
-from miniverl.student.train.link import Scored, TeacherSide
 from miniverl.student.train.optim import build_optimizer, build_scheduler
 from miniverl.student.train.policy import Policy, load_policy
+from miniverl.student.train.teacher_link import Scored, TeacherSide
 from miniverl.student.train.updates import EarlyForward, StepStats
 
 

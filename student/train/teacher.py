@@ -1,7 +1,9 @@
 """The student's teacher: connect, qualify, retarget, and how the two share one device.
 
-The functions here change a run's :class:`~miniverl.student.train.link.TeacherSide`
-(client, endpoint, link, identity, memory strategy):
+The functions here change a run's :class:`~miniverl.student.train.teacher_link.TeacherSide`
+(client, endpoint, link, identity, memory strategy). The client is a
+:class:`~miniverl.protocol.scoring_client.ScoringClient`: the ``SyncTeacherClient`` made
+here from the run's endpoint, or one the trainer was handed.
 
 - :func:`start_handshake` / :func:`check_handshake`: say ``HELLO`` before the SFT
   warm-up and gate the teacher as soon as it answers, so a teacher the run would refuse
@@ -26,7 +28,7 @@ The functions here change a run's :class:`~miniverl.student.train.link.TeacherSi
 - :func:`client_proof`: the CURVE keys (flags, else ``teacher.curve_*``) and the token
   file a client is built with.
 
-This module does not score trajectories (``link.py``) or train.
+This module does not score trajectories (``teacher_link.py``) or train.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ from miniverl.common.qualification import TeacherNotQualified, require_qualified
 from miniverl.protocol.endpoints import load_curve_client_keys
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
-from miniverl.student.train.link import TeacherLink, teacher_identity
 from miniverl.student.train.state import TrainState
+from miniverl.student.train.teacher_link import TeacherLink, teacher_identity
 
 # The student's update needs roughly this many times its weight bytes free
 # (weights + grads + AdamW moments + activations) to keep the teacher resident.
@@ -101,16 +103,7 @@ def start_handshake(state: TrainState) -> Handshake:
     side = state.teacher
     if side.client is None:
         side.client = new_client(state)
-    timeout = state.recipe.runtime.teacher_startup_timeout_s
-    soon = getattr(side.client, "connect_soon", None)
-    if soon is not None:
-        future = soon(timeout)
-    else:  # an in-process client (tests) answers at once
-        future = Future()
-        try:
-            future.set_result(side.client.connect(timeout))
-        except Exception as exc:
-            future.set_exception(exc)
+    future = side.client.connect_soon(state.recipe.runtime.teacher_startup_timeout_s)
     handshake = Handshake(future)
     wait_for([future], timeout=HANDSHAKE_GRACE_S)
     check_handshake(state, handshake)
@@ -186,7 +179,7 @@ def wake(state: TrainState) -> None:
 def _swap_call(state: TrainState, what: str) -> None:
     side = state.teacher
     try:
-        getattr(side.client, what)()
+        side.client.park() if what == "park" else side.client.wake()
     except Unauthorized as exc:
         # Not an admin of this teacher (an attached student without its token): the
         # teacher stays resident; the update may then need more memory than measured.

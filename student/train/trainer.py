@@ -6,8 +6,9 @@ lock, builds the :class:`~miniverl.student.train.state.TrainState`, runs
 :func:`~miniverl.student.train.loop.run`, records how the run ended (``completed``,
 ``interrupted``, ``failed``) and writes the report.
 
-The trainer does not know how the teacher is reached: it is handed a client (the real
-``SyncTeacherClient`` or an in-process fake with the same methods) or an endpoint.
+The trainer does not know how the teacher is reached: it is handed a client (any
+:class:`~miniverl.protocol.scoring_client.ScoringClient`: the real ``SyncTeacherClient``
+or ``miniverl.testing.FakeTeacherClient``) or an endpoint.
 This module does not run cycles (``loop.py``) or hold training state (``state.py``).
 """
 
@@ -22,11 +23,12 @@ from typing import Any
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, diff_recipes
 from miniverl.common.rundir import RunDir
+from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.student.report.build import build_report
 from miniverl.student.trackers import Trackers, check_loggers, open_trackers
-from miniverl.student.train.link import TeacherSide
 from miniverl.student.train.loop import resume_from_checkpoint, run
 from miniverl.student.train.state import TrainState, build_state
+from miniverl.student.train.teacher_link import TeacherSide
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Trainer:
         teacher_endpoint: str | None = None,
         teacher_curve: tuple[str, str] | None = None,
         teacher_admin_token: str | None = None,
-        client: Any = None,
+        client: ScoringClient | None = None,
         run_id: str | None = None,
         resume: bool = False,
         offline: bool = False,
@@ -188,9 +190,8 @@ class Trainer:
     # -- context manager -----------------------------------------------------------------
 
     def close(self) -> None:
-        client = self.teacher.client
-        if client is not None and hasattr(client, "close"):
-            client.close()
+        if self.teacher.client is not None:
+            self.teacher.client.close()
         self.run.release()
 
     def __enter__(self) -> Trainer:

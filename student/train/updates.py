@@ -25,7 +25,6 @@ import torch
 from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.quant import check_trainable_grads
-from miniverl.student.train.link import Scored
 from miniverl.student.train.objectives import (
     LossSettings,
     TeacherTargets,
@@ -33,6 +32,7 @@ from miniverl.student.train.objectives import (
     sft_loss,
 )
 from miniverl.student.train.policy import Policy
+from miniverl.student.train.teacher_link import Scored
 
 
 @dataclass

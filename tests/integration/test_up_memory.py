@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from miniverl.testing import FakeBackend
-from tests.student.train.fake_teacher import FakeTeacherClient
+from miniverl.testing.fake_teacher import FakeTeacherClient
 from tests.student.train.trainer_kit import load_toy_teacher
 from tests.toy_kit import ONE_TURN, TWO_LAYER, make_recipe, seeded
 

@@ -145,7 +145,7 @@ def test_trainer_runs_strict_opd_with_an_nf4_student(tmp_path):
     from miniverl.common.recipe_models import ToySpec
     from miniverl.common.toy import toy_model_dir
     from miniverl.student.train.trainer import Trainer
-    from tests.student.train.fake_teacher import FakeTeacherClient
+    from miniverl.testing.fake_teacher import FakeTeacherClient
 
     recipe = _recipe(tmp_path)
     probe = load_policy(recipe)

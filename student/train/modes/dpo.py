@@ -22,7 +22,7 @@ off-policy preference training (``on_policy: false``) in metrics and manifests, 
 though the pairs were sampled by the version that trains on them.
 
 This module does not sample (the state's rollout runner does), does not talk to
-sockets (the :class:`~miniverl.student.train.link.TeacherLink` does) and writes no
+sockets (the :class:`~miniverl.student.train.teacher_link.TeacherLink` does) and writes no
 files except through the run directory; ``loop.py`` logs what a cycle returns.
 """
 

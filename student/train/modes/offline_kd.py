@@ -28,10 +28,10 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
-from miniverl.student.train.link import Scored
 from miniverl.student.train.modes.opd import distill_update, positions_of
 from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
+from miniverl.student.train.teacher_link import Scored
 
 # Salts the batch draw's seed apart from the episodes' seeds of the same cycle.
 DRAW_SALT = 77_777

@@ -17,9 +17,9 @@ import numpy as np
 from miniverl.common.trajectory import read_trajectories
 from miniverl.protocol.pending import within_lag
 from miniverl.student.train.cached_targets import scored_for_version
-from miniverl.student.train.link import Scored, empty_arrays
 from miniverl.student.train.modes.opd import positions_of, rollout_and_score, train_on
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed
+from miniverl.student.train.teacher_link import Scored, empty_arrays
 
 # Salts the buffer draw's seed apart from the episodes' seeds of the same cycle.
 DRAW_SALT = 99_991

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from miniverl.common.errors import Unauthorized
 from miniverl.student.train import teacher
-from miniverl.student.train.link import TeacherSide
+from miniverl.student.train.teacher_link import TeacherSide
 
 
 class _Client:

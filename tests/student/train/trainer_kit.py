@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from miniverl.testing import FakeTeacher
-from tests.student.train.fake_teacher import FakeTeacherClient
+from miniverl.testing.fake_teacher import FakeTeacherClient
 from tests.toy_kit import TEACHER, toy_dir
 
 
@@ -67,15 +67,15 @@ def load_toy_teacher(shape: dict[str, int] = TEACHER) -> ToyTeacher:
 @dataclass
 class LossRecorder:
     """Wraps ``distill_step`` where every distillation update calls it
-    (``modes/opd.py``): what reached the loss, and at which version."""
+    (``steps.py``): what reached the loss, and at which version."""
 
     trainer: Any = None
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     def install(self, monkeypatch) -> LossRecorder:
-        import miniverl.student.train.modes.opd as opd_module
+        import miniverl.student.train.steps as steps_module
 
-        real = opd_module.distill_step
+        real = steps_module.distill_step
 
         def recording(policy, optimizer, scheduler, scored, **kw):
             self.calls.append({
@@ -87,7 +87,7 @@ class LossRecorder:
             })
             return real(policy, optimizer, scheduler, scored, **kw)
 
-        monkeypatch.setattr(opd_module, "distill_step", recording)
+        monkeypatch.setattr(steps_module, "distill_step", recording)
         return self
 
 

@@ -1,7 +1,8 @@
 """DPO: closed-form loss, pairing rules, training on pairs, and the trainer's dpo mode.
 
-The reference is an in-process fake teacher (``fake_teacher.py``) serving a copy of the
-initial student, exactly what a teacher server serving the initial student returns.
+The reference is an in-process fake teacher (``miniverl.testing.FakeTeacherClient``)
+serving a copy of the initial student, exactly what a teacher server serving the
+initial student returns.
 Training tests use hand-made pairs (an oracle trace vs the same trace with a wrong
 final answer), because an untrained toy rarely yields a success and a failure of the
 same task; the trainer test checks that pairs are built from rollouts and that tasks
@@ -23,7 +24,6 @@ from miniverl.common.recipe import Recipe
 from miniverl.common.trajectory import VerifierResult
 from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.oracle import oracle_trajectory
-from miniverl.student.train.link import TeacherLink
 from miniverl.student.train.modes.dpo import (
     PreferencePair,
     build_pairs,
@@ -34,7 +34,8 @@ from miniverl.student.train.modes.dpo import (
 )
 from miniverl.student.train.optim import build_optimizer, build_scheduler
 from miniverl.student.train.policy import load_policy
-from tests.student.train.fake_teacher import FakeTeacherClient
+from miniverl.student.train.teacher_link import TeacherLink
+from miniverl.testing.fake_teacher import FakeTeacherClient
 from tests.toy_kit import ONE_LAYER, make_recipe, seeded, toy_dir
 
 TOY = seeded(ONE_LAYER, 0)

@@ -11,9 +11,13 @@ re-sends the whole update, so one update never mixes teacher generations.
 ``Scored.student_version`` is the wire's ``student_version``: the version the targets
 were requested for (the version that sampled the trajectory, or 0 for a fixed set).
 
+The client is a :class:`~miniverl.protocol.scoring_client.ScoringClient`: the ZeroMQ
+``SyncTeacherClient``, or the in-process ``FakeTeacherClient`` of ``miniverl.testing``.
+Its :meth:`~ScoringClient.wait` returns only replies its staleness rule accepted for the
+version and teacher this update bound, so this module does not check them again.
+
 This module does not compute losses, connect or qualify a teacher (``teacher.py``) and
-does not know how replies travel; any object with the ``SyncTeacherClient`` methods
-used here works (tests pass an in-process fake).
+does not know how replies travel.
 """
 
 from __future__ import annotations
@@ -25,10 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from miniverl.common.errors import StaleTargetError
 from miniverl.common.trajectory import Trajectory
-from miniverl.protocol.client import TeacherChanged
-from miniverl.protocol.pending import Pending, accept_reply
+from miniverl.protocol.scoring_client import Identity, ScoringClient, TeacherChanged
 
 
 @dataclass
@@ -49,7 +51,7 @@ class _Job:
     request_id: int | None = None
 
 
-def teacher_identity(client: Any) -> dict[str, Any]:
+def teacher_identity(client: ScoringClient) -> dict[str, Any]:
     """``{name, model, revision, adapter_sha256, instance, gen}`` of the client's teacher."""
     hello = client.hello
     return {**hello.teacher.model_dump(), "instance": hello.instance, "gen": int(hello.gen)}
@@ -58,10 +60,11 @@ def teacher_identity(client: Any) -> dict[str, Any]:
 @dataclass
 class TeacherSide:
     """What a run knows about its teacher: the client (the real ``SyncTeacherClient``,
-    made at connect, or an in-process fake with its methods), where it is, the link an
-    update scores through, who it is, how memory is shared (``teacher.py`` changes it)."""
+    made at connect, or one handed in, such as ``miniverl.testing.FakeTeacherClient``),
+    where it is, the link an update scores through, who it is, how memory is shared
+    (``teacher.py`` changes it)."""
 
-    client: Any = None
+    client: ScoringClient | None = None
     endpoint: str | None = None
     link: TeacherLink | None = None  # bound by teacher.connect
     identity: dict[str, Any] = field(default_factory=dict)
@@ -85,7 +88,7 @@ class TeacherLink:
     """Scores one update's trajectories through ``client``, bound to one version and
     one teacher ``(instance, gen)``."""
 
-    client: Any
+    client: ScoringClient
     kind: str
     k: int
     temperature: float
@@ -98,7 +101,7 @@ class TeacherLink:
     # rows follow the request's positions, so they stay aligned with positions_P.
     view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
     version: int = 0
-    binding: tuple[str, int] | None = None
+    binding: Identity | None = None
     wait_s: float = 0.0
     _jobs: list[_Job] = field(default_factory=list)
 
@@ -163,17 +166,7 @@ class TeacherLink:
                 arrays = empty_arrays(self.kind, self.k)
                 version = self.version
             else:
-                reply = replies[job.request_id]
-                # The client already applied the staleness rule; this is the last line of
-                # defence that what reaches the loss was scored for the version that asked.
-                if accept_reply(Pending(self.version, self.binding), reply,
-                                current_version=self.version, max_lag=0,
-                                bound_teacher=self.binding) is not None:
-                    raise StaleTargetError(
-                        f"reply {job.request_id} is for version {reply.student_version} of "
-                        f"teacher {(reply.instance, reply.gen)}, but the update is bound to "
-                        f"version {self.version} of {self.binding}"
-                    )
+                reply = replies[job.request_id]  # accepted once, by the client
                 arrays, version = reply.arrays, reply.student_version
             out.append(Scored(job.traj, job.positions_P, arrays, version, identity))
         self._jobs = []
