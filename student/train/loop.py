@@ -5,9 +5,12 @@ handshake and competence gate end while the warm-up runs, or before it for a tea
 that is already up), the SFT warm-up (``train.sft_warmup_steps``, cold start), connect
 the teacher, then cycles until the recipe's count, a stop request or the wall budget.
 A teacher failure between updates (a refused teacher, one that is gone) checkpoints
-the run before it fails, so no training is lost to it. Each cycle is one function of
-``modes/`` (rollout, score, update: ``v -> v + 1`` per optimizer step), and returns
-what it did; this module logs it, evaluates and checkpoints on the recipe's schedule:
+the run before it fails, so no training is lost to it. Each cycle is one call of the
+mode's ``cycle`` (rollout, score, update: ``v -> v + 1`` per optimizer step), which
+returns what it did; this module logs it, evaluates and checkpoints on the recipe's
+schedule. The recipe's ``run.mode`` picks the mode's object from :data:`MODES`
+(``modes/``, one class each); the modes are peers (none imports another; the steps they
+share are in ``steps.py``) and each object holds the state that belongs to it alone:
 
 - ``sft``: oracle trajectories, cross-entropy on the model's own spans, no teacher.
 - ``offline_kd``: a fixed trajectory set scored once, cached targets reused by every
@@ -32,13 +35,19 @@ import torch
 from miniverl.common.manifest import finish_manifest
 from miniverl.student.eval import EvalSummary, evaluate
 from miniverl.student.progress import TrainProgress
-from miniverl.student.train.modes.dpo import dpo_cycle
-from miniverl.student.train.modes.offline_kd import offline_kd_cycle, prepare_fixed_set
-from miniverl.student.train.modes.opd import opd_cycle
-from miniverl.student.train.modes.replay import replay_cycle, restore_buffer
-from miniverl.student.train.modes.sft import end_warmup, sft_cycle, warmup_converged, warmup_step
+from miniverl.student.train.modes.dpo import DpoMode
+from miniverl.student.train.modes.offline_kd import OfflineKdMode
+from miniverl.student.train.modes.opd import OpdMode
+from miniverl.student.train.modes.replay import ReplayMode
+from miniverl.student.train.modes.sft import (
+    OracleBatches,
+    SftMode,
+    end_warmup,
+    warmup_converged,
+    warmup_step,
+)
 from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
-from miniverl.student.train.state import CycleResult, TrainState, restore, save_checkpoint
+from miniverl.student.train.state import CycleResult, Mode, TrainState, restore, save_checkpoint
 from miniverl.student.train.teacher import (
     TEACHER_FAILURES,
     apply_retarget,
@@ -47,23 +56,30 @@ from miniverl.student.train.teacher import (
     start_handshake,
 )
 
-CYCLES: dict[str, Callable[[TrainState], CycleResult | None]] = {
-    "sft": sft_cycle,
-    "offline_kd": offline_kd_cycle,
-    "opd": opd_cycle,
-    "replay": replay_cycle,
-    "dpo": dpo_cycle,
+MODES: dict[str, Callable[[], Mode]] = {
+    "sft": SftMode,
+    "offline_kd": OfflineKdMode,
+    "opd": OpdMode,
+    "replay": ReplayMode,
+    "dpo": DpoMode,
 }
 
 
 def run(state: TrainState, *, resumed: bool, show_progress: bool):
-    """Evaluate, train, evaluate, checkpoint; ``(status, eval_before, eval_after)``."""
+    """Evaluate, train, evaluate, checkpoint; ``(status, eval_before, eval_after)``.
+
+    ``resumed``: ``state`` was restored (:func:`resume_from_checkpoint`); the mode
+    rebuilds its own state from the run directory first.
+    """
     recipe = state.recipe
+    mode = MODES[recipe.run.mode]()
+    if resumed:
+        mode.resume(state)  # replay reloads its buffer
     state.run.event("run_started", mode=recipe.run.mode, on_policy=recipe.on_policy,
                     version=state.version, resumed=resumed)
     eval_before = None if resumed else evaluate_now(state).to_dict()
     try:
-        status = train_cycles(state, show_progress=show_progress)
+        status = train_cycles(state, mode, show_progress=show_progress)
     except TEACHER_FAILURES:
         # Raised while scoring or at a handshake, never inside an optimizer step: the
         # parameters sit at an update boundary, so never lose the training done so far.
@@ -83,14 +99,13 @@ def run(state: TrainState, *, resumed: bool, show_progress: bool):
 
 
 def resume_from_checkpoint(state: TrainState) -> None:
-    """Continue from the run's latest checkpoint (replay also rebuilds its buffer)."""
+    """Continue from the run's latest checkpoint (parameters, optimizer, cursors); the
+    mode's own state is rebuilt when :func:`run` starts (``Mode.resume``)."""
     restore(state)
-    if state.recipe.run.mode == "replay":
-        restore_buffer(state)
 
 
-def train_cycles(state: TrainState, *, show_progress: bool) -> str:
-    """The warm-up and the cycles; ``completed`` or ``interrupted`` (a stop request)."""
+def train_cycles(state: TrainState, mode: Mode, *, show_progress: bool) -> str:
+    """The warm-up and ``mode``'s cycles; ``completed`` or ``interrupted`` (a stop request)."""
     recipe = state.recipe
     train = recipe.train
     total = total_optimizer_steps(recipe)
@@ -103,6 +118,7 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
         # spent, not after (the connect below would otherwise be the first to ask).
         handshake = start_handshake(state)
     threads = torch.get_num_threads()
+    oracle = OracleBatches()  # the warm-up's oracle traces, rendered once each
     with TrainProgress(total, enabled=show_progress, initial=state.step) as progress:
         try:
             while state.warmup_end is None and state.step < train.sft_warmup_steps:
@@ -112,7 +128,7 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
                     check_handshake(state, handshake)
                     if handshake.checked is not None:
                         warmup_threads(state)
-                log_cycle(state, warmup_step(state))
+                log_cycle(state, warmup_step(state, oracle))
                 progress.update(state.step, state.last_metrics)
                 if warmup_converged(state):
                     end_warmup(state, "loss")
@@ -125,9 +141,7 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
             # Bind only now: under `up` the teacher loads (or is still being prepared)
             # while the student imports, evaluates and runs its SFT warm-up.
             connect(state, handshake)
-        if recipe.run.mode == "offline_kd" and not state.fixed_scored:
-            prepare_fixed_set(state)
-        cycle = CYCLES[recipe.run.mode]
+        mode.prepare(state)  # offline_kd scores its fixed set
         while state.cycle < planned_cycles(recipe):
             if state.stop_event.is_set():
                 return "interrupted"
@@ -136,7 +150,7 @@ def train_cycles(state: TrainState, *, show_progress: bool) -> str:
                                 version=state.version)
                 break
             apply_retarget(state)
-            done = cycle(state)  # rollout -> score -> update
+            done = mode.cycle(state)  # rollout -> score -> update
             if done is not None:  # dpo skips a cycle without a preference pair
                 log_cycle(state, done)
             state.cycle += 1

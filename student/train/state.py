@@ -2,7 +2,9 @@
 
 :class:`TrainState` holds what a run's loop works on: the policy, optimizer and
 scheduler, the student's parameter ``version`` (+1 per optimizer step), the step and
-cycle cursors, the SFT warm-up's progress, the teacher side and the per-mode buffers.
+cycle cursors, the SFT warm-up's progress and the teacher side: what a checkpoint
+records and every mode reads, never what one step hands to the next (a step returns
+that) nor what one mode keeps (its own :class:`Mode` object holds that).
 :func:`build_state` makes it (seeds first, then the model, so the RNG draws happen in
 one fixed order); :func:`save_checkpoint` and :func:`restore` write and read it back, so
 a resumed run continues exactly where the uninterrupted one would be.
@@ -19,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -37,10 +39,11 @@ from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
+from miniverl.student.train.objectives import request_kind
 from miniverl.student.train.optim import build_optimizer, build_scheduler
 from miniverl.student.train.policy import Policy, load_policy
 from miniverl.student.train.teacher_link import Scored, TeacherSide
-from miniverl.student.train.updates import EarlyForward, StepStats
+from miniverl.student.train.updates import StepStats
 
 
 @dataclass
@@ -68,11 +71,6 @@ class TrainState:
     # end it early); the second phase's schedule starts there.
     warmup_end: int | None = None
     warmup_losses: list[float] = field(default_factory=list)
-    replay_buffer: list[Scored] = field(default_factory=list)  # replay
-    fixed_scored: list[Scored] = field(default_factory=list)  # offline_kd
-    oracle_cache: dict[str, Trajectory] = field(default_factory=dict)  # sft
-    early: EarlyForward | None = None  # the next update's forward, run early (opd)
-    early_s: float = 0.0
     last_metrics: dict[str, Any] = field(default_factory=dict)
 
     def wall(self) -> float:
@@ -97,6 +95,23 @@ class CycleResult:
     scored: list[Scored] | None = None
     phase: str | None = None  # None: the mode's own cycle; "sft_warmup"
     extra: dict[str, Any] | None = None
+
+
+class Mode(Protocol):
+    """One training mode as the loop drives it (``modes/``: one class each, peers).
+
+    The object holds the state that belongs to this mode alone (replay's buffer,
+    offline KD's scored set, SFT's rendered traces), so :class:`TrainState` carries none.
+    """
+
+    def prepare(self, state: TrainState) -> None:
+        """Run once, after the warm-up and the teacher's connect, before the first cycle."""
+
+    def resume(self, state: TrainState) -> None:
+        """Rebuild this mode's state after ``state`` was restored from a checkpoint."""
+
+    def cycle(self, state: TrainState) -> CycleResult | None:
+        """One cycle (rollout, score, update); None when it took no update."""
 
 
 def episode_seed(run_seed: int, cycle: int, index: int) -> int:
@@ -160,7 +175,7 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     )
     update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
                     vocab_size=policy.vocab_size)
-    kind = "exact" if recipe.loss.objective == "exact_full_vocab" else "topk"
+    kind = request_kind(recipe.loss)
     state = TrainState(
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
         autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind,

@@ -114,12 +114,12 @@ def teachers(dirs):
 
 def train(data: dict, endpoint: str, *, control: bool = False, during=None):
     """Train ``data`` against ``endpoint``; ``during(trainer)`` runs inside each update."""
-    import miniverl.student.train.modes.opd as opd_module
+    import miniverl.student.train.steps as steps_module
     from miniverl.common.recipe import Recipe
     from miniverl.student.control import ControlServer
     from miniverl.student.train.trainer import Trainer
 
-    real_step = opd_module.distill_step
+    real_step = steps_module.distill_step
     trainer = Trainer(Recipe.model_validate(data), teacher_endpoint=endpoint,
                       show_progress=False, write_report=False)
 
@@ -130,7 +130,7 @@ def train(data: dict, endpoint: str, *, control: bool = False, during=None):
         return stats
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(opd_module, "distill_step", step)
+        patch.setattr(steps_module, "distill_step", step)
         with trainer:
             if control:
                 with ControlServer(trainer):

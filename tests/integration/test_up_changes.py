@@ -37,11 +37,11 @@ def teacher_model():
 
 
 def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypatch):
-    import miniverl.student.train.modes.opd as opd_module
+    import miniverl.student.train.steps as steps_module
     from miniverl.student.train.trainer import Trainer
 
     client = teacher_model.fake_client()
-    real_step = opd_module.distill_step
+    real_step = steps_module.distill_step
     live: dict = {}
 
     def step_then_change(*args, **kwargs):
@@ -55,7 +55,7 @@ def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypat
             trainer.request_retarget("tcp://127.0.0.1:5556")  # applied at the boundary
         return stats
 
-    monkeypatch.setattr(opd_module, "distill_step", step_then_change)
+    monkeypatch.setattr(steps_module, "distill_step", step_then_change)
     with Trainer(changes_recipe(tmp_path, cycles=5), client=client, show_progress=False,
                  write_report=False, checkpoints=False) as trainer:
         live["trainer"] = trainer

@@ -307,3 +307,17 @@ def dpo_cycle(state: TrainState) -> CycleResult | None:
 
 def _success(trajs: list[Trajectory]) -> float:
     return sum(bool(t.verifier and t.verifier.success) for t in trajs) / max(1, len(trajs))
+
+
+class DpoMode:
+    """Mode ``dpo``: every cycle samples, pairs and scores its own groups."""
+
+    def prepare(self, state: TrainState) -> None:
+        """Nothing to prepare: the reference scores each cycle's pairs."""
+
+    def resume(self, state: TrainState) -> None:
+        """Nothing to rebuild: the checkpoint holds everything a cycle reads."""
+
+    def cycle(self, state: TrainState) -> CycleResult | None:
+        """One DPO cycle (:func:`dpo_cycle`)."""
+        return dpo_cycle(state)

@@ -13,14 +13,17 @@ student set in ``trajectories.jsonl``). Off-policy by construction, and reported
 Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set, or,
 for frozen student states, cycle ``c``'s own episodes, so update ``c`` sees the tasks
 OPD's update ``c`` sees, sampled by the starting policy instead of the current one. The
-set's sampling and scoring time is in the ``offline_targets_scored`` event.
+set's sampling and scoring time is in the ``offline_targets_scored`` event. The scored
+set is this mode's own state (:class:`OfflineKdMode`).
 
-This module does not log or checkpoint.
+This module does not log or checkpoint; the update is the step the distillation modes
+share (``steps.py``).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,30 +31,45 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
-from miniverl.student.train.modes.opd import distill_update, positions_of
 from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
+from miniverl.student.train.steps import distill_update, positions_of
 from miniverl.student.train.teacher_link import Scored
 
 # Salts the batch draw's seed apart from the episodes' seeds of the same cycle.
 DRAW_SALT = 77_777
 
 
-def offline_kd_cycle(state: TrainState) -> CycleResult:
-    """One update on a seeded draw from the scored fixed set."""
-    scored = fixed_batch(state, state.cycle)
-    t1 = time.perf_counter()
-    stats = distill_update(state, scored)
-    return CycleResult(stats, [s.traj for s in scored], 0.0, 0.0, time.perf_counter() - t1)
+@dataclass
+class OfflineKdMode:
+    """Offline KD's fixed set, scored once (:meth:`prepare`), in the set's order."""
+
+    fixed: list[Scored] = field(default_factory=list)
+
+    def prepare(self, state: TrainState) -> None:
+        """Load or build the fixed set and score it (or find it cached), once per run."""
+        if not self.fixed:
+            self.fixed = prepare_fixed_set(state)
+
+    def resume(self, state: TrainState) -> None:
+        """Nothing to rebuild here: :meth:`prepare` finds a resumed run's set recorded."""
+
+    def cycle(self, state: TrainState) -> CycleResult:
+        """One update on a seeded draw from the scored fixed set."""
+        scored = fixed_batch(state, self.fixed, state.cycle)
+        t1 = time.perf_counter()
+        stats = distill_update(state, scored)
+        return CycleResult(stats, [s.traj for s in scored], 0.0, 0.0,
+                           time.perf_counter() - t1)
 
 
-def prepare_fixed_set(state: TrainState) -> None:
-    """Load or build the fixed trajectories and score each once (or find it cached)."""
+def prepare_fixed_set(state: TrainState) -> list[Scored]:
+    """Load or build the fixed trajectories and score each once (or find it cached);
+    the scored set, in its order."""
     recipe, policy = state.recipe, state.policy
     source = recipe.train.trajectories
     if recipe.train.fixed_set == "student":
-        _prepare_student_set(state)
-        return
+        return _prepare_student_set(state)
     t0 = time.perf_counter()
     if source:
         fixed_set = read_trajectories(source)
@@ -69,12 +87,12 @@ def prepare_fixed_set(state: TrainState) -> None:
     t_build = time.perf_counter() - t0
     # The fixed set was sampled by another policy; its targets are bound to the
     # version that sampled it (0 for oracle traces), never to the student's.
-    _score_uncached(state, fixed_set, 0, source="trajectories" if source else "oracle",
-                    t_sample=t_build)
+    return _score_uncached(state, fixed_set, 0, source="trajectories" if source else "oracle",
+                           t_sample=t_build)
 
 
 def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int, *,
-                    source: str, t_sample: float) -> None:
+                    source: str, t_sample: float) -> list[Scored]:
     """Score, bound to ``version``, the trajectories the targets cache does not hold."""
     reused = latest_for_teacher(state.cache, state.recipe, state.teacher.identity, fixed_set)
     link = state.teacher.link
@@ -82,10 +100,10 @@ def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int
     for traj in fixed_set:
         if traj.id not in reused:
             link.submit(traj, positions_of(state, traj))
-    _finish(state, fixed_set, link.collect(), reused, source=source, t_sample=t_sample)
+    return _finish(state, fixed_set, link.collect(), reused, source=source, t_sample=t_sample)
 
 
-def _prepare_student_set(state: TrainState) -> None:
+def _prepare_student_set(state: TrainState) -> list[Scored]:
     """Frozen student states: the starting policy samples every cycle's episodes once."""
     recipe = state.recipe
     n = recipe.train.rollouts_per_cycle
@@ -93,9 +111,8 @@ def _prepare_student_set(state: TrainState) -> None:
     t0 = time.perf_counter()
     recorded = _recorded_set(state)
     if recorded:  # a resume: the set the run sampled, never one of the trained policy
-        _score_uncached(state, recorded, recorded[0].policy_version, source="student",
-                        t_sample=time.perf_counter() - t0)
-        return
+        return _score_uncached(state, recorded, recorded[0].policy_version, source="student",
+                               t_sample=time.perf_counter() - t0)
     cycles = planned_cycles(recipe)
     tasks = [task for c in range(cycles) for task in tasks_for(state, c, n)]
     seeds = [episode_seed(recipe.run.seed, c, i) for c in range(cycles) for i in range(n)]
@@ -112,7 +129,7 @@ def _prepare_student_set(state: TrainState) -> None:
     if not pipelined:
         for traj in fixed_set:
             submit(traj)
-    _finish(state, fixed_set, link.collect(), {}, source="student", t_sample=t_sample)
+    return _finish(state, fixed_set, link.collect(), {}, source="student", t_sample=t_sample)
 
 
 def _recorded_set(state: TrainState) -> list[Trajectory]:
@@ -123,12 +140,12 @@ def _recorded_set(state: TrainState) -> list[Trajectory]:
 
 
 def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored],
-            reused: dict[str, Scored], *, source: str, t_sample: float) -> None:
-    """Cache the fresh targets, keep the set in order, record it, say what it cost."""
+            reused: dict[str, Scored], *, source: str, t_sample: float) -> list[Scored]:
+    """Cache the fresh targets, record the set, say what it cost; the set in order."""
     recipe = state.recipe
     fresh = {s.traj.id: s for s in scored}
     put_scored(state.cache, recipe, scored)
-    state.fixed_scored = [reused.get(t.id) or fresh[t.id] for t in fixed_set]
+    ordered = [reused.get(t.id) or fresh[t.id] for t in fixed_set]
     if not reused:  # a resume finds the fixed set already recorded
         write_trajectories(state.run.trajectories_path, fixed_set, append=True)
     counters = state.teacher.counters()
@@ -138,15 +155,17 @@ def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored]
                     time_sample_s=t_sample, time_teacher_wait_s=state.teacher.link.wait_s,
                     bytes_sent=counters.get("bytes_sent", 0),
                     bytes_received=counters.get("bytes_received", 0))
+    return ordered
 
 
-def fixed_batch(state: TrainState, cycle: int) -> list[Scored]:
+def fixed_batch(state: TrainState, fixed: list[Scored], cycle: int) -> list[Scored]:
+    """Cycle ``cycle``'s batch from the scored set ``fixed``."""
     if state.recipe.train.fixed_set == "student":
         # Cycle c trains on the episodes sampled for cycle c (OPD's tasks and seeds).
         n = state.recipe.train.rollouts_per_cycle
-        start = (cycle * n) % len(state.fixed_scored)
-        return state.fixed_scored[start:start + n]
-    n = min(state.recipe.train.rollouts_per_cycle, len(state.fixed_scored))
+        start = (cycle * n) % len(fixed)
+        return fixed[start:start + n]
+    n = min(state.recipe.train.rollouts_per_cycle, len(fixed))
     rng = np.random.default_rng(episode_seed(state.recipe.run.seed, cycle, DRAW_SALT))
-    pick = rng.choice(len(state.fixed_scored), size=n, replace=False)
-    return [state.fixed_scored[i] for i in sorted(pick)]
+    pick = rng.choice(len(fixed), size=n, replace=False)
+    return [fixed[i] for i in sorted(pick)]

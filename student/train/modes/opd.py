@@ -1,130 +1,32 @@
-"""Mode ``opd`` (strict on-policy distillation), and the distillation update every
-teacher mode shares.
+"""Mode ``opd``: strict on-policy distillation.
 
 One cycle: sample fresh rollouts with version ``v``, request targets tagged ``v``
 (pipelined: each episode's SCORE leaves as soon as it ends), take exactly one optimizer
 step, ``v -> v + 1``. The client drops any reply not for ``v`` or not from the teacher
 the update is bound to; nothing stale reaches the loss. With pipelining and a resident
-teacher, the update's first forward runs while the teacher scores the last episodes.
+teacher, the update's first forward runs while the teacher scores the last episodes
+(the :class:`~miniverl.student.train.steps.ScoredBatch` carries it to the update).
 
-This module does not keep a replay buffer (``replay.py``), log or checkpoint (``loop.py``).
+This module keeps no state between cycles and does not log or checkpoint (``loop.py``);
+the steps it runs are shared with the other distillation modes (``steps.py``).
 """
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-import torch
-
-from miniverl.common.trajectory import Trajectory, select_positions_for, write_trajectories
-from miniverl.protocol.pending import within_lag
-from miniverl.student.train.cached_targets import put_scored
-from miniverl.student.train.link import Scored
-from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
-from miniverl.student.train.teacher import park as park_teacher
-from miniverl.student.train.teacher import wake as wake_teacher
-from miniverl.student.train.updates import (
-    EarlyForward,
-    StepStats,
-    distill_step,
-    early_forward,
-    first_micro_batch,
-)
+from miniverl.student.train.state import CycleResult, TrainState
+from miniverl.student.train.steps import rollout_and_score, train_on
 
 
-def opd_cycle(state: TrainState) -> CycleResult:
-    """One strict on-policy cycle: fresh rollouts of version v, scored for v, one step."""
-    trajs, scored, t_rollout, t_wait = rollout_and_score(state, lag=0)
-    return train_on(state, trajs, scored, lag=0, t_rollout=t_rollout, t_wait=t_wait)
+class OpdMode:
+    """Strict on-policy distillation: nothing carries over from one cycle to the next."""
 
+    def prepare(self, state: TrainState) -> None:
+        """Nothing to prepare: every cycle samples its own batch."""
 
-def rollout_and_score(state: TrainState, lag: int):
-    """Sample fresh rollouts with the current version and score them for it.
+    def resume(self, state: TrainState) -> None:
+        """Nothing to rebuild: the checkpoint holds everything a cycle reads."""
 
-    Returns ``(trajs, scored, t_rollout, t_wait)``; ``scored`` is in task order.
-    """
-    recipe = state.recipe
-    n = recipe.train.rollouts_per_cycle
-    tasks = tasks_for(state, state.cycle, n)
-    seeds = [episode_seed(recipe.run.seed, state.cycle, i) for i in range(n)]
-    side = state.teacher
-    link = side.link
-    if side.memory == "swap":
-        wake_teacher(state)
-    link.begin_update(state.version, lag)
-    pipelined = recipe.train.pipelining
-
-    def submit(traj: Trajectory) -> None:
-        link.submit(traj, positions_of(state, traj))
-
-    model = state.policy.model
-    model.eval()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        trajs = state.runner.run(
-            tasks, policy_version=state.version, seeds=seeds,
-            on_finished=submit if pipelined else None,
-        )
-    model.train()
-    t_rollout = time.perf_counter() - t0
-    if not pipelined:
-        for traj in trajs:
-            submit(traj)
-    state.early = None
-    if pipelined and lag == 0 and side.memory != "swap":
-        # The update's forward does not need the targets: run it while the teacher
-        # scores the last episodes (swap keeps it after PARK, when memory is free).
-        t1 = time.perf_counter()
-        part = first_micro_batch(len(trajs), recipe.train.grad_accum)
-        first = [trajs[i] for i in part]
-        state.early = early_forward(
-            state.policy, first, [positions_of(state, t) for t in first], state.autocast
-        )
-        state.early_s = time.perf_counter() - t1
-    scored = link.collect()
-    # Episodes finish (and are submitted) in any order; train in task order so a
-    # pipelined update sums its loss exactly like a serial one and replay draws the
-    # same rollouts from its buffer.
-    rank = {id(traj): i for i, traj in enumerate(trajs)}
-    scored.sort(key=lambda s: rank[id(s.traj)])
-    if side.memory == "swap":
-        # The update runs with the teacher's weights off the device (DESIGN §4).
-        park_teacher(state)
-    write_trajectories(state.run.trajectories_path, trajs, append=True)
-    put_scored(state.cache, recipe, scored)
-    return trajs, scored, t_rollout, link.wait_s
-
-
-def train_on(state: TrainState, trajs: list[Trajectory], scored: list[Scored], *, lag: int,
-             t_rollout: float, t_wait: float) -> CycleResult:
-    """``train.updates_per_batch`` distillation updates on ``scored`` (opd and replay)."""
-    t1 = time.perf_counter()
-    stats = None
-    for _ in range(state.recipe.train.updates_per_batch):
-        # Each update advances the version, so replay re-checks the lag per update:
-        # a target max_lag old at the first update is too old at the second.
-        scored = [s for s in scored if within_lag(state.version, s.student_version, lag)]
-        stats = distill_update(state, scored, early=state.early)
-        state.early = None  # computed with this version's weights: one update only
-    t_update = time.perf_counter() - t1 + state.early_s
-    state.early_s = 0.0
-    return CycleResult(stats, trajs, t_rollout, t_wait, t_update, scored=scored)
-
-
-def distill_update(state: TrainState, scored: list[Scored],
-                   early: EarlyForward | None = None) -> StepStats:
-    """One distillation optimizer step on ``scored``; the version advances."""
-    train = state.recipe.train
-    stats = distill_step(
-        state.policy, state.optimizer, state.scheduler, scored,
-        loss_config=state.recipe.loss, kind=state.kind, grad_accum=train.grad_accum,
-        max_grad_norm=train.max_grad_norm, autocast=state.autocast, early=early,
-    )
-    state.advance()
-    return stats
-
-
-def positions_of(state: TrainState, traj: Trajectory) -> np.ndarray:
-    """The positions of ``traj`` the loss trains on (and the teacher scores)."""
-    return select_positions_for(traj, state.recipe.loss, seed=state.recipe.run.seed)
+    def cycle(self, state: TrainState) -> CycleResult:
+        """One strict on-policy cycle: fresh rollouts of version v, scored for v, one step."""
+        batch = rollout_and_score(state, lag=0)
+        return train_on(state, batch, batch.scored, lag=0)

@@ -3,13 +3,15 @@
 Fresh rollouts (scored for the version that sampled them) join a buffer; each update
 trains on buffered rollouts at most ``train.max_lag`` versions old, re-checked per
 update because each update advances the version. A seeded draw picks the batch, so a
-resumed run draws what the uninterrupted one would have drawn.
+resumed run draws what the uninterrupted one would have drawn. The buffer is this
+mode's own state (:class:`ReplayMode`); a resume rebuilds it.
 
-This module does not sample or score (``opd.rollout_and_score``) and does not log.
+This module does not sample or score (``steps.rollout_and_score``) and does not log.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,57 +19,64 @@ import numpy as np
 from miniverl.common.trajectory import read_trajectories
 from miniverl.protocol.pending import within_lag
 from miniverl.student.train.cached_targets import scored_for_version
-from miniverl.student.train.modes.opd import positions_of, rollout_and_score, train_on
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed
+from miniverl.student.train.steps import positions_of, rollout_and_score, train_on
 from miniverl.student.train.teacher_link import Scored, empty_arrays
 
 # Salts the buffer draw's seed apart from the episodes' seeds of the same cycle.
 DRAW_SALT = 99_991
 
 
-def replay_cycle(state: TrainState) -> CycleResult:
-    """Fresh rollouts into the buffer, then updates on a draw of young-enough entries."""
-    lag = state.recipe.train.max_lag
-    trajs, scored, t_rollout, t_wait = rollout_and_score(state, lag)
-    state.replay_buffer.extend(scored)
-    state.replay_buffer = [s for s in state.replay_buffer
-                           if within_lag(state.version, s.student_version, lag)]
-    rng = np.random.default_rng(episode_seed(state.recipe.run.seed, state.cycle, DRAW_SALT))
-    n = min(len(state.replay_buffer), state.recipe.train.rollouts_per_cycle)
-    pick = rng.choice(len(state.replay_buffer), size=n, replace=False)
-    drawn = [state.replay_buffer[i] for i in sorted(pick)]
-    return train_on(state, trajs, drawn, lag=lag, t_rollout=t_rollout, t_wait=t_wait)
+@dataclass
+class ReplayMode:
+    """Replay's buffer: scored rollouts at most ``train.max_lag`` versions old."""
 
+    buffer: list[Scored] = field(default_factory=list)
 
-def restore_buffer(state: TrainState) -> None:
-    """Rebuild the checkpointed buffer from trajectories.jsonl and the targets cache.
+    def prepare(self, state: TrainState) -> None:
+        """Nothing to prepare: the buffer fills from the first cycle's rollouts."""
 
-    Without it a resumed replay run would draw from an empty buffer and drift from
-    the uninterrupted run. Rollouts younger than ``max_lag`` versions and older than
-    the checkpoint are reloaded in the order they were sampled; their targets come
-    from the targets cache (a rollout whose targets are missing is left out, counted).
-    """
-    path = state.run.trajectories_path
-    if not Path(path).is_file():
-        return
-    lag = state.recipe.train.max_lag
-    seen: set[str] = set()
-    missing = 0
-    for traj in read_trajectories(path):
-        sampled_before = traj.policy_version < state.version
-        if (not sampled_before or not within_lag(state.version, traj.policy_version, lag)
-                or traj.id in seen):
-            continue
-        seen.add(traj.id)
-        positions = positions_of(state, traj).astype(np.int32)
-        if len(positions) == 0:
-            arrays = empty_arrays(state.kind, state.recipe.loss.top_k)
-            state.replay_buffer.append(Scored(traj, positions, arrays, traj.policy_version, {}))
-            continue
-        hit = scored_for_version(state.cache, traj)
-        if hit is None:
-            missing += 1
-            continue
-        state.replay_buffer.append(hit)
-    state.run.event("replay_buffer_restored", trajectories=len(state.replay_buffer),
-                    missing=missing, version=state.version)
+    def cycle(self, state: TrainState) -> CycleResult:
+        """Fresh rollouts into the buffer, then updates on a draw of young-enough entries."""
+        lag = state.recipe.train.max_lag
+        batch = rollout_and_score(state, lag)
+        self.buffer.extend(batch.scored)
+        self.buffer = [s for s in self.buffer if within_lag(state.version, s.student_version, lag)]
+        rng = np.random.default_rng(episode_seed(state.recipe.run.seed, state.cycle, DRAW_SALT))
+        n = min(len(self.buffer), state.recipe.train.rollouts_per_cycle)
+        pick = rng.choice(len(self.buffer), size=n, replace=False)
+        drawn = [self.buffer[i] for i in sorted(pick)]
+        return train_on(state, batch, drawn, lag=lag)
+
+    def resume(self, state: TrainState) -> None:
+        """Rebuild the checkpointed buffer from trajectories.jsonl and the targets cache.
+
+        Without it a resumed replay run would draw from an empty buffer and drift from
+        the uninterrupted run. Rollouts younger than ``max_lag`` versions and older than
+        the checkpoint are reloaded in the order they were sampled; their targets come
+        from the targets cache (a rollout whose targets are missing is left out, counted).
+        """
+        path = state.run.trajectories_path
+        if not Path(path).is_file():
+            return
+        lag = state.recipe.train.max_lag
+        seen: set[str] = set()
+        missing = 0
+        for traj in read_trajectories(path):
+            sampled_before = traj.policy_version < state.version
+            if (not sampled_before or not within_lag(state.version, traj.policy_version, lag)
+                    or traj.id in seen):
+                continue
+            seen.add(traj.id)
+            positions = positions_of(state, traj).astype(np.int32)
+            if len(positions) == 0:
+                arrays = empty_arrays(state.kind, state.recipe.loss.top_k)
+                self.buffer.append(Scored(traj, positions, arrays, traj.policy_version, {}))
+                continue
+            hit = scored_for_version(state.cache, traj)
+            if hit is None:
+                missing += 1
+                continue
+            self.buffer.append(hit)
+        state.run.event("replay_buffer_restored", trajectories=len(self.buffer),
+                        missing=missing, version=state.version)

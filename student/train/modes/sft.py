@@ -3,7 +3,9 @@
 An oracle trace is a pure function of its task (the environment's scripted actions,
 rendered by the chat template), so each is rendered once per run and reused. The
 warm-up (``train.sft_warmup_steps``) runs these steps before the first distillation
-cycle (cold start) and ends early when ``train.sft_warmup_until_loss`` is reached.
+cycle (cold start) and ends early when ``train.sft_warmup_until_loss`` is reached. The
+rendered traces are the mode's own state (:class:`OracleBatches`, held by
+:class:`SftMode` and by the loop for the warm-up).
 
 This module does not log, evaluate or checkpoint (``loop.py`` does).
 """
@@ -11,6 +13,7 @@ This module does not log, evaluate or checkpoint (``loop.py`` does).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from miniverl.common.qualification import PRIVILEGED
 from miniverl.common.trajectory import Trajectory
@@ -25,30 +28,50 @@ WARMUP_LOSS_WINDOW = 10
 WARMUP_CYCLE_OFFSET = 10_000_000
 
 
-def sft_cycle(state: TrainState) -> CycleResult:
-    """One ``sft`` cycle: an oracle batch, one optimizer step."""
-    t0 = time.perf_counter()
-    trajs = oracle_batch(state, state.cycle)
-    t_rollout = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    stats = sft_update(state, trajs)
-    return CycleResult(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
+@dataclass
+class OracleBatches:
+    """Oracle traces by task id: a pure function of the task, so each is rendered once
+    per run and reused."""
+
+    by_task: dict[str, Trajectory] = field(default_factory=dict)
+
+    def batch(self, state: TrainState, cycle: int) -> list[Trajectory]:
+        """The oracle traces of ``cycle``'s training tasks."""
+        env = state.recipe.environment
+        tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
+        missing = [t for t in tasks if t.id not in self.by_task]
+        policy = state.policy
+        # rollout.view: a privileged teacher's preparation trains on the view it will
+        # score in.
+        privileged = state.recipe.rollout.view == PRIVILEGED
+        for task, traj in zip(missing, oracle_trajectories(
+            env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params,
+            privileged=privileged,
+        ), strict=True):
+            self.by_task[task.id] = traj
+        return [self.by_task[t.id] for t in tasks]
 
 
-def oracle_batch(state: TrainState, cycle: int) -> list[Trajectory]:
-    env = state.recipe.environment
-    tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
-    # Oracle traces are a pure function of the task: render each one once per run.
-    missing = [t for t in tasks if t.id not in state.oracle_cache]
-    policy = state.policy
-    # rollout.view: a privileged teacher's preparation trains on the view it will score in.
-    privileged = state.recipe.rollout.view == PRIVILEGED
-    for task, traj in zip(missing, oracle_trajectories(
-        env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params,
-        privileged=privileged,
-    ), strict=True):
-        state.oracle_cache[task.id] = traj
-    return [state.oracle_cache[t.id] for t in tasks]
+@dataclass
+class SftMode:
+    """Mode ``sft``: an oracle batch and one optimizer step per cycle."""
+
+    oracle: OracleBatches = field(default_factory=OracleBatches)
+
+    def prepare(self, state: TrainState) -> None:
+        """Nothing to prepare: oracle traces are rendered as cycles need them."""
+
+    def resume(self, state: TrainState) -> None:
+        """Nothing to rebuild: the traces are rendered again from the tasks."""
+
+    def cycle(self, state: TrainState) -> CycleResult:
+        """One ``sft`` cycle: an oracle batch, one optimizer step."""
+        t0 = time.perf_counter()
+        trajs = self.oracle.batch(state, state.cycle)
+        t_rollout = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        stats = sft_update(state, trajs)
+        return CycleResult(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
 
 
 def sft_update(state: TrainState, trajs: list[Trajectory]) -> StepStats:
@@ -63,10 +86,10 @@ def sft_update(state: TrainState, trajs: list[Trajectory]) -> StepStats:
     return stats
 
 
-def warmup_step(state: TrainState) -> CycleResult:
-    """One SFT warm-up step (phase ``sft_warmup``)."""
+def warmup_step(state: TrainState, oracle: OracleBatches) -> CycleResult:
+    """One SFT warm-up step (phase ``sft_warmup``) on ``oracle``'s traces."""
     t0 = time.perf_counter()
-    trajs = oracle_batch(state, WARMUP_CYCLE_OFFSET + state.step)
+    trajs = oracle.batch(state, WARMUP_CYCLE_OFFSET + state.step)
     stats = sft_update(state, trajs)
     state.warmup_losses = [*state.warmup_losses, stats.loss][-WARMUP_LOSS_WINDOW:]
     return CycleResult(stats, trajs, 0.0, 0.0, time.perf_counter() - t0, phase="sft_warmup")

@@ -199,12 +199,12 @@ def test_warmup_cpu_threads_hold_while_the_answered_teacher_idles(tmp_path, toy,
     # answers at once): every warm-up step runs on the wider thread count, every
     # distillation cycle on cpu_threads again, and the switch is recorded.
     seen = []
-    for name in ("warmup_step", "opd_cycle"):
-        real = getattr(loop, name)
-        monkeypatch.setattr(loop, name, lambda state, real=real, name=name: (
-            seen.append((name, torch.get_num_threads())), real(state))[1])
+    real_warmup, real_cycle = loop.warmup_step, loop.OpdMode.cycle
+    monkeypatch.setattr(loop, "warmup_step", lambda state, oracle: (
+        seen.append(("warmup_step", torch.get_num_threads())), real_warmup(state, oracle))[1])
+    monkeypatch.setattr(loop.OpdMode, "cycle", lambda self, state: (
+        seen.append(("opd_cycle", torch.get_num_threads())), real_cycle(self, state))[1])
     monkeypatch.setattr(loop.os, "cpu_count", lambda: 3)
-    monkeypatch.setitem(loop.CYCLES, "opd", loop.opd_cycle)
     recipe = make_recipe("opd", tmp_path, cycles=2, sft_warmup_steps=2,
                          sections={"runtime": {"warmup_cpu_threads": 8}})
     _, result = train(recipe, toy.fake_client())
