@@ -18,9 +18,14 @@ How a request is computed:
    the ``k`` best ids and log-probs, ``tail_logmass`` (log of the mass outside the top-k)
    and ``target_logprobs`` (log-prob of the token actually there); ``exact`` returns the
    whole ``[P, V]`` row, only when ``V <= exact_max_vocab``.
-5. The reply is checked before anyone sees it (``protocol/finite.py``): a NaN or an
-   infinity (other than ``tail_logmass = -inf`` when ``k = V``) fails that request with
-   :class:`ScoringNonFinite`, which the server answers as ``ERROR INTERNAL``.
+Served, a request reaches :func:`score_requests` already checked, once, by the server
+(``protocol/checks.py``'s ``validate_score`` on receipt), and its reply is checked, once,
+by the batcher before it is sent (``nonfinite_report``, whichever backend computed it);
+``docs/protocol.md`` names where each check runs. In process, with no wire in between,
+:func:`score_positions` runs both itself: :func:`check_request` first
+(:class:`ScoringBadRequest`, :class:`ScoringUnsupported`), then the finite-targets rule
+(:class:`ScoringNonFinite`: a NaN or an infinity other than ``tail_logmass = -inf``
+when ``k = V``).
 
 It does not parse the wire, queue requests or know about clients: that is
 ``teacher_server/server.py``, ``batcher.py`` and ``torch_backend.py``.
@@ -249,28 +254,21 @@ def score_requests(
     model,
     requests: list[ScoreRequest],
     *,
-    exact_max_vocab: int = 32768,
     max_batch_tokens: int = 8192,
     prefix_cache=None,
-) -> list[dict[str, np.ndarray] | MiniverlError]:
+) -> list[dict[str, np.ndarray]]:
     """Score several requests with one decoder pass over all their sequences (coalescing).
 
-    Returns, per request and in order, either its reply arrays or the
-    :class:`ScoringBadRequest` / :class:`ScoringUnsupported` / :class:`ScoringNonFinite`
-    that rejects it; one bad request never fails the others.
+    Returns, per request and in order, its reply arrays. The requests must be valid
+    (the server checked them; :func:`score_positions` checks its own) and the arrays are
+    not checked here (the batcher checks every reply before it is sent).
     """
     import torch
 
-    vocab = vocab_size_of(model)
-    results: list[dict[str, np.ndarray] | MiniverlError] = [None] * len(requests)  # type: ignore[list-item]
+    results: list[dict[str, np.ndarray]] = [None] * len(requests)  # type: ignore[list-item]
     seqs: list[tuple[np.ndarray, np.ndarray]] = []
     owners: list[tuple[int, list[np.ndarray]]] = []  # (request index, P-indices per sequence)
     for r, req in enumerate(requests):
-        try:
-            check_request(req, vocab, exact_max_vocab)
-        except (ScoringBadRequest, ScoringUnsupported) as exc:
-            results[r] = exc
-            continue
         parts = _split(req)
         owners.append((r, [idx for _, _, idx in parts]))
         seqs.extend((tokens, local) for tokens, local, _ in parts)
@@ -289,12 +287,8 @@ def score_requests(
             rows[torch.from_numpy(order).to(hidden.device)] = hidden[start : start + n_pos]
             start += n_pos
             targets = req.tokens_N.astype(np.int64)[req.positions_P.astype(np.int64) + 1]
-            arrays = head(model, rows, targets, req.kind, int(req.k), float(req.temperature))
-            problem = nonfinite_report(arrays, kind=req.kind, k=int(req.k), vocab_size=vocab)
-            results[r] = arrays if problem is None else ScoringNonFinite(
-                f"the teacher computed non-finite values ({problem}) at temperature "
-                f"{req.temperature}; nothing was sent; check the teacher's weights and dtype"
-            )
+            results[r] = head(model, rows, targets, req.kind, int(req.k),
+                              float(req.temperature))
     return results
 
 
@@ -308,19 +302,26 @@ def score_positions(
     temperature: float = 1.0,
     exact_max_vocab: int = 32768,
 ) -> dict[str, np.ndarray]:
-    """Score one request; the in-process reference for everything sent over the wire.
+    """Score one request in process: the reference for everything sent over the wire.
 
     Shapes: ``tokens_N`` int, ``cu_seqlens`` int ``[B+1]``, ``positions_P`` int.
     Returns for ``topk``: ``ids i4[P,k]``, ``logprobs f4[P,k]`` (descending),
     ``tail_logmass f4[P]`` (``-inf`` when k = V), ``target_logprobs f4[P]``;
     for ``exact``: ``logprobs f4[P,V]``, ``target_logprobs f4[P]``.
-    Raises :class:`ScoringBadRequest`, :class:`ScoringUnsupported` or
-    :class:`ScoringNonFinite`.
+    Raises :class:`ScoringBadRequest`, :class:`ScoringUnsupported` (the request) or
+    :class:`ScoringNonFinite` (the reply), the checks the server and the batcher run
+    on the wire.
     """
     req = ScoreRequest(
         np.asarray(tokens_N), np.asarray(cu_seqlens), np.asarray(positions_P), kind, k, temperature
     )
-    (result,) = score_requests(model, [req], exact_max_vocab=exact_max_vocab)
-    if isinstance(result, MiniverlError):
-        raise result
+    vocab = vocab_size_of(model)
+    check_request(req, vocab, exact_max_vocab)
+    (result,) = score_requests(model, [req])
+    problem = nonfinite_report(result, kind=kind, k=int(k), vocab_size=vocab)
+    if problem is not None:
+        raise ScoringNonFinite(
+            f"the teacher computed non-finite values ({problem}) at temperature "
+            f"{temperature}; check the teacher's weights and dtype"
+        )
     return result

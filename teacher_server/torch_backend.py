@@ -2,9 +2,9 @@
 
 :class:`TorchTeacher` adapts a :class:`~miniverl.teacher_server.loader.LoadedTeacher` to
 the :class:`~miniverl.teacher_server.backend.Backend` interface: coalesced jobs go through
-:func:`~miniverl.teacher_server.scoring.score_requests` in one decoder pass, scoring
-errors become per-job ``BackendError`` s, and park/wake move the weights between the
-accelerator and host memory. The loader the server calls is built by
+:func:`~miniverl.teacher_server.scoring.score_requests` in one decoder pass (the server
+checked each job when it arrived, the batcher checks each reply before it is sent), and
+park/wake move the weights between the accelerator and host memory. The loader the server calls is built by
 :func:`~miniverl.teacher_server.scorers.make_loader`.
 
 Parking on CPU: the weights already live in host memory, so PARK/WAKE only change the
@@ -18,16 +18,10 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from miniverl.protocol.messages import ErrorCode
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.teacher_server.loader import LoadedTeacher
 from miniverl.teacher_server.prefix_cache import PrefixCache
-from miniverl.teacher_server.scoring import (
-    ScoringBadRequest,
-    ScoringNonFinite,
-    ScoringUnsupported,
-    score_requests,
-)
+from miniverl.teacher_server.scoring import score_requests
 
 
 class TorchTeacher:
@@ -41,6 +35,8 @@ class TorchTeacher:
         self.vocab_size = loaded.vocab_size
         self.context_len = loaded.context_len
         self.device = loaded.device
+        # The server refuses exact SCOREs above it (limits.max_exact_vocab, set from the
+        # same --exact-max-vocab) before a job is made; kept as the loader passed it.
         self.exact_max_vocab = exact_max_vocab
         self.max_batch_tokens = max_batch_tokens
         self.prefix_cache = PrefixCache()  # make_loader sizes it (--prefix-cache-tokens)
@@ -51,24 +47,12 @@ class TorchTeacher:
         # whether a cached prefix is hit depends on earlier requests, and a prefix computed
         # apart from its suffix rounds differently from one forward pass over both.
         deterministic = any(getattr(job, "deterministic", False) for job in jobs)
-        results = score_requests(
+        return score_requests(
             self.model,
             jobs,
-            exact_max_vocab=self.exact_max_vocab,
             max_batch_tokens=self.max_batch_tokens,
             prefix_cache=None if deterministic else self.prefix_cache,
         )
-        out: list[dict | BackendError] = []
-        for result in results:
-            if isinstance(result, ScoringNonFinite):
-                out.append(BackendError(ErrorCode.INTERNAL, str(result)))
-            elif isinstance(result, ScoringUnsupported):
-                out.append(BackendError(ErrorCode.UNSUPPORTED, str(result)))
-            elif isinstance(result, ScoringBadRequest):
-                out.append(BackendError(ErrorCode.BAD_REQUEST, str(result)))
-            else:
-                out.append(result)
-        return out
 
     def stats(self) -> dict[str, Any]:
         """Counters the server logs with each batch (``--log-level debug``)."""

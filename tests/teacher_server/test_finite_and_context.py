@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from miniverl.protocol import messages as m
-from miniverl.teacher_server.backend import BackendError, ScoreJob
+from miniverl.teacher_server.backend import ScoreJob
 from miniverl.teacher_server.loader import LoadedTeacher, context_length
 from miniverl.teacher_server.prefix_cache import PrefixCache
 from miniverl.teacher_server.scoring import (
@@ -27,6 +27,7 @@ from miniverl.teacher_server.scoring import (
     ScoringBadRequest,
     ScoringNonFinite,
     check_request,
+    score_positions,
     score_requests,
 )
 from miniverl.teacher_server.torch_backend import TorchTeacher
@@ -54,20 +55,24 @@ def episode(seed: int) -> ScoreJob:
 # -- finite targets --------------------------------------------------------------------------
 
 
-def test_a_scorer_output_with_inf_is_an_error_not_a_reply(model):
+def test_a_scorer_output_with_inf_is_an_error_not_a_reply(model, harness):
     broken = tiny_model(seed=5)
     with torch.no_grad():
         broken.get_output_embeddings().weight[3] = float("inf")  # logits of token 3: +-inf
-    req = ScoreRequest(*[np.asarray(a) for a in (np.arange(12) % VOCAB, [0, 12], [0, 5])])
-    (result,) = score_requests(broken, [req])
-    assert isinstance(result, ScoringNonFinite)
-    assert "non-finite" in str(result) and "NaN" in str(result)
-    # The built-in backend answers it as INTERNAL, not retryable (it would come back).
-    backend = TorchTeacher(LoadedTeacher(broken, None, "fp", VOCAB, {}, "cpu", "float32"),
-                           exact_max_vocab=1 << 20, max_batch_tokens=4096)
-    (error,) = backend.score_batch([episode(0)])
-    assert isinstance(error, BackendError) and error.code == m.ErrorCode.INTERNAL
-    assert not error.retryable
+    # In process, score_positions runs the finite-targets rule itself.
+    with pytest.raises(ScoringNonFinite, match="non-finite.*NaN"):
+        score_positions(broken, np.arange(12) % VOCAB, np.array([0, 12]), np.array([0, 5]))
+    # Served, the built-in backend's reply is checked once, by the batcher: answered as
+    # INTERNAL, not retryable (it would come back), naming what was not finite.
+    loaded = LoadedTeacher(broken, None, "fp", VOCAB, {"name": "tiny", "model": "tiny"}, "cpu",
+                           "float32")
+    backend = TorchTeacher(loaded, exact_max_vocab=1 << 20, max_batch_tokens=4096)
+    h, _ = harness(backend=backend)
+    sock = h.raw()
+    assert isinstance(hello(sock, fp="fp", vocab=VOCAB), m.HelloOk)
+    reply, arrays = call(sock, score_header(5), score_arrays())
+    assert isinstance(reply, m.ErrorReply) and reply.code == m.ErrorCode.INTERNAL
+    assert not reply.retryable and "NaN" in reply.message and not arrays
 
 
 def test_temperature_below_the_range_is_refused_before_any_compute():

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from miniverl.common.errors import ConfigError
-from miniverl.teacher_server.backend import BackendError, ScoreJob
+from miniverl.protocol import messages as m
+from miniverl.protocol.limits import Limits
 from miniverl.teacher_server.jsonlog import JsonLog
 from miniverl.teacher_server.loader import TeacherSpec, load_teacher, spec_from_recipe
 from miniverl.teacher_server.scorers import make_loader
 from miniverl.teacher_server.torch_backend import TorchTeacher
+from tests.teacher_server.harness import hello, recv, score_header, send
 from tests.toy_kit import ONE_LAYER, toy_dir, write_recipe
 
 SPEC = ONE_LAYER
@@ -101,20 +103,24 @@ def test_recipe_teacher_section(tmp_path):
     assert teacher.info["name"] == "toy-teacher" and teacher.vocab_size > 256
 
 
-def test_backend_maps_scoring_errors_per_job_and_parks_on_cpu(loaded):
+def test_served_backend_refuses_bad_jobs_per_request_and_parks_on_cpu(loaded, harness):
+    # The server checks each SCORE once, on receipt, before a job reaches the backend:
+    # an exact SCORE above --exact-max-vocab is UNSUPPORTED, a position that predicts no
+    # token of its sequence BAD_REQUEST, and the good SCORE beside them is answered.
     teacher = TorchTeacher(loaded, exact_max_vocab=100, max_batch_tokens=64)
-    tokens = np.arange(10, dtype=np.int32)
-    cu = np.array([0, 10], np.int32)
-
-    def job(kind, positions):
-        return ScoreJob(tokens, cu, np.array(positions, np.int32), kind, 4, 1.0)
-
-    good, exact, bad = teacher.score_batch(
-        [job("topk", [0, 5]), job("exact", [1]), job("topk", [9])]
-    )
-    assert good["ids"].shape == (2, 4)
-    assert isinstance(exact, BackendError) and exact.code.value == "UNSUPPORTED"
-    assert isinstance(bad, BackendError) and bad.code.value == "BAD_REQUEST"
+    h, _ = harness(backend=teacher, limits=Limits(max_exact_vocab=100))
+    sock = h.raw()
+    assert isinstance(hello(sock, fp=loaded.tokenizer_fp, vocab=loaded.vocab_size), m.HelloOk)
+    arrays = {"tokens": np.arange(10, dtype=np.int32), "cu_seqlens": np.array([0, 10], np.int32)}
+    for rid, kind, positions in ((2, "topk", [0, 5]), (3, "exact", [1]), (4, "topk", [9])):
+        send(sock, score_header(rid, kind=kind, k=4 if kind == "topk" else 0),
+             {**arrays, "positions": np.array(positions, np.int32)})
+    replies = {msg.id if msg.t == "SCORE_OK" else msg.ref_id: (msg, got)
+               for msg, got in (recv(sock), recv(sock), recv(sock))}
+    (good, got), (exact, _), (bad, _) = replies[2], replies[3], replies[4]
+    assert good.t == "SCORE_OK" and got["ids"].shape == (2, 4)
+    assert isinstance(exact, m.ErrorReply) and exact.code.value == "UNSUPPORTED"
+    assert isinstance(bad, m.ErrorReply) and bad.code.value == "BAD_REQUEST"
     teacher.park()
     assert teacher.parked and teacher.memory() == {"device": "cpu"}
     teacher.wake()

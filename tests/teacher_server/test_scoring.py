@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from miniverl.protocol import messages as m
+from miniverl.teacher_server.loader import LoadedTeacher
 from miniverl.teacher_server.scoring import (
     ScoreRequest,
     ScoringBadRequest,
@@ -14,6 +16,8 @@ from miniverl.teacher_server.scoring import (
     score_positions,
     score_requests,
 )
+from miniverl.teacher_server.torch_backend import TorchTeacher
+from tests.teacher_server.harness import hello, recv, score_header, send
 from tests.toy_kit import FOUR_HEAD, bare_qwen3
 
 VOCAB = 97
@@ -143,12 +147,28 @@ def test_coalesced_requests_equal_separate_ones(model):
             np.testing.assert_allclose(got[name], alone[name], atol=1e-5)
 
 
-def test_one_bad_request_does_not_fail_the_batch(model):
+def test_one_bad_request_does_not_fail_the_batch(model, harness):
+    # Served, a SCORE is checked once, when it arrives: a bad one is refused before any
+    # job exists, and the good one sent with it is scored as if alone.
     tokens, cu, positions = packed()
-    good = ScoreRequest(tokens, cu, positions, "topk", 3)
-    bad = ScoreRequest(tokens, cu, np.array([cu[1] - 1], np.int32), "topk", 3)
-    results = score_requests(model, [bad, good])
-    assert isinstance(results[0], ScoringBadRequest) and isinstance(results[1], dict)
+    loaded = LoadedTeacher(model, None, "fp", VOCAB, {"name": "tiny", "model": "tiny"}, "cpu",
+                           "float32")
+    backend = TorchTeacher(loaded, exact_max_vocab=1 << 20, max_batch_tokens=4096)
+    h, _ = harness(backend=backend)
+    sock = h.raw()
+    assert isinstance(hello(sock, fp="fp", vocab=VOCAB), m.HelloOk)
+    arrays = {"tokens": tokens, "cu_seqlens": cu}
+    send(sock, score_header(2, k=3), {**arrays, "positions": np.array([cu[1] - 1], np.int32)})
+    send(sock, score_header(3, k=3), {**arrays, "positions": positions})
+    replies = {msg.id if msg.t == "SCORE_OK" else msg.ref_id: (msg, got)
+               for msg, got in (recv(sock), recv(sock))}
+    bad, _ = replies[2]
+    assert isinstance(bad, m.ErrorReply) and bad.code == m.ErrorCode.BAD_REQUEST
+    assert "own sequence" in bad.message
+    good, got = replies[3]
+    want = score_positions(model, tokens, cu, positions, "topk", 3)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5)
 
 
 def test_refusals_name_the_rule(model):
