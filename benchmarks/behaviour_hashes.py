@@ -21,13 +21,28 @@ order); a deterministic request is now one plain forward pass, which rounds
 differently at 1e-7. sft and dpo (no top-k targets) kept their hashes; with
 ``run.deterministic: false`` the other modes reproduced the earlier hashes exactly.
 
+Against a base commit, on this machine (what a restructuring is checked with):
+
+    python benchmarks/behaviour_hashes.py --against 158d583 --write benchmarks/results/behaviour_hashes.json
+
+``--against REV`` checks ``REV`` out in a scratch git worktree, installs it into a scratch
+venv that shares this environment's packages (``python -m venv --system-site-packages
+--without-pip``, then this environment's ``pip install --no-deps -e WORKTREE``), checks
+that the venv imports miniverl from the worktree, runs every mode there and here, and
+exits 1 naming each mode whose hash is not the base's. The base runs this script's
+recipes with the base's code, recipes and test kit. Both are removed afterwards; the
+JSON records both commits (and whether this tree had uncommitted changes).
+
 Record:  python benchmarks/behaviour_hashes.py --repeat 2 --write benchmarks/results/behaviour_hashes.json
 Check:   python benchmarks/behaviour_hashes.py --check benchmarks/results/behaviour_hashes.json
 
 ``--repeat 2`` runs every mode twice and fails unless both runs agree, which is what
 makes a recorded hash a meaningful baseline. ``--check`` exits 1 naming each mode
-whose hash differs from the recorded one. Hashes are tied to the torch build and CPU
-they were recorded on (the JSON says which); compare on the same machine.
+whose hash differs from the recorded one. Hashes do not travel: the same torch build
+gives other hashes on another CPU, and on the same CPU with another kernel choice
+(``ATEN_CPU_CAPABILITY``), so the JSON records the CPU model and torch's CPU capability
+beside the torch build, and ``--check`` says when they are not this machine's; to
+compare across machines, use ``--against`` on each.
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -131,43 +147,157 @@ def run_mode(mode: str, work: Path, attempt: int) -> dict[str, Any]:
     return {"sha256": sha, "checkpoint": step, "wall_s": round(wall, 1)}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what platform reports)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def machine_record() -> dict[str, Any]:
+    """What a hash is tied to: the torch build, the CPU and the kernels torch picked."""
+    import torch
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+MACHINE_KEYS = ("torch", "machine", "cpu_model", "cpu_capability")
+
+
+def code_record() -> dict[str, Any]:
+    """The commit the hashed code is, and whether tracked files differed from it."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                            "--untracked-files=no"], capture_output=True, text=True)
+    return {"rev": head.stdout.strip() or None,
+            "uncommitted_changes": bool(dirty.stdout.strip()) if dirty.returncode == 0 else None}
+
+
+def hash_modes(modes: list[str], repeat: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="mvl-hash-") as tmp:
+        for mode in modes:
+            runs = [run_mode(mode, Path(tmp), i) for i in range(repeat)]
+            shas = {r["sha256"] for r in runs}
+            results[mode] = {**runs[0], "repeats_agree": len(shas) == 1,
+                             "wall_s": [r["wall_s"] for r in runs]}
+            print(f"{mode:<11} {runs[0]['sha256'][:16]}  {runs[0]['checkpoint']:<8} "
+                  f"repeats agree: {len(shas) == 1}  ({', '.join(str(r['wall_s']) for r in runs)} s)",
+                  flush=True)
+    return results
+
+
+def _run(cmd: list[str], what: str, **kw: Any) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        raise SystemExit(f"behaviour_hashes: {what} failed (exit {proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-1500:]}")
+    return proc
+
+
+def hash_base(rev: str, modes: list[str], repeat: int) -> dict[str, Any]:
+    """Run ``modes`` with commit ``rev``'s code in a scratch worktree and venv."""
+    sha = _run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+               f"git rev-parse {rev} (pass a commit of this repository)").stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="mvl-hash-base-") as tmp:
+        tree, venv = Path(tmp) / "tree", Path(tmp) / "venv"
+        _run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+             "git worktree add")
+        try:
+            # --without-pip: the venv uses this environment's pip and setuptools (a venv's
+            # own bundled setuptools may be too old to build an editable wheel).
+            _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                  str(venv)], "python -m venv")
+            python = venv / "bin" / "python"
+            # --no-build-isolation: build with this environment's setuptools, offline.
+            _run([str(python), "-m", "pip", "install", "-q", "--no-deps",
+                  "--no-build-isolation", "-e", str(tree)], "pip install -e WORKTREE")
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            where = _run([str(python), "-c", "import miniverl.student.train as t; "
+                          "print(t.__file__)"], "importing miniverl in the base venv",
+                         env=env).stdout.strip()
+            if not Path(where).resolve().is_relative_to(tree.resolve()):
+                raise SystemExit(f"behaviour_hashes: the base venv imports miniverl from "
+                                 f"{where}, not from the worktree {tree}; the base would not "
+                                 "be what runs")
+            # This script's recipes with the base's code: the copy sits in the worktree,
+            # so its recipes/ and the test kit it imports are the base's.
+            script = tree / "benchmarks" / "behaviour_hashes.py"
+            script.write_text(Path(__file__).read_text())
+            out = Path(tmp) / "base.json"
+            print(f"base {sha[:12]}: running {', '.join(modes)}", flush=True)
+            proc = subprocess.run([str(python), str(script), "--modes", *modes, "--repeat",
+                                   str(repeat), "--write", str(out)], cwd=tree, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"behaviour_hashes: the base run at {sha[:12]} failed "
+                                 f"(exit {proc.returncode})")
+            base = json.loads(out.read_text())
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True)
+    return {"rev": sha, "imports_from_worktree": True,
+            **{k: base[k] for k in MACHINE_KEYS}, "modes": base["modes"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--repeat", type=int, default=1, help="Runs per mode; all must agree.")
     parser.add_argument("--write", type=Path, help="Write the hashes to this JSON file.")
     parser.add_argument("--check", type=Path, help="Compare with hashes recorded here.")
+    parser.add_argument("--against", metavar="REV",
+                        help="Also run commit REV in a scratch worktree and venv on this "
+                             "machine, and compare every mode with it.")
     args = parser.parse_args()
 
-    import torch
-
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="mvl-hash-") as tmp:
-        for mode in args.modes:
-            runs = [run_mode(mode, Path(tmp), i) for i in range(args.repeat)]
-            shas = {r["sha256"] for r in runs}
-            results[mode] = {**runs[0], "repeats_agree": len(shas) == 1,
-                             "wall_s": [r["wall_s"] for r in runs]}
-            print(f"{mode:<11} {runs[0]['sha256'][:16]}  {runs[0]['checkpoint']:<8} "
-                  f"repeats agree: {len(shas) == 1}  ({', '.join(str(r['wall_s']) for r in runs)} s)")
-    record = {
-        "benchmark": "behaviour_hashes",
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "modes": results,
-    }
+    machine = machine_record()
+    print("machine: " + ", ".join(f"{k} {machine[k]}" for k in MACHINE_KEYS), flush=True)
+    base = hash_base(args.against, args.modes, args.repeat) if args.against else None
+    results = hash_modes(args.modes, args.repeat)
+    record: dict[str, Any] = {"benchmark": "behaviour_hashes", **machine, **code_record(),
+                              "modes": results}
     failed = [m for m, r in results.items() if not r["repeats_agree"]]
+    if base is not None:
+        if any(base[k] != machine[k] for k in MACHINE_KEYS):
+            raise SystemExit("behaviour_hashes: the base ran on another torch build or CPU "
+                             "capability than this run; rerun without ATEN_CPU_CAPABILITY set")
+        for mode, r in results.items():
+            want = base["modes"][mode]
+            r["same_as_base"] = want["sha256"] == r["sha256"] and want["repeats_agree"]
+            print(f"{mode:<11} {'same as base' if r['same_as_base'] else 'DIFFERS from base ' + want['sha256'][:16]}")
+            if not r["same_as_base"]:
+                failed.append(mode)
+        record["base"] = {k: v for k, v in base.items() if k not in MACHINE_KEYS}
     if args.write:
-        # Modes not run this time keep their recorded hashes.
+        # Modes not run this time keep their recorded hashes, when they were recorded
+        # on this machine (a hash from another CPU or torch build does not carry over).
         if args.write.is_file():
-            kept = json.loads(args.write.read_text()).get("modes", {})
-            record["modes"] = {**kept, **results}
+            old = json.loads(args.write.read_text())
+            if all(old.get(k) == machine[k] for k in MACHINE_KEYS):
+                record["modes"] = {**old.get("modes", {}), **results}
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {args.write}")
     if args.check:
-        recorded = json.loads(args.check.read_text())["modes"]
+        recorded_file = json.loads(args.check.read_text())
+        other = [f"{k} {recorded_file.get(k)!r} (here {machine[k]!r})" for k in MACHINE_KEYS
+                 if recorded_file.get(k) != machine[k]]
+        if other:
+            print(f"note: {args.check} was recorded on another machine: {'; '.join(other)}; "
+                  "hashes do not travel, compare with --against REV instead")
+        recorded = recorded_file["modes"]
         for mode, r in results.items():
             want = recorded.get(mode, {}).get("sha256")
             same = want == r["sha256"]
