@@ -1,16 +1,17 @@
-"""What the arrays of a ``SCORE`` and a ``SCORE_OK`` must satisfy (docs/protocol.md, "SCORE"
-and "SCORE_OK").
+"""What the arrays of a ``SCORE`` and a ``SCORE_OK`` must satisfy (docs/protocol.md,
+"SCORE" and "SCORE_OK").
 
-The one module on the wire that looks at a position or a target. Where each check runs
-(``docs/protocol.md``, "Where each check runs"), once on each side:
+The one module on the wire that looks at a position or a target. Each check runs once
+on each side, where docs/protocol.md ("Where each check runs") says:
 
 - :func:`check_limits` holds a decoded message to the negotiated limits (token,
   sequence and position counts, ``k``, the exact vocabulary, the teacher model's
   context); the codec runs it on every message either side receives.
-- :func:`validate_score` checks a SCORE against the teacher's vocabulary and limits:
-  offsets, token ids, and that every position predicts a token of its own sequence.
-  The client runs it before it sends (``client.py``), the teacher once when it receives
-  (``teacher_server/server.py``).
+- :func:`check_score` checks a SCORE against the teacher's vocabulary: offsets, token
+  ids, and that every position predicts a token of its own sequence. The teacher runs
+  it once when it receives one (``teacher_server/server.py``); the client runs
+  :func:`validate_score` (the codec's array and size rules, then :func:`check_score`)
+  once before it sends (``client.py``).
 - :func:`nonfinite_report` is the finite-targets rule: every float of a reply is
   finite, except ``tail_logmass = -inf`` when ``k = V``. The teacher runs it once before
   it sends, whichever backend computed the reply (``teacher_server/batcher.py``); the
@@ -49,16 +50,8 @@ def check_limits(msg: Message, arrays: dict[str, np.ndarray], limits: Limits) ->
         return ProtocolViolation(text, ErrorCode.TOO_LARGE, rid)
 
     if msg.t == "SCORE":
-        n, p = arrays["tokens"].shape[0], arrays["positions"].shape[0]
         check_sequence_lengths(arrays["cu_seqlens"], limits, rid)
-        if n > limits.max_tokens:
-            raise too_large(f"SCORE has {n} tokens; the limit is {limits.max_tokens}")
-        if p > limits.max_positions:
-            raise too_large(f"SCORE has {p} positions; the limit is {limits.max_positions}")
-        if arrays["cu_seqlens"].shape[0] - 1 > limits.max_sequences:
-            raise too_large(f"SCORE has too many sequences; the limit is {limits.max_sequences}")
-        if msg.kind == "topk" and msg.k > limits.max_k:
-            raise too_large(f"k={msg.k} exceeds k_max={limits.max_k}")
+        _score_sizes(msg, arrays, limits)
     elif msg.t == "SCORE_OK":
         p = arrays["target_logprobs"].shape[0]
         if p > limits.max_positions:
@@ -95,20 +88,62 @@ def check_sequence_lengths(cu_seqlens: np.ndarray, limits: Limits, rid: int | No
         )
 
 
+def _score_sizes(msg: Score, arrays: dict[str, np.ndarray], limits: Limits) -> None:
+    """``TOO_LARGE`` for a SCORE with more tokens, sequences or positions, or a larger
+    ``k``, than ``limits`` allow."""
+    n, b, p = (arrays["tokens"].shape[0], arrays["cu_seqlens"].shape[0] - 1,
+               arrays["positions"].shape[0])
+    for what, count, limit in (("tokens", n, limits.max_tokens),
+                               ("sequences", b, limits.max_sequences),
+                               ("positions", p, limits.max_positions)):
+        if count > limit:
+            raise ProtocolViolation(f"SCORE has {count} {what}; the limit is {limit}",
+                                    ErrorCode.TOO_LARGE, msg.id)
+    if msg.kind == "topk" and msg.k > limits.max_k:
+        raise ProtocolViolation(f"k={msg.k} exceeds the teacher's k_max={limits.max_k}",
+                                ErrorCode.TOO_LARGE, msg.id)
+
+
 def validate_score(
     msg: Score,
     arrays: dict[str, np.ndarray],
     vocab_size: int,
     limits: Limits | None = None,
 ) -> None:
-    """Check a decoded SCORE against the teacher's vocabulary and limits.
+    """Everything a sender checks in a SCORE before it goes out (the client's one call).
 
-    Rules (docs/protocol.md, "SCORE"): ``cu_seqlens`` starts at 0, never decreases and ends at N;
-    every token id is in ``[0, vocab_size)``; every position ``p`` predicts a token of
-    its own sequence, ``cu_seqlens[b] <= p < cu_seqlens[b+1] - 1``; ``k <= k_max`` and
-    ``k <= vocab_size``; N, B and P within limits (``TOO_LARGE``); exact scoring only
-    when ``vocab_size <= max_exact_vocab`` (``UNSUPPORTED``). Raises
+    The arrays the codec requires (``tokens``, ``cu_seqlens``, ``positions`` as 1-D
+    ``i4``), the size limits (N, B, P and ``k``: ``TOO_LARGE``), then
+    :func:`check_score`. A receiver runs the first two as part of ``codec.decode``
+    (:func:`check_limits`) and :func:`check_score` after it. Raises
     :class:`ProtocolViolation` with ``ref_id = msg.id``.
+    """
+    limits = limits or Limits()
+    for name, (dtype, ndim) in SCORE_ARRAYS.items():
+        arr = arrays.get(name)
+        if arr is None or arr.ndim != ndim or arr.dtype != np.dtype("<" + dtype):
+            raise ProtocolViolation(
+                f"SCORE needs array {name!r} as {dtype}[{'N' if ndim == 1 else '...'}]",
+                ErrorCode.BAD_REQUEST, msg.id)
+    _score_sizes(msg, arrays, limits)
+    check_score(msg, arrays, vocab_size, limits)
+
+
+def check_score(
+    msg: Score,
+    arrays: dict[str, np.ndarray],
+    vocab_size: int,
+    limits: Limits | None = None,
+) -> None:
+    """The content rules of a decoded SCORE, against the teacher's vocabulary.
+
+    Rules (docs/protocol.md, "SCORE"): ``cu_seqlens`` holds B+1 >= 2 offsets, starts at
+    0, never decreases and ends at N; P >= 1; every token id is in ``[0, vocab_size)``;
+    every position ``p`` predicts a token of its own sequence,
+    ``cu_seqlens[b] <= p < cu_seqlens[b+1] - 1``; ``k <= vocab_size``; exact scoring
+    only when ``vocab_size <= max_exact_vocab`` (``UNSUPPORTED``). The teacher runs it
+    once on receipt (``codec.decode`` has applied the sizes); the client through
+    :func:`validate_score`. Raises :class:`ProtocolViolation` with ``ref_id = msg.id``.
     """
     limits = limits or Limits()
     rid = msg.id
@@ -116,20 +151,8 @@ def validate_score(
     def bad(text: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> ProtocolViolation:
         return ProtocolViolation(text, code, rid)
 
-    for name, (dtype, ndim) in SCORE_ARRAYS.items():
-        arr = arrays.get(name)
-        if arr is None or arr.ndim != ndim or arr.dtype != np.dtype("<" + dtype):
-            raise bad(f"SCORE needs array {name!r} as {dtype}[{'N' if ndim == 1 else '...'}]")
     tokens, cu, positions = arrays["tokens"], arrays["cu_seqlens"], arrays["positions"]
     n, b, p = len(tokens), len(cu) - 1, len(positions)
-    if n > limits.max_tokens:
-        raise bad(f"SCORE has {n} tokens; the limit is {limits.max_tokens}", ErrorCode.TOO_LARGE)
-    if b > limits.max_sequences:
-        raise bad(f"SCORE has {b} sequences; limit {limits.max_sequences}", ErrorCode.TOO_LARGE)
-    if p > limits.max_positions:
-        raise bad(
-            f"SCORE has {p} positions; the limit is {limits.max_positions}", ErrorCode.TOO_LARGE
-        )
     if b < 1:
         raise bad("cu_seqlens must hold B+1 >= 2 offsets")
     if p < 1:
@@ -153,8 +176,6 @@ def validate_score(
             "(need cu_seqlens[b] <= p < cu_seqlens[b+1] - 1)"
         )
     if msg.kind == "topk":
-        if msg.k > limits.max_k:
-            raise bad(f"k={msg.k} exceeds the teacher's k_max={limits.max_k}", ErrorCode.TOO_LARGE)
         if msg.k > vocab_size:
             raise bad(f"k={msg.k} exceeds the vocabulary size {vocab_size}")
     elif vocab_size > limits.max_exact_vocab:

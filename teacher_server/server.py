@@ -37,7 +37,7 @@ import zmq.asyncio
 
 from miniverl.common.errors import MiniverlError
 from miniverl.protocol import messages as m
-from miniverl.protocol.checks import validate_score
+from miniverl.protocol.checks import check_score
 from miniverl.protocol.codec import decode, decode_header_only, encode
 from miniverl.protocol.endpoints import (
     apply_curve_server,
@@ -301,7 +301,7 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         return
     lim, vocab_size = srv.limits, srv.backend.vocab_size
     try:
-        validate_score(msg, arrays, vocab_size, lim)
+        check_score(msg, arrays, vocab_size, lim)  # decode applied the size limits
     except ProtocolViolation as exc:
         await send_error(srv, ident, msg.id, exc.code, str(exc))
         return

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from miniverl.protocol import messages as m
-from miniverl.protocol.checks import validate_score
+from miniverl.protocol.checks import check_score
 from miniverl.protocol.client import TeacherClient
 from miniverl.protocol.codec import decode, decode_header_only, encode
 from miniverl.protocol.limits import Limits
@@ -294,7 +294,7 @@ class FakeTeacher:
             self.send(conn, self.error(msg.id, m.ErrorCode.NEED_HELLO))
             return
         try:
-            validate_score(msg, arrays, self.vocab_size, self.limits)
+            check_score(msg, arrays, self.vocab_size, self.limits)  # decode did the sizes
         except m.ProtocolViolation as exc:
             self.send(conn, self.error(msg.id, exc.code, message=str(exc)))
             return
