@@ -186,9 +186,9 @@ def provenance(results_path: Path, data: dict, output: Path) -> dict:
 
 
 def missing_runs(results_path: Path) -> list[str]:
-    """Why the kept runs of ``results_path`` cannot be re-read (empty: they can)."""
+    """The finished cells of ``results_path`` whose run directory is missing."""
     if not results_path.is_file():
-        return [f"{results_path} (no benchmark results in this folder)"]
+        return []
     data = json.loads(results_path.read_text(encoding="utf-8"))
     return [f"{c['arm']} seed {c['seed']}: {c['result']['run_dir']}" for c in data["cells"]
             if c["result"]["status"] == "ok" and c["result"].get("run_dir")
@@ -311,13 +311,20 @@ def benchmark_outputs(args: argparse.Namespace, committed_analysis: Path) -> tup
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
     if args.analyze_only:
-        missing = missing_runs(out_dir / "results.json")
+        results = out_dir / "results.json"
+        missing = missing_runs(results)
+        if not results.is_file():
+            raise SystemExit(
+                f"error: --analyze-only re-reads a benchmark's kept runs, and {out_dir} holds "
+                "no results.json; run the benchmark first (without --analyze-only), or name "
+                "the folder of an earlier run with --output-dir"
+            )
         if missing:
             raise SystemExit(
-                f"error: --analyze-only re-reads kept runs, and {len(missing)} are missing "
-                f"({'; '.join(missing[:3])}{'; ...' if len(missing) > 3 else ''}); run "
-                "directories are git-ignored, so a fresh clone has none: run the benchmark "
-                "first (without --analyze-only), or name its folder with --output-dir"
+                f"error: --analyze-only re-reads kept runs, and {len(missing)} of {results} "
+                f"are missing ({'; '.join(missing[:3])}{'; ...' if len(missing) > 3 else ''}); "
+                "run directories are git-ignored, so a fresh clone has none: run the "
+                "benchmark first (without --analyze-only)"
             )
     return out_dir, analysis
 

@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", type=Path, help="a recovery benchmark's results.json")
     add_output_options(parser, ROOT / "benchmarks" / "results" / "recovery_copies.json")
     args = parser.parse_args(argv)
+    if not args.results.is_file():
+        raise SystemExit(f"error: {args.results} does not exist; pass a recovery benchmark's "
+                         "results.json (runs/benchmarks/<name>/results.json after a run)")
     missing = missing_runs(args.results)
     if missing:
         raise SystemExit(f"error: {len(missing)} run directories of {args.results} are missing "

@@ -26,7 +26,7 @@ from miniverl.common.atomic import atomic_write_text
 from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_text
-from miniverl.common.manifest import PACKAGES, package_versions
+from miniverl.common.manifest import PACKAGES, git_info, package_versions
 from miniverl.common.redact import redact
 from miniverl.common.rundir import RunDir
 from miniverl.student.benchmark.config import StrictModel
@@ -123,8 +123,10 @@ def _versions() -> dict[str, str]:
 
 
 def collect_environment() -> dict[str, Any]:
-    """Facts about this machine, torch-free (accelerators are known only from manifests)."""
+    """Facts about this machine and the code measured (its commit and whether the tree had
+    uncommitted changes), torch-free (accelerators are known only from manifests)."""
     return {
+        "git": git_info(),
         "python": platform.python_version(),
         "host": {
             "os": f"{platform.system()} {platform.release()}",

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.student.benchmark.config import cell_recipe, load_benchmark_config
@@ -94,35 +93,26 @@ def test_a_cell_reads_the_fault_breakdown_of_its_evals(tmp_path):
 
 @pytest.mark.slow
 def test_the_benchmark_runs_two_arms_one_seed_two_updates_end_to_end(tmp_path):
-    # The real pipeline: cached cold student and gated teacher (prepared on first use),
-    # a teacher process, frozen-state KD and pipelined OPD cells, then the analysis.
+    # The real pipeline on the committed smoke config (benchmarks/smoke/recovery.yaml: the
+    # benchmark's base recipe, 2-step preparations, 8 held-out tasks): a teacher process,
+    # frozen-state KD and pipelined OPD cells, then the analysis.
     from benchmarks.recovery_bench import main
 
-    config = yaml.safe_load(CONFIG.read_text())
-    base = yaml.safe_load((CONFIG.parent / config["recipe"]).read_text())
-    base["teacher"]["prepare"] = str(CONFIG.parent / base["teacher"]["prepare"])
-    base["environment"]["eval_tasks"] = 24  # the eval is the slow part; the signature holds
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(base))
-    config.update(recipe="recipe.yaml", seeds=[1], budget={"kind": "updates", "updates": 2},
-                  student_prepare=str(CONFIG.parent / config["student_prepare"]),
-                  arms=[a for a in config["arms"] if a["name"] in ("frozen_kd", "opd")],
-                  output_dir=str(tmp_path / "out"))
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    output = tmp_path / "out" / "recovery_bench.json"
-    assert main(["--config", str(tmp_path / "config.yaml"), "--output-dir",
+    output = tmp_path / "out" / "recovery_bench_smoke.json"
+    assert main(["--config", str(ROOT / "benchmarks/smoke/recovery.yaml"), "--output-dir",
                  str(tmp_path / "out")]) == 0
     summary = json.loads(output.read_text())
     assert summary["complete"] and set(summary["arms"]) == {"frozen_kd", "opd"}
     for cell in summary["cells"]:
         assert cell["status"] == "ok" and cell["updates"] == 2 and cell["budget_matched"]
-        assert cell["after"]["n_faulted"] + cell["after"]["n_fault_free"] == 24
+        assert cell["after"]["n_faulted"] + cell["after"]["n_fault_free"] == 8
         split = cell["time_split"]
         # A pipelined OPD cell can hide all of its teacher wait behind sampling.
         assert split["rollout_s"] > 0 and split["update_s"] > 0 and split["teacher_wait_s"] >= 0
         assert cell["positions_scored"] > 0 and cell["bytes_sent"] > 0
     frozen = next(c for c in summary["cells"] if c["arm"] == "frozen_kd")
     opd = next(c for c in summary["cells"] if c["arm"] == "opd")
-    # Both sample 2 x 16 episodes; the frozen cell did it before its first update.
+    # Both sample 2 x 4 episodes; the frozen cell did it before its first update.
     assert frozen["positions_scored"] > 0 and opd["positions_scored"] > 0
     assert summary["arms"]["opd"]["faulted_success_vs_frozen_kd"]["n_pairs"] == 1
     assert set(summary["cost_ratio_opd_vs_frozen"]["per_seed"]) == {"1"}
