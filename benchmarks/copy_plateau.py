@@ -9,7 +9,7 @@ The student of ``recipes/toy_cpu_opd.yaml`` is trained by SFT on oracle calculat
 predict a digit, on 64 held-out traces: the format is learned in ~50 steps, the digits
 only once the model can copy them from the prompt and the tool result (the plateau
 docs/toy-learning.md describes). It prints, per seed, the first step at >= 0.9 and at
->= 0.98 (it stops there), and writes ``benchmarks/results/copy_plateau.json``.
+>= 0.98 (it stops there), and writes ``copy_plateau.json`` in ``--output-dir`` (default ``runs/benchmarks/copy_plateau/``; the committed ``benchmarks/results/copy_plateau.json`` with ``--update-committed``).
 
 ``--init-std`` re-draws every weight matrix from N(0, S^2) (the toy builder uses
 transformers' 0.02) and ``--rope-theta`` sets the rotary base (the toy's is 10,000), to
@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "toy_cpu_opd.yaml"
@@ -111,9 +113,9 @@ def main() -> None:
                         help="Re-draw weight matrices from N(0, S^2) (toy default 0.02).")
     parser.add_argument("--rope-theta", type=float, default=None,
                         help="Rotary base (toy default 10000).")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
-                        "copy_plateau.json")
+    add_output_options(parser, ROOT / "benchmarks" / "results" / "copy_plateau.json")
     args = parser.parse_args()
+    args.out = script_output_file(args, ROOT / "benchmarks" / "results" / "copy_plateau.json", ROOT)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 

@@ -13,7 +13,7 @@ distillation, report, shutdown):
 
 For each run it reads the run directory back (:func:`miniverl.cli.demo.run_summary`:
 success before and after, the teacher's held-out success, warm-up steps, where the
-student's time went) and writes everything to ``benchmarks/results/demo_learning.json``.
+student's time went) and writes everything to ``demo_learning.json`` in ``--output-dir`` (default ``runs/benchmarks/demo_learning/``; the committed ``benchmarks/results/demo_learning.json`` with ``--update-committed``).
 
 Targets (issue 15): held-out greedy success >= 0.9 on every seed; median wall <= 75 s
 from an empty cache and <= 50 s with the teacher cached; ``--fast`` <= 25 s from an
@@ -41,6 +41,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"success_after": 0.9, "cold_median_s": 75.0, "warm_median_s": 50.0, "fast_s": 25.0}
@@ -130,8 +132,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=list(range(1, 11)))
     ap.add_argument("--warm-seeds", type=int, nargs="*", default=[1, 2, 3])
     ap.add_argument("--fast-runs", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/demo_learning.json")
+    add_output_options(ap, ROOT / "benchmarks/results/demo_learning.json")
     args = ap.parse_args()
+    args.out = script_output_file(args, ROOT / "benchmarks/results/demo_learning.json", ROOT)
     console = Console()
     rows: list[dict[str, Any]] = []
     base = Path(tempfile.mkdtemp(prefix="mvdb"))  # short: the ipc socket path is limited

@@ -23,7 +23,7 @@ changes nothing anything reads, and is counted apart with the reason. The rate i
 detected / (flips - semantically identical) and must be 100%.
 
 Run:  python benchmarks/integrity_flips.py [--positions 2000] [--seed 0]
-Writes benchmarks/results/integrity_flips.json.
+Writes ``integrity_flips.json`` in ``--output-dir`` (default ``runs/benchmarks/integrity_flips/``; the committed ``benchmarks/results/integrity_flips.json`` with ``--update-committed``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 from miniverl.student.teacher_process import start_teacher, stop_teacher
 from miniverl.testing.toy_recipe import recipe_dict
 
@@ -184,8 +185,9 @@ def main() -> int:
     parser.add_argument("--positions", type=int, default=2000,
                         help="Flips per file type (every byte of smaller files).")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT)
+    add_output_options(parser, OUT)
     args = parser.parse_args()
+    args.out = script_output_file(args, OUT, ROOT)
 
     from miniverl.common.manifest import load_manifest
     from miniverl.common.trajectory import read_trajectories

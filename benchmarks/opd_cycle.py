@@ -13,7 +13,7 @@ waiting for the teacher + update + logging), and the first cycle of each run is
 dropped as warm-up. It prints the median cycle time of each arm, their ratio
 (pipelined / serial; target <= 0.75), where the time went (rollout, teacher wait,
 update), the teacher's share of a serial cycle and how much of its wait pipelining hid,
-and writes ``benchmarks/results/opd_cycle.json``.
+and writes ``opd_cycle.json`` in ``--output-dir`` (default ``runs/benchmarks/opd_cycle/``; the committed ``benchmarks/results/opd_cycle.json`` with ``--update-committed``).
 
 What pipelining can save is the teacher's share of a serial cycle: the ratio cannot go
 below ``1 - share``. The default teacher (512 wide, 8 layers; the student is 64 wide, 2
@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "opd_cycle.json"
@@ -138,8 +140,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="Per assistant turn.")
     parser.add_argument("--teacher-hidden", type=int, default=512)
     parser.add_argument("--teacher-layers", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_output_options(parser, RESULTS)
     args = parser.parse_args()
+    args.out = script_output_file(args, RESULTS, ROOT)
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

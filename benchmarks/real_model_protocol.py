@@ -12,7 +12,7 @@ position. For ``topk`` (k = 16 and 64) and ``exact`` it times
 :func:`~miniverl.teacher_server.scoring.score_positions` in-process and the same request
 over ipc to a :class:`~miniverl.teacher_server.server.TeacherServer` in this process, and
 records reply bytes per position. Exact replies over 256 MiB are skipped unless
-``--full``. Writes ``benchmarks/results/real_model_protocol.json`` after every row, so
+``--full``. Writes ``real_model_protocol.json`` in ``--output-dir`` (default ``runs/benchmarks/real_model_protocol/``; the committed ``benchmarks/results/real_model_protocol.json`` with ``--update-committed``) after every row, so
 a run cut short keeps what it measured.
 """
 
@@ -31,6 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from teacher_protocol import free_port, interleaved_times, start_server  # noqa: E402
+
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "real_model_protocol.json"
@@ -83,8 +85,9 @@ def main() -> None:
                         help="Episodes packed per request (one row set per value).")
     parser.add_argument("--full", action="store_true",
                         help="Also time exact replies over 256 MiB (minutes each on a CPU).")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_output_options(parser, RESULTS)
     args = parser.parse_args()
+    args.out = script_output_file(args, RESULTS, ROOT)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(args.threads)
 

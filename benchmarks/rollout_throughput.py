@@ -6,7 +6,9 @@ Every episode samples exactly ``--tokens`` tokens in one turn (the runner's
 ``ignore_stop`` mode never ends a turn at ``<|im_end|>``), so the batch sizes do the
 same work per episode and episodes/s compare fairly. The prompt is the real
 calculator prompt rendered by the toy chat template. Prints a table and writes
-``benchmarks/results/rollout_throughput.json``. Target: batch 32 reaches at least
+``rollout_throughput.json`` in ``--output-dir`` (default
+``runs/benchmarks/rollout_throughput/``; the committed
+``benchmarks/results/rollout_throughput.json`` with ``--update-committed``). Target: batch 32 reaches at least
 8x the episodes/s of batch 1.
 
 This measures the sampling loop only: no teacher, no training, no tool execution cost
@@ -26,6 +28,7 @@ import torch
 
 from miniverl.common.recipe_sections import RolloutConfig
 from miniverl.common.toy import build_toy_model, build_toy_tokenizer
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 
@@ -62,8 +65,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--device", default="cpu", help="cpu or cuda.")
     parser.add_argument("--batches", default="1,8,32", help="Comma-separated batch sizes.")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON output path.")
+    add_output_options(parser, RESULTS)
     args = parser.parse_args()
+    args.out = script_output_file(args, RESULTS, Path(__file__).resolve().parents[1])
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     tok = build_toy_tokenizer()

@@ -1,6 +1,6 @@
 """What a targets-cache put costs as a run's cache grows.
 
-    python benchmarks/targets_cache_growth.py          # writes benchmarks/results/targets_cache_growth.json
+    python benchmarks/targets_cache_growth.py          # writes ``targets_cache_growth.json`` in ``--output-dir`` (default ``runs/benchmarks/targets_cache_growth/``; the committed ``benchmarks/results/targets_cache_growth.json`` with ``--update-committed``)
 
 A strict OPD run stores each update's replies in one put (``TargetsCache.put_many``),
 which writes one shard and rewrites the whole index. The index grows with the run, so
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.targets_entries import CacheIdentity, EntryKey
 
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--puts", type=int, default=256)
     parser.add_argument("--entries-per-put", type=int, default=16)
     parser.add_argument("--positions", type=int, default=70)
-    parser.add_argument("--output", type=Path, default=RESULT)
+    add_output_options(parser, RESULT)
     args = parser.parse_args(argv)
+    args.output = script_output_file(args, RESULT, Path(__file__).resolve().parents[1])
     k, vocab = 16, 263
     identity = CacheIdentity(tokenizer_fp="sha256:" + "0" * 64, vocab_size=vocab, kind="topk",
                              k=k, objective="bucketed_topk_tail", temperature=1.0)

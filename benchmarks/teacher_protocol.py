@@ -9,7 +9,7 @@ times :func:`~miniverl.teacher_server.scoring.score_positions` called directly a
 same request through a :class:`~miniverl.protocol.client.SyncTeacherClient` to a
 :class:`~miniverl.teacher_server.server.TeacherServer` over ipc and over tcp loopback. It
 prints the median latencies, the ratio (over the wire / in-process) and the reply
-bytes per scored position, and writes ``benchmarks/results/teacher_protocol.json``.
+bytes per scored position, and writes ``teacher_protocol.json`` in ``--output-dir`` (default ``runs/benchmarks/teacher_protocol/``; the committed ``benchmarks/results/teacher_protocol.json`` with ``--update-committed``).
 
 The servers run in this process on their own event-loop threads with the real torch
 backend; the bytes still cross real ipc/tcp sockets, but the client and the server
@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "teacher_protocol.json"
@@ -243,8 +245,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--full", action="store_true", help="Include 2.5 GB exact replies.")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    add_output_options(parser, RESULTS)
     args = parser.parse_args()
+    args.out = script_output_file(args, RESULTS, ROOT)
     # Before torch loads: the server's worker thread takes its OpenMP thread count from
     # the environment (torch.set_num_threads only reaches the calling thread).
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):

@@ -9,7 +9,8 @@ paths ...) and ``--fuzz`` seeded hostile calls spread evenly over the three
 environments, each through ``Environment.step`` on a live episode. It prints, per
 environment: calls, errors, calls that raised (must be 0), the slowest call and its
 input, calls over 1 s (must be 0) and the largest result, and writes
-``benchmarks/results/tool_bounds.json``. Exit status 1 if any call raised, took 1 s or
+``tool_bounds.json`` in ``--output-dir`` (default ``runs/benchmarks/tool_bounds/``; the
+committed ``benchmarks/results/tool_bounds.json`` with ``--update-committed``). Exit status 1 if any call raised, took 1 s or
 more, or returned more than the result cap.
 
 Issue 18's probe: one sqlite call (``printf('%.*c', 2000000000, 'x')``) ran 43 s before
@@ -30,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the shared hostile inputs live under tests/
 
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file  # noqa: E402
 from tests.student.environments.hostile_calls import (  # noqa: E402
     ENVIRONMENTS,
     fuzz_calls,
@@ -68,7 +70,9 @@ def main() -> int:
     parser.add_argument("--fuzz", type=int, default=3000, help="seeded hostile calls (default 3000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON")
+    add_output_options(parser, RESULTS)
     args = parser.parse_args()
+    output = None if args.no_write else script_output_file(args, RESULTS, ROOT)
 
     envs = live_environments()
     calls = [(label, name, tool, arguments) for label, name, tool, arguments in named_bombs()]
@@ -116,10 +120,9 @@ def main() -> int:
         },
         "ok": bad == 0 and not too_big,
     }
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+    if output is not None:
+        output.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {output}")
     return 0 if record["ok"] else 1
 
 

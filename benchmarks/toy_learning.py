@@ -36,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_SUCCESS = 0.9
 TARGET_WALL_S = 150.0
@@ -156,13 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "toy_cpu_opd.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--cold", choices=["first", "all", "none"], default="first")
-    parser.add_argument("--out", type=Path,
-                        default=ROOT / "benchmarks" / "results" / "toy_learning.json")
+    add_output_options(parser, ROOT / "benchmarks" / "results" / "toy_learning.json")
     parser.add_argument("--timeout-s", type=float, default=1200.0)
     parser.add_argument("--keep", action="store_true", help="Keep the work folder.")
     parser.add_argument("--cache", type=Path, default=None,
                         help="Use this MINIVERL_CACHE for every seed (warm if it holds the teacher).")
     args = parser.parse_args(argv)
+    args.out = script_output_file(args, ROOT / "benchmarks" / "results" / "toy_learning.json", ROOT)
 
     recipe = args.recipe.resolve()
     work = Path(tempfile.mkdtemp(prefix="toy-learning-"))

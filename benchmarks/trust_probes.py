@@ -20,7 +20,7 @@ Runs every probe the issue names against the real processes and prints one table
    checkpoints must be bitwise equal.
 
 Run:  python benchmarks/trust_probes.py [--skip flips determinism]
-Writes benchmarks/results/trust_probes.json. Takes about 12 minutes (7 is ~6 of them);
+Writes ``trust_probes.json`` in ``--output-dir`` (default ``runs/benchmarks/trust_probes/``; the committed ``benchmarks/results/trust_probes.json`` with ``--update-committed``). Takes about 12 minutes (7 is ~6 of them);
 run it alone on the machine.
 """
 
@@ -48,6 +48,7 @@ import zmq
 from miniverl.common.recipe_models import ToySpec
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.toy import toy_model_dir
+from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 from miniverl.student.teacher_process import start_teacher, stop_teacher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,8 +253,9 @@ def run_json(cmd: list[str], result: Path) -> dict[str, Any]:
     return {"exit": proc.returncode, "result": out, "tail": proc.stdout[-1500:]}
 
 
-def probe_tools() -> dict[str, Any]:
-    got = run_json([sys.executable, "benchmarks/tool_bounds.py"], RESULTS / "tool_bounds.json")
+def probe_tools(work: Path) -> dict[str, Any]:
+    got = run_json([sys.executable, "benchmarks/tool_bounds.py", "--output-dir", str(work)],
+                   work / "tool_bounds.json")
     return {"exit": got["exit"], "summary": got["result"].get("summary", got["result"]),
             "ok": got["exit"] == 0}
 
@@ -271,9 +273,9 @@ def probe_cli() -> dict[str, Any]:
         "ok": proc.returncode == 0}
 
 
-def probe_flips() -> dict[str, Any]:
-    got = run_json([sys.executable, "benchmarks/integrity_flips.py"],
-                   RESULTS / "integrity_flips.json")
+def probe_flips(work: Path) -> dict[str, Any]:
+    got = run_json([sys.executable, "benchmarks/integrity_flips.py", "--output-dir", str(work)],
+                   work / "integrity_flips.json")
     return {"exit": got["exit"], "result": got["result"], "ok": got["exit"] == 0}
 
 
@@ -329,11 +331,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip", nargs="*", default=[], choices=PROBES)
     parser.add_argument("--table", action="store_true",
-                        help="Print the table of the last run's JSON and exit.")
+                        help="Print the table of the committed results and exit.")
+    add_output_options(parser, RESULTS / "trust_probes.json")
     args = parser.parse_args()
     if args.table:
         print_table(json.loads((RESULTS / "trust_probes.json").read_text())["probes"])
         return 0
+    output = script_output_file(args, RESULTS / "trust_probes.json", ROOT)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mvl-trust-") as tmp:
         work = Path(tmp)
@@ -349,19 +353,18 @@ def main() -> int:
             finally:
                 stop_teacher(proc)
         if "tools" not in args.skip:
-            results["tools"] = probe_tools()
+            results["tools"] = probe_tools(work)
         if "cli" not in args.skip:
             results["cli"] = probe_cli()
         if "flips" not in args.skip:
-            results["flips"] = probe_flips()
+            results["flips"] = probe_flips(work)
         if "determinism" not in args.skip:
             results["determinism"] = probe_determinism(work)
     print_table(results)
-    RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": "trust_probes", "machine": platform.machine(),
               "python": platform.python_version(), "probes": results}
-    (RESULTS / "trust_probes.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"wrote {RESULTS / 'trust_probes.json'}")
+    output.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"wrote {output}")
     return 0 if all(r["ok"] for r in results.values()) else 1
 
 

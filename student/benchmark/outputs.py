@@ -50,10 +50,10 @@ def refuse_committed(paths: Iterable[Path], *, update_committed: bool) -> None:
     committed = tracked_by_git(paths)
     if committed:
         names = ", ".join(str(p) for p in committed)
+        what = "is a committed result" if len(committed) == 1 else "are committed results"
         raise ConfigError(
-            f"{names} {'is a' if len(committed) == 1 else 'are'} committed result"
-            f"{'' if len(committed) == 1 else 's'}; pass --update-committed to rewrite "
-            "them, or --output-dir DIR to write elsewhere"
+            f"{names} {what}; pass --update-committed to rewrite "
+            f"{'it' if len(committed) == 1 else 'them'}, or --output-dir DIR to write elsewhere"
         )
 
 
