@@ -30,9 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from teacher_protocol import free_port, interleaved_times, start_server  # noqa: E402
-
-from miniverl.student.benchmark.outputs import add_output_options, script_output_file  # noqa: E402
+from teacher_protocol import free_port, interleaved_times, parse_pinned, start_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "real_model_protocol.json"
@@ -85,11 +83,7 @@ def main() -> None:
                         help="Episodes packed per request (one row set per value).")
     parser.add_argument("--full", action="store_true",
                         help="Also time exact replies over 256 MiB (minutes each on a CPU).")
-    add_output_options(parser, RESULTS)
-    args = parser.parse_args()
-    args.out = script_output_file(args, RESULTS, ROOT)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    args = parse_pinned(parser, RESULTS)
 
     import torch
 

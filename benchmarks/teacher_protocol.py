@@ -235,6 +235,19 @@ def bench_model(label: str, model_dir: Path, args, tmp: Path, reps: int) -> list
     return rows
 
 
+def parse_pinned(parser: argparse.ArgumentParser, committed: Path) -> argparse.Namespace:
+    """The arguments (with the output options; ``out`` the file to write), and the BLAS
+    thread counts pinned to ``--threads`` before torch loads: the server's worker thread
+    takes its OpenMP thread count from the environment (torch.set_num_threads only
+    reaches the calling thread)."""
+    add_output_options(parser, committed)
+    args = parser.parse_args()
+    args.out = script_output_file(args, committed, ROOT)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    return args
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3, help="Timed repetitions (median).")
@@ -245,13 +258,7 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--full", action="store_true", help="Include 2.5 GB exact replies.")
-    add_output_options(parser, RESULTS)
-    args = parser.parse_args()
-    args.out = script_output_file(args, RESULTS, ROOT)
-    # Before torch loads: the server's worker thread takes its OpenMP thread count from
-    # the environment (torch.set_num_threads only reaches the calling thread).
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+    args = parse_pinned(parser, RESULTS)
 
     import torch
 

@@ -148,7 +148,9 @@ def register_up(app: typer.Typer) -> None:
     def demo(
         output: Path = typer.Option(Path("miniverl-demo"), "--output", help="Output folder."),
         fast: bool = typer.Option(
-            False, "--fast", help="Machinery only (~25 s): an incompetent teacher, no learning."
+            False, "--fast",
+            help="Machinery only (about 17 s on 2 CPU cores, benchmarks/results/"
+                 "demo_learning.json): an incompetent teacher, no learning.",
         ),
         seed: int = typer.Option(
             None, "--seed", min=0, max=2**31 - 1, help="The student run's seed (default 1)."

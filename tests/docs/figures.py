@@ -26,10 +26,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 ANNOTATION = re.compile(
@@ -40,14 +39,15 @@ NUMBER = re.compile(r"^(?P<sign>[+-]?)(?P<digits>\d[\d,]*(?:\.(?P<decimals>\d+))
 STEP = re.compile(r"\[(?P<where>[^\]]+)\]|(?P<name>[^.\[\]]+)")
 
 
-@dataclass(frozen=True)
-class Figure:
+class Figure(NamedTuple):
+    """One annotation: where it stands, its four parts, and the section's text above it."""
+
     page: Path
     line: int
-    shown: str
-    path: str
-    pointer: str
-    commit: str
+    shown: str  # the number as printed
+    path: str  # the record
+    pointer: str  # the value in it
+    commit: str  # the commit that measured it
     above: str  # the section's text above the annotation, comments left out
 
     @property
