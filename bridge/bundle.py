@@ -1,4 +1,5 @@
-"""Level 3: a checksummed verl 0.8.0 bundle from a run (``miniverl export-verl``).
+"""Level 3: a checksummed verl bundle from a run (``miniverl export-verl``), for verl
+0.8.0 (the default) or 0.9.1 (``--verl-version``; ``profile.py`` says what differs).
 
 Layout (paths are relative; nothing inside names a local directory)::
 
@@ -10,7 +11,7 @@ Layout (paths are relative; nothing inside names a local directory)::
     recipe/verl-overrides.yaml    Hydra config on top of verl's ppo_trainer
     recipe/tool_config.yaml       Hermes tool schemas -> reward/miniverl_tool.py
     recipe/launch.template.sh     refuses to run until base and teacher weights exist
-    recipe/REQUIRED_VERL.txt      verl==0.8.0, commit, profile
+    recipe/REQUIRED_VERL.txt      verl==VERSION, its pin, profile
     reward/compute_score.py       verl reward using miniverl's verifiers
     reward/miniverl_tool.py       verl tool class running miniverl's tools
     provenance/manifest.json      what this bundle is and how it was made (redacted)
@@ -61,7 +62,7 @@ def _loss_mode(recipe) -> str:
     mode = _LOSS_MODES.get(recipe.loss.divergence)
     if mode is None:
         raise ConfigError(
-            f"loss.divergence {recipe.loss.divergence!r} has no verl 0.8.0 distillation loss; "
+            f"loss.divergence {recipe.loss.divergence!r} has no verl distillation loss; "
             f"export a run trained with one of {sorted(_LOSS_MODES)}"
         )
     return mode
@@ -89,10 +90,12 @@ def _prompt_budget(tokenizer_dir: Path, tables: list, tool_specs: list, recipe) 
     )
 
 
-def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str) -> dict:
-    """The nested overrides mapping (without the Hydra header)."""
+def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str,
+                    target: profile.VerlTarget | None = None) -> dict:
+    """The nested overrides mapping (without the Hydra header) for ``target`` (None: the
+    default verl release)."""
     files = profile.BUNDLE_FILES
-    flat = dict(profile.PROFILE_FIXED)
+    flat = profile.fixed_values(target or profile.verl_target(None))
     max_response = max(
         recipe.rollout.max_total_tokens - max_prompt, recipe.rollout.max_new_tokens_per_turn
     )
@@ -146,9 +149,12 @@ def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str
     return profile.unflatten(flat)
 
 
-def overrides_text(overrides: dict) -> str:
+def overrides_text(overrides: dict, target: profile.VerlTarget | None = None) -> str:
+    target = target or profile.verl_target(None)
+    pins = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in target.identity.items()
+                     if k != "version")
     header = (
-        f"# verl {profile.VERL_VERSION} (commit {profile.VERL_COMMIT}), profile {profile.PROFILE}.\n"
+        f"# verl {target.version} ({pins}), profile {profile.PROFILE}.\n"
         "# Composed on top of verl's own ppo_trainer config by recipe/launch.template.sh; the\n"
         "# bundle-relative paths below are made absolute there. Written by `miniverl export-verl`.\n"
     )
@@ -179,8 +185,17 @@ def _say(text: str) -> str:
     return f"    printf '%s\\n' {shlex.quote(text)} >&2\n"
 
 
-def launch_script(identity: dict, teacher_identity: dict, lora: bool) -> str:
+def launch_script(identity: dict, teacher_identity: dict, lora: bool,
+                  target: profile.VerlTarget | None = None) -> str:
     """Bash entry point: checks weights and verl, then runs verl's main_ppo."""
+    target = target or profile.verl_target(None)
+    version = target.version
+    modules = "".join(
+        f"try:\n    import {module}  # noqa: F401\nexcept ImportError:\n"
+        f"    sys.exit(\"error: verl {version}'s {target.trainer} needs {module}; \"\n"
+        f"             \"pip install '{requirement}'\")\n"
+        for module, requirement in target.modules
+    )
     model_path = "$BASE_MODEL_DIR" if lora else "$BUNDLE/model/full"
     adapter = 'actor_rollout_ref.model.lora_adapter_path="$BUNDLE/model/adapter"' if lora else ""
     base_check = (
@@ -197,7 +212,7 @@ def launch_script(identity: dict, teacher_identity: dict, lora: bool) -> str:
     if teacher_identity.get("prepare"):
         teacher_lines += _say(f"  ({teacher_identity['prepare']})")
     return f"""#!/usr/bin/env bash
-# Launch verl {profile.VERL_VERSION} on this bundle (profile {profile.PROFILE}).
+# Launch verl {version} on this bundle (profile {profile.PROFILE}).
 #
 #   BASE_MODEL_DIR=base-model TEACHER_MODEL_DIR=teacher-model bash recipe/launch.template.sh
 #
@@ -218,11 +233,12 @@ import sys
 try:
     import verl
 except ImportError:
-    sys.exit("error: verl is not installed; this bundle needs verl=={profile.VERL_VERSION} "
-             "(pip install verl=={profile.VERL_VERSION})")
-if verl.__version__ != "{profile.VERL_VERSION}":
-    sys.exit(f"error: verl {{verl.__version__}} installed; this bundle needs verl=={profile.VERL_VERSION}")
-import miniverl.student.environments  # noqa: F401  (the reward and tools need miniverl)
+    sys.exit("error: verl is not installed; this bundle needs verl=={version} "
+             "(pip install verl=={version})")
+if verl.__version__ != "{version}":
+    sys.exit(f"error: verl {{verl.__version__}} installed; this bundle needs verl=={version} "
+             "(or export it again with miniverl export-verl --verl-version)")
+{modules}import miniverl.student.environments  # noqa: F401  (the reward and tools need miniverl)
 PY
 
 (cd "$BUNDLE" && sha256sum --quiet -c SHA256SUMS) || {{ echo "error: bundle files changed (SHA256SUMS)" >&2; exit 2; }}
@@ -265,8 +281,10 @@ def _source_run(run: Path) -> dict:
     return redact(out)
 
 
-def export_verl(run: Path, out: Path) -> dict:
-    """Write the bundle for ``run`` at ``out``; returns provenance/manifest.json's content."""
+def export_verl(run: Path, out: Path, verl_version: str | None = None) -> dict:
+    """Write the bundle for ``run`` at ``out`` for verl ``verl_version`` (None: the
+    default release); returns provenance/manifest.json's content."""
+    target = profile.verl_target(verl_version)
     run, out = Path(run), Path(out)
     if out.exists():
         raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
@@ -314,17 +332,19 @@ def export_verl(run: Path, out: Path) -> dict:
 
         # recipe/
         (tmp / "recipe").mkdir()
-        overrides = build_overrides(recipe, lora, max_prompt=max_prompt, run_name=recipe.run.name)
-        (tmp / files["overrides"]).write_text(overrides_text(overrides), encoding="utf-8")
+        overrides = build_overrides(recipe, lora, max_prompt=max_prompt, run_name=recipe.run.name,
+                                    target=target)
+        (tmp / files["overrides"]).write_text(overrides_text(overrides, target), encoding="utf-8")
         (tmp / files["tool_config"]).write_text(
             yaml.safe_dump(tool_config(env.tool_specs), sort_keys=False), encoding="utf-8"
         )
         launch = tmp / files["launch"]
         launch.write_text(
-            launch_script(identity, teacher_identity, lora is not None), encoding="utf-8"
+            launch_script(identity, teacher_identity, lora is not None, target), encoding="utf-8"
         )
         launch.chmod(0o755)
-        (tmp / files["required_verl"]).write_text(profile.required_verl_text(), encoding="utf-8")
+        (tmp / files["required_verl"]).write_text(profile.required_verl_text(target),
+                                                       encoding="utf-8")
 
         # reward/
         (tmp / "reward").mkdir()
@@ -338,7 +358,7 @@ def export_verl(run: Path, out: Path) -> dict:
         manifest = {
             "bundle_format": profile.BUNDLE_FORMAT,
             "profile": profile.PROFILE,
-            "verl": {"version": profile.VERL_VERSION, "commit": profile.VERL_COMMIT},
+            "verl": dict(target.identity),
             "miniverl_version": version("miniverl"),
             "source_run": run.name,
             "checkpoint_step": ckpt.step,
@@ -360,6 +380,7 @@ def export_verl(run: Path, out: Path) -> dict:
         source_run = _source_run(run)
         atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
         write_model_card(run, tmp, recipe, kind=ckpt.kind, step=ckpt.step, base=identity,
-                         bundle=True, teacher_source=teacher_identity)
+                         bundle=True, teacher_source=teacher_identity,
+                         verl_version=target.version)
         write_sums(tmp)
     return manifest

@@ -4,7 +4,8 @@ Checks, each reported as ``pass``, ``fail`` or ``skip`` with a one-line detail:
 
 - ``hashes``: every file against ``SHA256SUMS`` (changed, missing, unlisted);
 - ``layout``: the files the profile requires are present;
-- ``required_verl``: ``REQUIRED_VERL.txt`` names verl 0.8.0, the commit and the profile;
+- ``required_verl``: ``REQUIRED_VERL.txt`` names the verl release the manifest names (0.8.0
+  with its commit, or 0.9.1 with its wheel's sha256) and the profile;
 - ``overrides``: fixed profile values, run-derived keys present, LoRA keys equal to the
   adapter's own config, bundle-relative paths that exist, no interpolation;
 - ``parquet``: both splits have the exact schema the converter writes and every row's
@@ -115,13 +116,18 @@ def _check_layout(bundle: Path):
     return "pass", f"{len(required)} required files present"
 
 
+def _target(bundle: Path) -> profile.VerlTarget:
+    """The verl release the bundle's manifest names (a ConfigError fails the check)."""
+    manifest = json.loads((bundle / profile.BUNDLE_FILES["manifest"]).read_text(encoding="utf-8"))
+    return profile.target_of_manifest(manifest)
+
+
 def _check_required_verl(bundle: Path):
     text = (bundle / profile.BUNDLE_FILES["required_verl"]).read_text(encoding="utf-8")
-    if text != profile.required_verl_text():
-        return (
-            "fail",
-            f"expected verl=={profile.VERL_VERSION}, commit {profile.VERL_COMMIT}, profile {profile.PROFILE}",
-        )
+    target = _target(bundle)
+    expected = profile.required_verl_text(target)
+    if text != expected:
+        return "fail", f"expected {expected.strip().replace(chr(10), '; ')}"
     return "pass", text.strip().replace("\n", "; ")
 
 
@@ -135,7 +141,8 @@ def _check_overrides(bundle: Path):
     flat = profile.flatten(doc)
     manifest = json.loads((bundle / profile.BUNDLE_FILES["manifest"]).read_text(encoding="utf-8"))
     lora = manifest.get("kind") == "lora"
-    for key, expected in profile.PROFILE_FIXED.items():
+    fixed = profile.fixed_values(profile.target_of_manifest(manifest))
+    for key, expected in fixed.items():
         if key == "actor_rollout_ref.rollout.load_format" and not lora:
             continue
         if flat.get(key) != expected:
@@ -183,7 +190,7 @@ def _check_overrides(bundle: Path):
         return "fail", "; ".join(problems)
     return (
         "pass",
-        f"{len(profile.PROFILE_FIXED)} profile values and {len(profile.PROFILE_FROM_RUN)} run keys",
+        f"{len(fixed)} profile values and {len(profile.PROFILE_FROM_RUN)} run keys",
     )
 
 
@@ -405,13 +412,22 @@ def doctor(bundle: Path) -> dict:
         "schema_version": DOCTOR_SCHEMA_VERSION,
         "bundle": bundle.name,
         "profile": profile.PROFILE,
-        "verl": {"version": profile.VERL_VERSION, "commit": profile.VERL_COMMIT},
+        "verl": _verl_identity(bundle),
         "ok": ok,
         "launchable": ok and not blockers,
         "launch_blockers": blockers if ok else ["failed checks", *blockers],
         "distributed_execution": "not tested",
         "checks": checks.items,
     }
+
+
+def _verl_identity(bundle: Path) -> dict:
+    """The release the bundle names, or the default's when its manifest names none we know
+    (the ``required_verl`` check has failed then)."""
+    try:
+        return dict(_target(bundle).identity)
+    except (OSError, ValueError):
+        return dict(profile.verl_target(None).identity)
 
 
 def format_report(result: dict) -> str:

@@ -94,6 +94,7 @@ def load_facts(root: Path) -> BundleFacts:
             f"{manifest.get('bundle_format')!r}; this miniverl imports {profile.PROFILE} format "
             f"{profile.BUNDLE_FORMAT} (install the miniverl that wrote it)"
         )
+    profile.target_of_manifest(manifest)  # a release this miniverl does not know: refused
     recipe = read("source_run").get("recipe")
     return BundleFacts(root, manifest, read("base_model"), recipe if isinstance(recipe, dict)
                        else None)
@@ -174,6 +175,26 @@ def _fixed(key: str, expected: object):
     return handler
 
 
+def _release_fixed(key: str):
+    """A key only some verl releases' profiles fix (``VerlTarget.fixed``): the value the
+    bundle's own release needs, and nothing in a bundle for another release."""
+
+    def handler(k, value, result, *_):
+        target = profile.target_of_manifest(result.bundle.manifest)
+        if key not in target.fixed:
+            result.add(k, "refused", value, None,
+                       f"a verl {target.version} bundle does not write {k}; remove it")
+        elif value == target.fixed[key]:
+            result.add(k, "informational", value, None,
+                       f"fixed by profile {profile.PROFILE} for verl {target.version}")
+        else:
+            result.add(k, "refused", value, None,
+                       f"profile {profile.PROFILE} for verl {target.version} fixes "
+                       f"{target.fixed[key]!r} (got {value!r}); restore it")
+
+    return handler
+
+
 def _bundle_path(key: str, rel: str, note: str):
     fallback = fields.HANDLERS.get(key)
 
@@ -210,6 +231,8 @@ def _temperature(key, value, result, *_):
 def handlers() -> dict:
     """Handlers for the fields ``export-verl`` writes (on top of the generic whitelist)."""
     out = {key: _fixed(key, value) for key, value in profile.PROFILE_FIXED.items()}
+    out.update({key: _release_fixed(key) for target in profile.VERL_TARGETS.values()
+                for key in target.fixed})
     out.update({key: _fixed(key, value) for key, value in HYDRA_HEADER.items()})
     out.update({
         "actor_rollout_ref.model.path": _model("student", BASE_SENTINEL, lambda f: f.base),

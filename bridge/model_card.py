@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from miniverl.bridge import profile
 from miniverl.common.errors import MiniverlError, require
 from miniverl.common.jsonl_tail import JsonlTail
 from miniverl.common.modeling import resolve_model_dir
@@ -112,6 +113,7 @@ def _base_line(identity: dict[str, Any]) -> str:
 
 
 def card_text(run: Path, recipe, *, kind: str, step: int, base: dict, bundle: bool,
+              verl_version: str | None = None,
               teacher_source: dict | None = None) -> str:
     """The card's markdown body (below the YAML metadata); every run value redacted."""
     events = _events(run)
@@ -154,8 +156,9 @@ def card_text(run: Path, recipe, *, kind: str, step: int, base: dict, bundle: bo
         "```python\nfrom transformers import AutoModelForCausalLM\n\n"
         f"model = AutoModelForCausalLM.from_pretrained(\"{'model/full' if bundle else '.'}\")\n```"
     )
-    launch = ("\nThis folder is a verl 0.8.0 bundle: `miniverl bridge doctor .` checks it and "
-              "`recipe/launch.template.sh` starts verl on it.\n" if bundle else "")
+    launch = (f"\nThis folder is a verl {verl_version or profile.DEFAULT_VERL_VERSION} bundle: "
+              "`miniverl bridge doctor .` checks it and `recipe/launch.template.sh` starts "
+              f"verl on it. {profile.CHECKED_WITH}\n" if bundle else "")
     body = f"""
 # {run.name}
 
@@ -201,7 +204,8 @@ def _qualification(record: dict | None) -> str:
 
 
 def write_model_card(run: Path, out_dir: Path, recipe, *, kind: str, step: int, base: dict,
-                     bundle: bool = False, teacher_source: dict | None = None) -> Path:
+                     bundle: bool = False, teacher_source: dict | None = None,
+                     verl_version: str | None = None) -> Path:
     """Write ``out_dir/README.md`` for the export of ``run``; returns its path.
 
     ``base`` is the student's base identity (``artifacts.base_identity``);
@@ -232,7 +236,8 @@ def write_model_card(run: Path, out_dir: Path, recipe, *, kind: str, step: int, 
     )
     card = hub.ModelCard(f"---\n{data.to_yaml()}\n---\n"
                          + card_text(run, recipe, kind=kind, step=step, base=base,
-                                     bundle=bundle, teacher_source=teacher_source))
+                                     bundle=bundle, teacher_source=teacher_source,
+                                     verl_version=verl_version))
     path = Path(out_dir) / README
     card.save(path)
     return path

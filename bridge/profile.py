@@ -1,23 +1,107 @@
-"""The one verl target this bridge speaks: pinned version, commit and profile values.
+"""The verl targets this bridge speaks: pinned releases, and the profile values of each.
 
 Everything the exporter writes into ``verl-overrides.yaml`` and everything ``bridge doctor``
-checks against comes from here, so the pin lives in one place. This module is data only;
+checks against comes from here, so each pin lives in one place. This module is data only;
 it does not read or write files and knows nothing about runs.
 
 The profile is ``single-gpu-online-distillation-v1``: one node, one GPU, FSDP actor with
 a LoRA adapter, vLLM rollout loading safetensors, verl's tool agent with Hermes tool
 calls, and a custom reward function. It is a handoff profile, not a claim that verl's
 distributed runtime was exercised here.
+
+Two releases are targets (``miniverl export-verl --verl-version``), each checked by its
+own code in its own venv (tests/bridge/test_verl_real.py). What differs between them is
+the trainer ``main_ppo`` runs: 0.8.0's ``TaskRunner`` (``RayPPOTrainer``), and in 0.9.1
+``trainer.use_v1: true`` (its default) selects ``TaskRunnerV1``, the new trainer whose
+data path is TransferQueue (``import transfer_queue`` at start; the package is in
+verl's ``verl-core`` extra). A 0.9.1 bundle states that choice and its mode (``sync``:
+one rollout, then one update, the on-policy order miniverl trains in) instead of
+inheriting a default a later release may change. Every other key the profile writes is
+read under the same name by both releases (0.9.1 removed ``rollout.skip`` and
+``mbridge_config``, which the profile never wrote). The default target stays 0.8.0: its
+trainer is the one verl's own distillation recipe was written for and the one the prompt
+parity check ran against; 0.9.1's v1 trainer is new, and neither release's distributed
+runtime is exercised here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import dotted_items
 
-VERL_VERSION = "0.8.0"
-VERL_COMMIT = "7aed6b230776f963fa09509c10d9c3a767d1102c"
 PROFILE = "single-gpu-online-distillation-v1"
 BUNDLE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class VerlTarget:
+    """One verl release a bundle can be written for."""
+
+    version: str
+    # provenance/manifest.json's ``verl`` (and doctor's): the release and what pins it.
+    identity: dict[str, str]
+    # What main_ppo runs on this bundle (verl_check.py reads it from the composed config).
+    trainer: str
+    # Profile-fixed overrides this release needs on top of PROFILE_FIXED.
+    fixed: dict[str, object] = field(default_factory=dict)
+    # Modules the launch script checks besides verl: (import name, pip requirement).
+    modules: tuple[tuple[str, str], ...] = ()
+
+
+VERL_TARGETS: dict[str, VerlTarget] = {
+    "0.8.0": VerlTarget(
+        version="0.8.0",
+        identity={"version": "0.8.0", "commit": "7aed6b230776f963fa09509c10d9c3a767d1102c"},
+        trainer="TaskRunner",
+    ),
+    "0.9.1": VerlTarget(
+        version="0.9.1",
+        # The registry's wheel, verl-0.9.1-py3-none-any.whl, by its sha256.
+        identity={"version": "0.9.1",
+                  "wheel_sha256": "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14"},
+        trainer="TaskRunnerV1",
+        fixed={"trainer.use_v1": True, "trainer.v1.trainer_mode": "sync"},
+        modules=(("transfer_queue", "TransferQueue>=0.1.10"),),
+    ),
+}
+DEFAULT_VERL_VERSION = "0.8.0"
+# What a bundle's README says about the checks (tests/bridge/test_verl_real.py runs them).
+CHECKED_WITH = (
+    "miniverl checks its bundles with the code of official verl "
+    + " and ".join(VERL_TARGETS)
+    + ", each in its own venv: Hydra composition, the dataset, the reward and the tool "
+    "loader; distributed execution is not tested."
+)
+# The default target's pins, for the modules that name one release.
+VERL_VERSION = DEFAULT_VERL_VERSION
+VERL_COMMIT = VERL_TARGETS["0.8.0"].identity["commit"]
+
+
+def verl_target(version: str | None) -> VerlTarget:
+    """The target for ``version`` (None: the default), or a ConfigError naming the choices."""
+    target = VERL_TARGETS.get(version or DEFAULT_VERL_VERSION)
+    if target is None:
+        raise ConfigError(
+            f"--verl-version {version!r} is not a verl release this bridge targets; "
+            f"use one of {', '.join(sorted(VERL_TARGETS))}"
+        )
+    return target
+
+
+def target_of_manifest(manifest: dict) -> VerlTarget:
+    """The target a bundle's ``provenance/manifest.json`` names, or a ConfigError."""
+    verl = manifest.get("verl")
+    version = verl.get("version") if isinstance(verl, dict) else None
+    target = VERL_TARGETS.get(version) if isinstance(version, str) else None
+    if target is None or verl != target.identity:
+        raise ConfigError(
+            f"the bundle names verl {verl!r}; this miniverl writes and reads bundles for "
+            + "; ".join(f"{t.identity}" for t in VERL_TARGETS.values())
+        )
+    return target
+
 
 # Name of the reward entry point; verl 0.8.0 needs `name` set next to `path` (a path alone
 # crashes in get_custom_reward_fn's `assert fn_name is not None` when a config nulls it).
@@ -63,6 +147,10 @@ PROFILE_FIXED: dict[str, object] = {
     "distillation.enabled": True,
     "distillation.distillation_loss.use_policy_gradient": False,
     "algorithm.use_kl_in_reward": False,
+    # No critic: distillation trains on the teacher's targets, not on advantages. Left
+    # unset, verl's need_critic() (both releases) builds one for the default gae
+    # estimator, from critic.model.path's default (a 7B model this bundle never names).
+    "critic.enable": False,
     "actor_rollout_ref.actor.use_kl_loss": False,
 }
 
@@ -103,9 +191,17 @@ def verl_loggers(loggers: list[str]) -> list[str]:
     return list(dict.fromkeys(["console", *(VERL_LOGGERS[name] for name in loggers)]))
 
 
-def required_verl_text() -> str:
+def fixed_values(target: VerlTarget) -> dict[str, object]:
+    """Every profile-fixed override of a bundle for ``target``."""
+    return {**PROFILE_FIXED, **target.fixed}
+
+
+def required_verl_text(target: VerlTarget | None = None) -> str:
     """Contents of ``recipe/REQUIRED_VERL.txt``."""
-    return f"verl=={VERL_VERSION}\ncommit {VERL_COMMIT}\nprofile {PROFILE}\n"
+    target = target or verl_target(None)
+    pins = "".join(f"{key.replace('_', ' ')} {value}\n"
+                   for key, value in target.identity.items() if key != "version")
+    return f"verl=={target.version}\n{pins}profile {PROFILE}\n"
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:

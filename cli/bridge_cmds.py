@@ -35,13 +35,17 @@ def export_adapter(
 def export_verl(
     run: Path = typer.Option(..., "--run", help="Run directory (runs/<id>)."),
     out: Path = typer.Option(..., "--out", help="New bundle directory."),
+    verl_version: str = typer.Option(
+        "0.8.0", "--verl-version", help="The verl release the bundle is for: 0.8.0 or 0.9.1."
+    ),
 ) -> None:
-    """Write a checksummed verl 0.8.0 bundle (profile single-gpu-online-distillation-v1)."""
+    """Write a checksummed verl bundle (profile single-gpu-online-distillation-v1)."""
     from miniverl.bridge.bundle import export_verl as _export
 
-    manifest = _export(run, out)
+    manifest = _export(run, out, verl_version=verl_version)
     typer.echo(
-        f"bundle {out} ({manifest['kind']}, step {manifest['checkpoint_step']}, "
+        f"bundle {out} (verl {manifest['verl']['version']}, "
+        f"{manifest['kind']}, step {manifest['checkpoint_step']}, "
         f"{manifest['rows']['train']} train / {manifest['rows']['val']} val rows); "
         f"check it with: miniverl bridge doctor {out}"
     )

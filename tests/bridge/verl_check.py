@@ -1,11 +1,18 @@
-"""Check a miniverl bundle with official verl 0.8.0's own code; run with the verl venv's python.
+"""Check a miniverl bundle with an official verl release's own code (0.8.0 or 0.9.1); run
+with the python of that release's venv (``tests/bridge/setup_verl_venv.sh VERSION``).
 
-    $MINIVERL_VERL_VENV/bin/python tests/bridge/verl_check.py BUNDLE
+    ~/.cache/miniverl/verl-VERSION-venv/bin/python tests/bridge/verl_check.py BUNDLE
 
 What it exercises, all inside verl's code paths:
 1. Hydra composes verl's ``ppo_trainer`` config with ``recipe/verl-overrides.yaml`` (the
-   same ``--config-path/--config-name`` the launch script uses), and verl's dataclasses
-   accept the distillation, reward and model sections (``omega_conf_to_dataclass``);
+   same ``--config-path/--config-name`` the launch script uses); every key the bundle
+   writes is a key of verl's own ``ppo_trainer`` (Hydra adds an unknown key from the
+   primary config silently, so a key a release renamed or removed would be ignored
+   without this); ``validate_config``, which ``main_ppo`` runs on every config, accepts
+   it; the trainer ``main_ppo`` would run is read from the config (``trainer.use_v1``
+   in 0.9: ``TaskRunnerV1``, which needs TransferQueue; else ``TaskRunner``); and verl's
+   dataclasses accept the distillation, rollout and actor sections
+   (``omega_conf_to_dataclass``);
 2. ``RLHFDataset`` loads ``data/train.parquet`` with the bundle's tokenizer and returns
    rows whose ``raw_prompt`` renders through the chat template with the tool schemas;
 3. ``get_custom_reward_fn`` loads ``reward/compute_score.py`` and scores a row's ground
@@ -58,10 +65,25 @@ def main(bundle: Path) -> int:
 
     @step("compose")
     def _compose():
-        from verl.utils.config import omega_conf_to_dataclass
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
 
         cfg = compose(bundle, Path("/nonexistent/base"))
         state["cfg"] = cfg
+        unknown = _unknown_keys(bundle)
+        try:
+            validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
+                            use_critic=need_critic(cfg))
+            validated = "all checks"
+        except ModuleNotFoundError as exc:
+            # validate_config's last check imports vLLM's rollout utilities (Ray and vLLM
+            # at import) to compare lora_rank with vLLM's maximum; every check before it ran.
+            frames = traceback.extract_tb(exc.__traceback__)
+            if not any(f.name == "validate_config" and "get_vllm_max_lora_rank" in (f.line or "")
+                       for f in frames):
+                raise
+            validated = "all checks before vLLM's maximum LoRA rank (needs vLLM)"
+        entry_point = "TaskRunnerV1" if cfg.trainer.get("use_v1", False) else "TaskRunner"
         adapter = json.loads((bundle / "model/adapter/adapter_config.json").read_text())
         model = cfg.actor_rollout_ref.model
         assert model.lora_rank == adapter["r"], (model.lora_rank, adapter["r"])
@@ -83,6 +105,10 @@ def main(bundle: Path) -> int:
             obj = omega_conf_to_dataclass(node)
             dataclasses[name] = type(obj).__name__
         return {
+            "unknown_keys": unknown,
+            "validate_config": validated,
+            "use_critic": need_critic(cfg),
+            "entry_point": entry_point,
             "dataclasses": dataclasses,
             "loss_mode": cfg.distillation.distillation_loss.loss_mode,
             "topk": cfg.distillation.distillation_loss.topk,
@@ -178,6 +204,37 @@ def main(bundle: Path) -> int:
     # verl prints to stdout too; the result is the last line, after a marker.
     print(MARKER + json.dumps(results, default=str))
     return 0 if results["ok"] else 1
+
+
+def _unknown_keys(bundle: Path) -> list[str]:
+    """Keys of ``verl-overrides.yaml`` that verl's own ``ppo_trainer`` config lacks."""
+    import yaml
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        own = hydra_compose(config_name="ppo_trainer")
+    overrides = yaml.safe_load((bundle / "recipe/verl-overrides.yaml").read_text())
+    absent = object()
+    unknown = []
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                walk(value, dotted + ".")
+            else:
+                try:
+                    found = OmegaConf.select(own, dotted, default=absent, throw_on_missing=True)
+                except MissingMandatoryValue:  # a key verl declares ??? (no default)
+                    found = None
+                if found is absent:
+                    unknown.append(dotted)
+
+    walk({k: v for k, v in overrides.items() if k not in ("hydra", "defaults")}, "")
+    return unknown
 
 
 def _tool_config(bundle: Path) -> dict:
