@@ -178,7 +178,11 @@ class Recipe(BaseModel):
                     "remove it or set run.mode: offline_kd",
                 )
             )
-        if train.fixed_set is not None and mode != "offline_kd":
+        if train.fixed_set == "teacher" and mode not in ("offline_kd", "sft"):
+            issues.append((("fixed_set",), (
+                f"fixed_set 'teacher' is an offline_kd or sft (SeqKD) source (mode {mode!r}); "
+                "remove it or set run.mode: offline_kd or sft")))
+        elif train.fixed_set is not None and mode != "offline_kd" and train.fixed_set != "teacher":
             issues.append(
                 (
                     ("fixed_set",),
@@ -186,6 +190,10 @@ class Recipe(BaseModel):
                     "remove it or set run.mode: offline_kd",
                 )
             )
+        if train.fixed_set == "teacher" and "teacher" in info.data:  # absent: reported
+            issues.extend(_teacher_set_issues(info.data.get("teacher"), info.data.get("rollout")))
+        issues.extend(_mixing_issues(train, mode))
+        issues.extend(_group_issues(train, mode, info.data.get("rollout")))
         if train.sft_epochs is not None and mode != "sft":
             issues.append(
                 (
@@ -198,6 +206,35 @@ class Recipe(BaseModel):
         raise_issues(issues, {"updates_per_batch": ("max_lag",)} if mode == "replay" else None)
         return train
 
+    @field_validator("rollout")
+    @classmethod
+    def _group_needs_fresh_episodes(cls, rollout: RolloutConfig, info: ValidationInfo):
+        run = info.data.get("run")
+        if rollout.group_size is not None and run is not None and run.mode not in GROUP_MODES:
+            raise_issues([(
+                ("group_size",),
+                f"rollout.group_size {rollout.group_size} groups the fresh episodes of a cycle "
+                f"by task; mode {run.mode!r} samples none (opd, replay and dpo do); remove it",
+            )])
+        return rollout
+
+    @field_validator("dpo")
+    @classmethod
+    def _one_dpo_group_size(cls, dpo: DpoConfig, info: ValidationInfo):
+        rollout, run = info.data.get("rollout"), info.data.get("run")
+        size = rollout.group_size if rollout is not None else None
+        if size is None or run is None or run.mode != "dpo":
+            return dpo
+        if "group_size" in dpo.model_fields_set and dpo.group_size != size:
+            raise_issues([(("group_size",), (
+                f"dpo.group_size {dpo.group_size} and rollout.group_size {size} both size "
+                "dpo's groups; keep one of them"))])
+        if size < 2:
+            raise_issues([(("group_size",), (
+                f"rollout.group_size {size}: dpo pairs a success and a failure of one task, "
+                "so a group needs at least 2 episodes; raise it to 2 or more"))])
+        return dpo
+
     # -- derived facts used by plans and manifests -------------------------------------
 
     @property
@@ -208,6 +245,84 @@ class Recipe(BaseModel):
     @property
     def needs_teacher(self) -> bool:
         return self.run.mode in TEACHER_MODES
+
+
+# -- rules of the batch-side variants (train.fixed_set teacher, on_policy_fraction,
+# rollout.group_size), read by Recipe._mode_rules ------------------------------------
+
+# Modes whose cycles sample fresh episodes, so rollout.group_size can group them.
+GROUP_MODES: frozenset[str] = frozenset({"opd", "replay", "dpo"})
+
+
+def on_policy_episodes(n: int, fraction: float) -> int:
+    """How many of a batch's ``n`` episodes ``train.on_policy_fraction`` samples fresh:
+    ``floor(fraction * n + 1/2)`` (half rounds up, unlike Python's ``round``)."""
+    return int(fraction * n + 0.5)
+
+
+def _mixing_issues(train: TrainConfig, mode: str) -> list[tuple]:
+    fraction = train.on_policy_fraction
+    if fraction is None:
+        return []
+    if mode != "offline_kd":
+        return [(("on_policy_fraction",), (
+            f"on_policy_fraction {fraction:g} mixes fresh episodes into offline_kd's fixed-set "
+            f"batches (mode {mode!r}); remove it or set run.mode: offline_kd"))]
+    if train.fixed_set == "student":
+        return [(("on_policy_fraction",), (
+            f"on_policy_fraction {fraction:g} mixes fresh student episodes into a set that is "
+            "already the student's own (fixed_set 'student'); mix with fixed_set oracle or "
+            "teacher, or train.trajectories"))]
+    n = train.rollouts_per_cycle
+    fresh = on_policy_episodes(n, fraction)
+    if fraction == 1.0:
+        return [(("on_policy_fraction",), (
+            "on_policy_fraction 1 leaves no room for the fixed set; that is strict on-policy "
+            "distillation: set run.mode: opd and remove on_policy_fraction"))]
+    if fraction > 0.0 and fresh in (0, n):
+        return [(("on_policy_fraction",), (
+            f"on_policy_fraction {fraction:g} of rollouts_per_cycle {n} rounds to {fresh} "
+            f"fresh episodes, so a batch would not mix; raise rollouts_per_cycle or move the "
+            "fraction away from 0 and 1"))]
+    return []
+
+
+def _group_issues(train: TrainConfig, mode: str, rollout: RolloutConfig | None) -> list[tuple]:
+    size = rollout.group_size if rollout is not None else None
+    if size is None or mode not in ("opd", "replay") or train.rollouts_per_cycle % size == 0:
+        return []
+    return [(("rollouts_per_cycle",), (
+        f"rollouts_per_cycle {train.rollouts_per_cycle} is not a multiple of "
+        f"rollout.group_size {size}: every task of a batch is played group_size times; make "
+        "rollouts_per_cycle a multiple of it"))]
+
+
+def _teacher_set_issues(teacher: TeacherConfig | None, rollout: RolloutConfig | None) -> list:
+    """fixed_set teacher: the student process plays the episodes with teacher.model's
+    weights, so they must be weights it can load as they are (mvl-score/1 has no
+    generation message)."""
+    if teacher is None:
+        return [(("fixed_set",), (
+            "fixed_set 'teacher' plays its episodes with the teacher's weights; add a teacher "
+            "section (teacher: {model: ...})"))]
+    blockers = {
+        "prepare": (teacher.prepare, "names a preparation this process does not run; prepare "
+                    "it first and give its directory as teacher.model.path"),
+        "adapter": (teacher.adapter, "is merged only by the teacher server; merge it into the "
+                    "weights and give that directory as teacher.model.path"),
+        "mode": (teacher.mode if teacher.mode != "standard" else None, "shows the teacher a "
+                 "view the student never sees; use a standard teacher"),
+        "scorer": (teacher.scorer if teacher.scorer != "causal_lm" else None, "is not a model "
+                   "that can play; use scorer: causal_lm"),
+    }
+    issues = [(("fixed_set",), f"fixed_set 'teacher' plays episodes with teacher.model's "
+               f"weights, but teacher.{name} {value!r} {fix}")
+              for name, (value, fix) in blockers.items() if value is not None]
+    if rollout is not None and rollout.view is not None:
+        issues.append((("fixed_set",), (
+            f"fixed_set 'teacher' trains on the plain view, rollout.view {rollout.view} on "
+            "the privileged one; remove one of them")))
+    return issues
 
 
 # -- helpers --------------------------------------------------------------------------
@@ -241,6 +356,7 @@ HASHED_ONLY_WHEN_SET = (
     "student.model.toy.init_std", "student.model.toy.rope_theta",
     "teacher.model.toy.init_std", "teacher.model.toy.rope_theta",
     "runtime.warmup_cpu_threads", "rollout.view",
+    "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
 )
 
 

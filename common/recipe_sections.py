@@ -95,6 +95,12 @@ class RolloutConfig(Section):
         "task's privileged context in its system message; only to prepare a privileged "
         "teacher by SFT (run.mode sft). Unset: the plain view.",
     )
+    group_size: int | None = Field(
+        None, ge=1, le=64,
+        description="Episodes per task in one batch (opd, replay, dpo): rollouts_per_cycle / "
+        "group_size tasks, each played group_size times with distinct episode seeds. Unset: "
+        "1 (dpo: dpo.group_size).",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> RolloutConfig:
@@ -217,13 +223,20 @@ class TrainConfig(Section):
     trajectories: str | None = Field(
         None, min_length=1, description="offline_kd: trajectories.jsonl to distill on."
     )
-    fixed_set: Literal["oracle", "student"] | None = Field(
+    fixed_set: Literal["oracle", "student", "teacher"] | None = Field(
         None,
         description=(
             "offline_kd: oracle = oracle traces of the training tasks; student = episodes "
             "the starting policy samples once, cycles x rollouts_per_cycle on the task "
-            "schedule opd would use (frozen student states); null = trajectories, else oracle."
+            "schedule opd would use (frozen student states); teacher = one episode per "
+            "training task played once by the teacher's weights (offline_kd, or sft: SeqKD); "
+            "null = trajectories, else oracle."
         ),
+    )
+    on_policy_fraction: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="offline_kd: share of each batch sampled fresh by the current policy "
+        "(GKD's lambda), the rest drawn from the fixed set; null = none.",
     )
 
     @model_validator(mode="after")
@@ -272,6 +285,23 @@ class EvalConfig(Section):
     split: Literal["eval", "test"] = Field("eval", description="Held-out split to evaluate on.")
     greedy: bool = Field(True, description="Greedy decoding during eval.")
     max_tasks: int | None = Field(None, ge=1, le=1_000_000, description="Cap on evaluated tasks.")
+    samples: int | None = Field(
+        None, ge=1, le=64,
+        description="Also play every task this many times sampled at eval.temperature and "
+        "report the mean success beside the first; null = no sampled eval.",
+    )
+    temperature: float | None = Field(
+        None, gt=0.0, le=5.0,
+        description="Sampling temperature of the eval.samples episodes; null = 1.0.",
+    )
+
+    @model_validator(mode="after")
+    def _sampled(self) -> EvalConfig:
+        if self.temperature is not None and self.samples is None:
+            raise_issue("temperature", f"temperature {self.temperature:g} applies only to "
+                        "sampled eval episodes (samples is unset); set samples: N or remove "
+                        "temperature", involves=("samples",))
+        return self
 
 
 class DpoConfig(Section):

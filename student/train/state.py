@@ -64,6 +64,9 @@ class TrainState:
     stop_event: threading.Event
     started: float  # time.perf_counter() when the trainer was made
     checkpoints: bool = True
+    # --offline: models this process loads besides the student (the teacher playing
+    # train.fixed_set teacher, student/teacher_play.py) never touch the network either.
+    offline: bool = False
     version: int = 0  # the student's parameter version: +1 per optimizer step
     step: int = 0
     cycle: int = 0
@@ -180,7 +183,7 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
         autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind,
         cache=open_cache(recipe, run, policy, kind), teacher=teacher, stop_event=stop_event,
-        started=started, checkpoints=checkpoints,
+        started=started, checkpoints=checkpoints, offline=offline,
     )
     # The schedule reads where the warm-up ended from the state it belongs to (it draws
     # no random numbers, so building it after the tasks and runner changes nothing).

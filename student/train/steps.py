@@ -22,8 +22,9 @@ import torch
 
 from miniverl.common.trajectory import Trajectory, select_positions_for, write_trajectories
 from miniverl.protocol.pending import within_lag
+from miniverl.student.train.batches import cycle_episodes, group_size
 from miniverl.student.train.cached_targets import put_scored
-from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
+from miniverl.student.train.state import CycleResult, TrainState
 from miniverl.student.train.teacher import park as park_teacher
 from miniverl.student.train.teacher import wake as wake_teacher
 from miniverl.student.train.teacher_link import Scored
@@ -53,12 +54,14 @@ class ScoredBatch:
     t_early: float = 0.0
 
 
-def rollout_and_score(state: TrainState, lag: int) -> ScoredBatch:
-    """Sample fresh rollouts with the current version and score them for it."""
+def rollout_and_score(state: TrainState, lag: int, count: int | None = None) -> ScoredBatch:
+    """Sample fresh rollouts with the current version and score them for it: the
+    cycle's ``rollouts_per_cycle`` episodes in groups of ``rollout.group_size``
+    (``batches.py``), or its first ``count`` (part of a mixed batch, ``mixing.py``,
+    whose update's first micro-batch is not these alone: no early forward)."""
     recipe = state.recipe
-    n = recipe.train.rollouts_per_cycle
-    tasks = tasks_for(state, state.cycle, n)
-    seeds = [episode_seed(recipe.run.seed, state.cycle, i) for i in range(n)]
+    n = recipe.train.rollouts_per_cycle if count is None else count
+    tasks, seeds = cycle_episodes(state, state.cycle, n, group_size(recipe))
     side = state.teacher
     link = side.link
     if side.memory == "swap":
@@ -83,7 +86,7 @@ def rollout_and_score(state: TrainState, lag: int) -> ScoredBatch:
         for traj in trajs:
             submit(traj)
     early, t_early = None, 0.0
-    if pipelined and lag == 0 and side.memory != "swap":
+    if pipelined and lag == 0 and side.memory != "swap" and count is None:
         # The update's forward does not need the targets: run it while the teacher
         # scores the last episodes (swap keeps it after PARK, when memory is free).
         t1 = time.perf_counter()

@@ -48,7 +48,7 @@ def test_fixed_set_with_trajectories_or_a_wall_budget_is_refused_with_the_fix():
     (line,) = errors(base(fixed_set="student", max_wall_s=60))
     assert "wall-time budget" in line and "remove max_wall_s" in line
     assert Recipe.model_validate(base(fixed_set="oracle", max_wall_s=60))
-    assert "fixed_set" in " ".join(errors(base(fixed_set="teacher")))
+    assert "fixed_set" in " ".join(errors(base(fixed_set="teachers")))
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, "high"])
@@ -63,6 +63,10 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     data = recipe_dict(recipe)
     assert data["runtime"].pop("warmup_cpu_threads") is None
     assert data["rollout"].pop("view") is None
+    # The batch-side variants and the sampled eval (tests/student/train/test_batch_variants.py).
+    assert data["rollout"].pop("group_size") is None
+    assert data["train"].pop("on_policy_fraction") is None
+    assert data["eval"].pop("samples") is None and data["eval"].pop("temperature") is None
     del data["train"]["fixed_set"], data["teacher"]["min_recovery"]
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]

@@ -4,7 +4,7 @@ One ``dpo`` cycle, read top to bottom in :func:`dpo_cycle`:
 
 1. **Group sampling**: ``rollouts_per_cycle`` episodes as ``rollouts_per_cycle //
    group_size`` tasks, each played ``group_size`` times with distinct seeds by the
-   current policy.
+   current policy (``rollout.group_size``, else ``dpo.group_size``: ``batches.py``).
 2. **Pairs** (:func:`build_pairs`): within a task, a verified success is *chosen* and a
    failure *rejected*; ``min(successes, failures)`` pairs per task. A task whose
    rollouts all succeed or all fail yields no pair; it is skipped and counted.
@@ -40,8 +40,9 @@ from torch.utils.checkpoint import checkpoint
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, write_trajectories
+from miniverl.student.train.batches import cycle_episodes, group_size
 from miniverl.student.train.policy import Policy
-from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
+from miniverl.student.train.state import CycleResult, TrainState
 from miniverl.student.train.updates import (
     StepStats,
     finish_step,
@@ -243,9 +244,10 @@ def dpo_step(
     )
 
 
-def group_size(recipe: Any) -> int:
-    """Rollouts per task in one cycle (``dpo.group_size``; at least 2 to form a pair)."""
-    size = recipe.dpo.group_size
+def dpo_group_size(recipe: Any) -> int:
+    """Rollouts per task in one cycle (``rollout.group_size``, else ``dpo.group_size``;
+    at least 2 to form a pair, ``batches.group_size``)."""
+    size = group_size(recipe)
     if recipe.train.rollouts_per_cycle < size:
         raise ConfigError(
             f"train.rollouts_per_cycle {recipe.train.rollouts_per_cycle} is below dpo group "
@@ -258,11 +260,8 @@ def group_size(recipe: Any) -> int:
 def dpo_cycle(state: TrainState) -> CycleResult | None:
     """One DPO cycle (mode ``dpo``); None when no task gave a pair (no update)."""
     recipe = state.recipe
-    group = group_size(recipe)
-    n_tasks = recipe.train.rollouts_per_cycle // group
-    tasks = tasks_for(state, state.cycle, n_tasks)
-    grouped = [task for task in tasks for _ in range(group)]
-    seeds = [episode_seed(recipe.run.seed, state.cycle, i) for i in range(len(grouped))]
+    grouped, seeds = cycle_episodes(state, state.cycle, recipe.train.rollouts_per_cycle,
+                                    dpo_group_size(recipe))
     policy = state.policy
     t0 = time.perf_counter()
     policy.model.eval()

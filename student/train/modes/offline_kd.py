@@ -2,7 +2,8 @@
 
 The set (``train.fixed_set``) is a previous run's ``trajectories.jsonl``
 (``train.trajectories``), the oracle traces of the training tasks (``oracle``, the
-default), or frozen student states (``student``): the episodes the starting policy
+default), the teacher's own episodes of them (``teacher``, ``fixed_sets.py``), or
+frozen student states (``student``): the episodes the starting policy
 samples, once, before the first update, on exactly the tasks and episode seeds that
 strict OPD would sample over the run's ``train.cycles`` (``cycles x rollouts_per_cycle``
 episodes; scored while they are sampled when ``train.pipelining`` is on). Its targets
@@ -10,7 +11,9 @@ are requested once, bound to the version that sampled the set (0 for oracle trac
 cached, and reused by every version; a resume finds them in the cache (and the frozen
 student set in ``trajectories.jsonl``). Off-policy by construction, and reported as such.
 
-Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set, or,
+Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set
+(``batches.fixed_draw``; with ``train.on_policy_fraction`` part of the batch is sampled
+fresh instead, ``mixing.py``), or,
 for frozen student states, cycle ``c``'s own episodes, so update ``c`` sees the tasks
 OPD's update ``c`` sees, sampled by the starting policy instead of the current one. The
 set's sampling and scoring time is in the ``offline_targets_scored`` event. The scored
@@ -25,19 +28,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.rollout.oracle import oracle_trajectories
+from miniverl.student.train.batches import fixed_draw
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
+from miniverl.student.train.fixed_sets import teacher_set
+from miniverl.student.train.mixing import mixed_cycle
 from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
 from miniverl.student.train.steps import distill_update, positions_of
 from miniverl.student.train.teacher_link import Scored
-
-# Salts the batch draw's seed apart from the episodes' seeds of the same cycle.
-DRAW_SALT = 77_777
 
 
 @dataclass
@@ -55,7 +56,10 @@ class OfflineKdMode:
         """Nothing to rebuild here: :meth:`prepare` finds a resumed run's set recorded."""
 
     def cycle(self, state: TrainState) -> CycleResult:
-        """One update on a seeded draw from the scored fixed set."""
+        """One update on a seeded draw from the scored fixed set (with
+        ``train.on_policy_fraction``, part of the batch fresh: ``mixing.py``)."""
+        if state.recipe.train.on_policy_fraction is not None:
+            return mixed_cycle(state, self.fixed)
         scored = fixed_batch(state, self.fixed, state.cycle)
         t1 = time.perf_counter()
         stats = distill_update(state, scored)
@@ -70,6 +74,11 @@ def prepare_fixed_set(state: TrainState) -> list[Scored]:
     source = recipe.train.trajectories
     if recipe.train.fixed_set == "student":
         return _prepare_student_set(state)
+    if recipe.train.fixed_set == "teacher":
+        # The teacher's own episodes (fixed_sets.py), bound to version 0 like oracle
+        # traces; their playing time is the set's sampling time.
+        played, t_play, _ = teacher_set(state)
+        return _score_uncached(state, played, 0, source="teacher", t_sample=t_play)
     t0 = time.perf_counter()
     if source:
         fixed_set = read_trajectories(source)
@@ -165,7 +174,4 @@ def fixed_batch(state: TrainState, fixed: list[Scored], cycle: int) -> list[Scor
         n = state.recipe.train.rollouts_per_cycle
         start = (cycle * n) % len(fixed)
         return fixed[start:start + n]
-    n = min(state.recipe.train.rollouts_per_cycle, len(fixed))
-    rng = np.random.default_rng(episode_seed(state.recipe.run.seed, cycle, DRAW_SALT))
-    pick = rng.choice(len(fixed), size=n, replace=False)
-    return [fixed[i] for i in sorted(pick)]
+    return fixed_draw(state.recipe, fixed, cycle, state.recipe.train.rollouts_per_cycle)

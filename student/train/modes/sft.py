@@ -5,7 +5,10 @@ rendered by the chat template), so each is rendered once per run and reused. The
 warm-up (``train.sft_warmup_steps``) runs these steps before the first distillation
 cycle (cold start) and ends early when ``train.sft_warmup_until_loss`` is reached. The
 rendered traces are the mode's own state (:class:`OracleBatches`, held by
-:class:`SftMode` and by the loop for the warm-up).
+:class:`SftMode` and by the loop for the warm-up). With ``train.fixed_set: teacher``
+(SeqKD) the cycles train on the teacher's own episodes of the same tasks instead,
+played once in :meth:`SftMode.prepare` (``fixed_sets.py``); the warm-up stays on
+oracle traces.
 
 This module does not log, evaluate or checkpoint (``loop.py`` does).
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from miniverl.common.qualification import PRIVILEGED
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.oracle import oracle_trajectories
+from miniverl.student.train.fixed_sets import TeacherBatches
 from miniverl.student.train.optim import lr_at
 from miniverl.student.train.state import CycleResult, TrainState, tasks_for
 from miniverl.student.train.updates import StepStats, sft_step
@@ -54,12 +58,17 @@ class OracleBatches:
 
 @dataclass
 class SftMode:
-    """Mode ``sft``: an oracle batch and one optimizer step per cycle."""
+    """Mode ``sft``: an oracle batch and one optimizer step per cycle; with
+    ``train.fixed_set: teacher`` (SeqKD) the teacher's episodes of the same tasks."""
 
     oracle: OracleBatches = field(default_factory=OracleBatches)
+    teacher: TeacherBatches = field(default_factory=TeacherBatches)
 
     def prepare(self, state: TrainState) -> None:
-        """Nothing to prepare: oracle traces are rendered as cycles need them."""
+        """SeqKD plays (or reads back) the teacher's set; oracle traces are rendered as
+        cycles need them."""
+        if state.recipe.train.fixed_set == "teacher":
+            self.teacher.prepare(state)
 
     def resume(self, state: TrainState) -> None:
         """Nothing to rebuild: the traces are rendered again from the tasks."""
@@ -67,7 +76,8 @@ class SftMode:
     def cycle(self, state: TrainState) -> CycleResult:
         """One ``sft`` cycle: an oracle batch, one optimizer step."""
         t0 = time.perf_counter()
-        trajs = self.oracle.batch(state, state.cycle)
+        seqkd = state.recipe.train.fixed_set == "teacher"
+        trajs = (self.teacher if seqkd else self.oracle).batch(state, state.cycle)
         t_rollout = time.perf_counter() - t0
         t1 = time.perf_counter()
         stats = sft_update(state, trajs)

@@ -1,0 +1,96 @@
+"""The teacher plays episodes itself, in the student process, with its own weights.
+
+SeqKD's fixed set (``train.fixed_set: teacher``) and the state-coverage reference of
+such a run are episodes the *teacher* plays in the environment. ``mvl-score/1`` has
+no generation message and needs none for this: :func:`play_as_teacher` loads
+``teacher.model`` here (through ``common/modeling.py``, the path every model loads
+through), checks that its tokenizer is the student's (the episodes' token ids are
+trained on as they are), plays the tasks with the ordinary
+:class:`~miniverl.student.rollout.runner.RolloutRunner` (the recipe's ``rollout``
+section: temperature, top-p, lengths) and frees the weights again. The recipe refuses
+a teacher this process cannot load as it stands (a ``prepare`` recipe, an adapter, a
+privileged view, another scorer).
+
+The episodes are relabelled as the teacher's: ``source: teacher``, id
+``teacher/<env>/<task>/s<seed>``, policy version 0 (no student version sampled them).
+
+This module does not train, score or write files.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from miniverl.common.errors import ConfigError
+from miniverl.common.modeling import load_causal_lm, resolve_model_dir
+from miniverl.common.recipe import Recipe
+from miniverl.common.tokenizer_id import tokenizer_fingerprint
+from miniverl.common.trajectory import Trajectory
+from miniverl.student.rollout.runner import RolloutRunner
+
+
+@dataclass
+class TeacherEpisodes:
+    """What :func:`play_as_teacher` played and what it cost (seconds)."""
+
+    trajectories: list[Trajectory]
+    time_load_s: float
+    time_play_s: float
+
+    @property
+    def success(self) -> float:
+        trajs = self.trajectories
+        return sum(t.verifier.success for t in trajs) / len(trajs) if trajs else 0.0
+
+
+def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False) -> Any:
+    """``teacher.model``'s weights, frozen, in eval mode; the tokenizer must be the student's."""
+    cfg = recipe.teacher
+    if cfg is None:
+        raise ConfigError("the teacher plays episodes with teacher.model; add a teacher section")
+    model_dir = resolve_model_dir(cfg.model, offline=offline)
+    theirs = tokenizer_fingerprint(model_dir)
+    if theirs != tokenizer_fp:
+        raise ConfigError(
+            f"teacher.model {cfg.model.describe()} has tokenizer {theirs[:19]}, the student "
+            f"{tokenizer_fp[:19]}; the student trains on the teacher's token ids as they are, "
+            "so both need one tokenizer: pick a teacher of the student's family"
+        )
+    model = load_causal_lm(
+        model_dir, dtype=cfg.dtype, device=cfg.device, quantization=cfg.quantization,
+        revision=cfg.model.revision, allow_cpu_quantization=cfg.allow_cpu_quantization,
+    )
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+def play_as_teacher(recipe: Recipe, tasks: list[Any], seeds: list[int], tokenizer: Any,
+                    tokenizer_fp: str, *, offline: bool = False) -> TeacherEpisodes:
+    """The teacher plays ``tasks[i]`` with seed ``seeds[i]``; its weights are freed after."""
+    t0 = time.perf_counter()
+    model = load_teacher_weights(recipe, tokenizer_fp, offline=offline)
+    t_load = time.perf_counter() - t0
+    env = recipe.environment
+    runner = RolloutRunner(model, tokenizer, env_name=env.name, env_params=env.params,
+                           rollout=recipe.rollout, tokenizer_fp=tokenizer_fp)
+    t1 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            played = runner.run(tasks, policy_version=0, seeds=seeds)
+    finally:
+        device = next(model.parameters()).device
+        del runner, model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    t_play = time.perf_counter() - t1
+    relabelled = [t.model_copy(update={"id": f"teacher/{t.environment}/{t.task_id}/s{t.seed}",
+                                       "source": "teacher", "policy_version": 0})
+                  for t in played]
+    return TeacherEpisodes(relabelled, t_load, t_play)

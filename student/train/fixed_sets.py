@@ -1,0 +1,89 @@
+"""The teacher's own episodes as a fixed set (``train.fixed_set: teacher``).
+
+In the arm's preparation (before its first cycle, after the SFT warm-up) the teacher
+plays every training task once, in task order, with episode seeds drawn from the run
+seed (:func:`teacher_set`, :mod:`~miniverl.student.teacher_play`): its weights are
+loaded in the student process, sample at the recipe's rollout settings, and are freed
+again. The set is written to the run's ``trajectories.jsonl`` (``source: teacher``), so
+a resumed run reads it back instead of playing it again. The ``teacher_set_played``
+event records the episodes, the teacher's success on them and the seconds spent
+loading and playing; that time is inside the run's wall clock (``wall_s``), so an arm
+that needs the set pays for it.
+
+Two modes use it:
+
+- ``sft`` (SeqKD, Kim and Rush 2016): cross-entropy on the teacher's episodes instead
+  of the oracle traces; cycle ``c`` trains on the teacher's episodes of the tasks the
+  oracle batch of cycle ``c`` would hold (:class:`TeacherBatches`).
+- ``offline_kd``: the set is scored once by the teacher server, like the oracle set,
+  and drawn from the same way (KD on teacher samples).
+
+This module does not score, log metrics or checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
+from miniverl.student.teacher_play import play_as_teacher
+from miniverl.student.train.state import TrainState, episode_seed, tasks_for
+
+# The teacher set's episode seeds come from this cycle number, far past any real cycle,
+# so they never equal the seeds of the student's own episodes.
+TEACHER_SET_CYCLE = 20_000_000
+
+
+def recorded_teacher_set(path: Path) -> list[Trajectory]:
+    """The teacher's episodes a run already recorded in ``trajectories.jsonl``."""
+    if not Path(path).is_file():
+        return []
+    return [t for t in read_trajectories(path) if t.source == "teacher"]
+
+
+def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
+    """``(set, seconds, recorded)``: one teacher episode per training task, in task
+    order; ``recorded`` when a resumed run found the set it had played."""
+    t0 = time.perf_counter()
+    recorded = recorded_teacher_set(state.run.trajectories_path)
+    if recorded:
+        seconds = time.perf_counter() - t0
+        state.run.event("teacher_set_played", episodes=len(recorded), recorded=True,
+                        success=_success(recorded), time_load_s=0.0, time_play_s=seconds)
+        return recorded, seconds, True
+    recipe, policy = state.recipe, state.policy
+    tasks = state.train_tasks
+    seeds = [episode_seed(recipe.run.seed, TEACHER_SET_CYCLE, i) for i in range(len(tasks))]
+    played = play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
+                             offline=state.offline)
+    state.run.event("teacher_set_played", episodes=len(played.trajectories), recorded=False,
+                    success=played.success, time_load_s=played.time_load_s,
+                    time_play_s=played.time_play_s)
+    return played.trajectories, time.perf_counter() - t0, False
+
+
+@dataclass
+class TeacherBatches:
+    """SeqKD's batches: the teacher's episode of each task an oracle batch would hold."""
+
+    by_task: dict[str, Trajectory] = field(default_factory=dict)
+
+    def prepare(self, state: TrainState) -> None:
+        """Play (or read back) the teacher set, once per run, and record it."""
+        if self.by_task:
+            return
+        trajs, _, recorded = teacher_set(state)
+        if not recorded:
+            write_trajectories(state.run.trajectories_path, trajs, append=True)
+        self.by_task = {t.task_id: t for t in trajs}
+
+    def batch(self, state: TrainState, cycle: int) -> list[Trajectory]:
+        """The teacher's episodes of ``cycle``'s training tasks."""
+        tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
+        return [self.by_task[t.id] for t in tasks]
+
+
+def _success(trajs: list[Trajectory]) -> float:
+    return sum(t.verifier.success for t in trajs) / len(trajs) if trajs else 0.0
