@@ -13,6 +13,13 @@ faulted and on the fault-free tasks, the recovery rate (episodes that saw a tool
 and made a tool call that succeeded after it, over episodes that saw a tool error) and
 the retry rate (a tool call attempted after the error; ``student/environments/faults.py``).
 
+With ``eval.samples`` N the summary also holds ``sampled``: every task played N times at
+``eval.temperature`` (1.0 unless set), the mean success and pass@N
+(``student/eval_sampling.py``). When the run's fixed set is a function of the task
+(oracle traces, the teacher's own episodes) it holds ``coverage``: the share of the
+evaluated episodes' turn-start states that the fixed set's source, played on the same
+tasks, never shows (``student/coverage.py``); ``sampled`` has its own.
+
 This module does not train, score with a teacher or log run events; the trainer does.
 """
 
@@ -27,8 +34,10 @@ from miniverl.common.atomic import atomic_write_json
 from miniverl.common.qualification import PRIVILEGED
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import Trajectory, write_trajectories
+from miniverl.student.coverage import coverage_reference, reference_source, state_coverage
 from miniverl.student.environments import make_tasks
 from miniverl.student.environments.faults import fault_breakdown, has_faults
+from miniverl.student.eval_sampling import play_sampled, sampled_summary, temperature_of
 from miniverl.student.rollout.runner import RolloutRunner
 
 # Eval seeds are fixed and disjoint from training seeds (which derive from run.seed),
@@ -50,7 +59,12 @@ class EvalSummary:
     mean_tool_calls: float = 0.0
     # Environments with injected faults only: faulted / fault-free success and recovery.
     faults: dict[str, Any] | None = None
+    # eval.samples only: success over N sampled episodes per task (eval_sampling.py).
+    sampled: dict[str, Any] | None = None
+    # A fixed set that is a function of the task only: unseen turn-start states.
+    coverage: dict[str, Any] | None = None
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+    sampled_trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -63,8 +77,11 @@ class EvalSummary:
             "mean_score": self.mean_score,
             "mean_tool_calls": self.mean_tool_calls,
         }
-        if self.faults is not None:  # absent without faults: such summaries are unchanged
-            out["faults"] = self.faults
+        # Absent while unused (no faults, no eval.samples, no fixed set): such summaries
+        # are unchanged.
+        for name in ("faults", "sampled", "coverage"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
@@ -106,13 +123,15 @@ def evaluate(
     tokenizer_fp: str | None = None,
     max_tasks: int | None = None,
     privileged: bool = False,
+    offline: bool = False,
 ) -> EvalSummary:
     """Play the ``split`` tasks (default ``recipe.eval.split``) and summarise them.
 
     ``privileged``: play them in the privileged teacher's view (the task's privileged
     context in every system message; qualifying a ``privileged_context`` teacher). A
     recipe with ``rollout.view: privileged_context`` (a privileged teacher's preparation)
-    always plays that view."""
+    always plays that view. ``offline``: a teacher that plays the coverage reference
+    (``fixed_set: teacher``) loads without touching the network."""
     split = split or recipe.eval.split
     env_cfg = recipe.environment
     n = env_cfg.eval_tasks if split == "eval" else env_cfg.test_tasks
@@ -135,17 +154,36 @@ def evaluate(
         tokenizer_fp=tokenizer_fp,
         privileged=privileged or recipe.rollout.view == PRIVILEGED,
     )
-    trajs = runner.run(
-        tasks,
-        policy_version=policy_version,
-        seeds=[EVAL_SEED_BASE + i for i in range(len(tasks))],
-        greedy=recipe.eval.greedy,
-    )
+    seeds = [EVAL_SEED_BASE + i for i in range(len(tasks))]
+    trajs = runner.run(tasks, policy_version=policy_version, seeds=seeds,
+                       greedy=recipe.eval.greedy)
     summary = summarize(trajs, split, policy_version, tasks)
+    samples = recipe.eval.samples
+    if samples is not None:
+        temperature = temperature_of(recipe.eval)
+        sampler = RolloutRunner(
+            model, tokenizer, env_name=env_cfg.name, env_params=env_cfg.params,
+            rollout=recipe.rollout.model_copy(update={"temperature": temperature}),
+            tokenizer_fp=tokenizer_fp, privileged=runner.privileged,
+        )
+        summary.sampled_trajectories = play_sampled(sampler, tasks, samples=samples,
+                                                    policy_version=policy_version)
+        summary.sampled = sampled_summary(summary.sampled_trajectories, samples=samples,
+                                          temperature=temperature)
+    reference = None if privileged else coverage_reference(
+        recipe, tasks, seeds, tokenizer, tokenizer_fp, split=split, out_dir=out_dir,
+        offline=offline)
+    if reference is not None:
+        summary.coverage = {"source": reference_source(recipe), **state_coverage(trajs, reference)}
+        if summary.sampled is not None:
+            summary.sampled["coverage"] = state_coverage(summary.sampled_trajectories, reference)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"{split}-v{policy_version}"
         write_trajectories(out / f"{stem}.trajectories.jsonl", trajs)
+        if summary.sampled is not None:
+            write_trajectories(out / f"{stem}.sampled.trajectories.jsonl",
+                               summary.sampled_trajectories)
         atomic_write_json(out / f"{stem}.summary.json", summary.to_dict())
     return summary

@@ -222,10 +222,12 @@ def evaluate_now(state: TrainState) -> EvalSummary:
         summary = evaluate(
             model, state.policy.tokenizer, state.recipe, policy_version=state.version,
             out_dir=state.run.eval_dir, tokenizer_fp=state.policy.tokenizer_fp,
+            offline=state.offline,
         )
     model.train()
+    optional = {name: getattr(summary, name) for name in ("faults", "sampled", "coverage")
+                if getattr(summary, name) is not None}
     state.run.event("eval", version=state.version, split=summary.split,
                     success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
-                    stop_reasons=summary.stop_reasons,
-                    **({"faults": summary.faults} if summary.faults is not None else {}))
+                    stop_reasons=summary.stop_reasons, **optional)
     return summary
