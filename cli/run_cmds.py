@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         ),
         logger: list[str] = LOGGER_OPT,
     ) -> None:
-        """Run the student process alone (opd, replay and offline_kd need --teacher)."""
+        """Run the student process alone (opd, replay, offline_kd and dpo need --teacher)."""
         from miniverl.common.errors import ConfigError
         from miniverl.common.recipe import load_recipe
         from miniverl.protocol.endpoints import curve_key_files
