@@ -90,7 +90,7 @@ def request(positions: int, vocab: int, seed: int = 0):
 def start_server(endpoint: str, loaded, exact_max_vocab: int):
     from miniverl.protocol.limits import Limits
     from miniverl.teacher_server.server import TeacherServer
-    from miniverl.teacher_server.state import ServerConfig
+    from miniverl.teacher_server.server_state import ServerConfig
     from miniverl.teacher_server.torch_backend import TorchTeacher
 
     backend = TorchTeacher(loaded, exact_max_vocab=exact_max_vocab, max_batch_tokens=8192)

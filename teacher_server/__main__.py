@@ -44,7 +44,7 @@ from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
 from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS
 from miniverl.teacher_server.scorers import DEFAULT_SCORER, make_loader, parse_options
 from miniverl.teacher_server.server import TeacherServer, run_server
-from miniverl.teacher_server.state import ServerConfig
+from miniverl.teacher_server.server_state import ServerConfig
 
 # The server's integer options: flag, default, help.
 SIZES = (

@@ -27,7 +27,7 @@ from miniverl.protocol.codec import encode
 from miniverl.protocol.messages import ErrorCode, TeacherState
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.teacher_server.lifecycle import wake_locked
-from miniverl.teacher_server.state import (
+from miniverl.teacher_server.server_state import (
     ServerState,
     close_job,
     describe,

@@ -26,7 +26,7 @@ from miniverl.common.errors import MiniverlError, TokenizerMismatch
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import encode
 from miniverl.protocol.messages import ErrorCode, TeacherState
-from miniverl.teacher_server.state import (
+from miniverl.teacher_server.server_state import (
     ServerState,
     abort_all,
     describe,

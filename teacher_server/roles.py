@@ -34,7 +34,7 @@ from miniverl.protocol.endpoints import (
     admin_token_path,
     write_admin_token,
 )
-from miniverl.teacher_server.state import ServerState, log
+from miniverl.teacher_server.server_state import ServerState, log
 
 SCORING_TYPES = frozenset({"HELLO", "SCORE", "PING", "STATUS"})
 

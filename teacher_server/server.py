@@ -50,7 +50,7 @@ from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.teacher_server import lifecycle, roles
 from miniverl.teacher_server.backend import Loader, ScoreJob
 from miniverl.teacher_server.batcher import dispatch_loop
-from miniverl.teacher_server.state import (
+from miniverl.teacher_server.server_state import (
     LogFn,
     ServerConfig,
     ServerState,

@@ -38,7 +38,7 @@ from miniverl.teacher_server import roles
 from miniverl.teacher_server.backend import Backend, Loader
 from miniverl.teacher_server.scorers import get_scorer
 from miniverl.teacher_server.server import TeacherServer
-from miniverl.teacher_server.state import ServerConfig, ServerState
+from miniverl.teacher_server.server_state import ServerConfig, ServerState
 from miniverl.testing.backends import FakeBackend
 from miniverl.testing.fake_teacher import FAST_SETTINGS
 from miniverl.testing.memory import MemoryTransport
@@ -48,7 +48,7 @@ from miniverl.testing.router import MemoryRouter, RawConnection, RouterPeer
 class TeacherHarness:
     """The real teacher server over in-memory connections; see the module docstring.
 
-    ``config`` are :class:`~miniverl.teacher_server.state.ServerConfig` fields
+    ``config`` are :class:`~miniverl.teacher_server.server_state.ServerConfig` fields
     (``limits``, ``batch_tokens``, ``heartbeat_ms``, ``admin_token``...). ``logs`` holds
     every ``(level, event, fields)`` the server logged; ``log`` also receives them.
     With no backend, loader or scorer it serves a :class:`FakeBackend`. The constructor

@@ -52,7 +52,7 @@ class InProcessTeacher:
 
     def __init__(self, endpoint: str, loader):
         from miniverl.teacher_server.server import TeacherServer
-        from miniverl.teacher_server.state import ServerConfig
+        from miniverl.teacher_server.server_state import ServerConfig
 
         self.server = TeacherServer(ServerConfig(endpoint=endpoint, heartbeat_ms=200), loader)
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),

@@ -25,7 +25,7 @@ from miniverl.protocol.codec import encode
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import TeacherState
 from miniverl.teacher_server.server import TeacherServer
-from miniverl.teacher_server.state import ServerConfig
+from miniverl.teacher_server.server_state import ServerConfig
 from miniverl.testing import FakeBackend
 from tests.teacher_server.harness import (
     FP,
