@@ -204,7 +204,7 @@ def register_up(app: typer.Typer) -> None:
 
         from miniverl.common.errors import MiniverlError
         from miniverl.common.rundir import RunDir
-        from miniverl.protocol.control import (
+        from miniverl.protocol.control_socket import (
             StatusRequest,
             control_endpoint,
             control_request,
@@ -250,7 +250,12 @@ def register_up(app: typer.Typer) -> None:
         no_checkpoint: bool = typer.Option(False, "--no-checkpoint", help="Skip the checkpoint."),
     ) -> None:
         """Ask a running student to checkpoint and stop at the next update boundary."""
-        from miniverl.protocol.control import StopRequest, control_endpoint, control_request, new_id
+        from miniverl.protocol.control_socket import (
+            StopRequest,
+            control_endpoint,
+            control_request,
+            new_id,
+        )
 
         control_request(control_endpoint(run),
                         StopRequest(id=new_id(), checkpoint=not no_checkpoint))

@@ -337,7 +337,12 @@ def use(
 ) -> None:
     """Switch a running student to another teacher at its next update boundary (RETARGET);
     a teacher the run would refuse is refused now (exit 1)."""
-    from miniverl.protocol.control import RetargetRequest, control_endpoint, control_request, new_id
+    from miniverl.protocol.control_socket import (
+        RetargetRequest,
+        control_endpoint,
+        control_request,
+        new_id,
+    )
 
     reply = control_request(
         control_endpoint(run), RetargetRequest(id=new_id(), endpoint=endpoint), timeout_s=timeout

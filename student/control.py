@@ -27,7 +27,7 @@ import zmq
 from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import MiniverlError, TeacherUnavailable
 from miniverl.protocol.codec import decode, encode
-from miniverl.protocol.control import (
+from miniverl.protocol.control_socket import (
     REQUESTS,
     SOCKETS_FILE,
     ControlError,
