@@ -31,7 +31,7 @@ ArmMode = Literal["sft", "offline_kd", "opd", "replay"]
 # The fault metrics read the eval's fault breakdown (environments with injected faults,
 # student/eval.py): success on faulted and on fault-free tasks, recovery after an error.
 Metric = Literal["success_after", "success_gain", "final_loss", "wall_s", "faulted_success_after",
-                 "fault_free_success_after", "recovery_after"]
+                 "fault_free_success_after", "recovery_after", "sampled_success_after"]
 
 
 class StrictModel(BaseModel):

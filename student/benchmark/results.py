@@ -37,6 +37,14 @@ class CellResult(StrictModel):
     fault_free_success_after: float | None = Field(None, ge=0, le=1)
     recovery_before: float | None = Field(None, ge=0, le=1)
     recovery_after: float | None = Field(None, ge=0, le=1)
+    # eval.samples set: mean success over N sampled episodes per task (the summary's
+    # ``sampled``, student/eval_sampling.py), beside the greedy success above.
+    sampled_success_before: float | None = Field(None, ge=0, le=1)
+    sampled_success_after: float | None = Field(None, ge=0, le=1)
+    # A fixed set that is a function of the task: the evaluated episodes' share of
+    # turn-start states its source never shows (the summary's ``coverage``).
+    unseen_states_before: float | None = Field(None, ge=0, le=1)
+    unseen_states_after: float | None = Field(None, ge=0, le=1)
     final_loss: float | None = None
     positions_per_s: float | None = None
     peak_memory_bytes: int | None = Field(None, ge=0)
@@ -134,5 +142,10 @@ def cell_result_from_run(run_dir: str | Path, **known: Any) -> CellResult:
             fields[f"faulted_success_{when}"] = (faults.get("faulted") or {}).get("success")
             fields[f"fault_free_success_{when}"] = (faults.get("fault_free") or {}).get("success")
             fields[f"recovery_{when}"] = (faults.get("recovery") or {}).get("rate")
+        sampled, coverage = (row or {}).get("sampled"), (row or {}).get("coverage")
+        if isinstance(sampled, dict):
+            fields[f"sampled_success_{when}"] = sampled.get("success")
+        if isinstance(coverage, dict):
+            fields[f"unseen_states_{when}"] = coverage.get("unseen_share")
     fields.update({k: v for k, v in known.items() if v is not None})
     return CellResult(**fields)

@@ -34,7 +34,7 @@ import yaml
 from miniverl.common.atomic import atomic_write_text
 from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError
-from miniverl.common.recipe import Recipe
+from miniverl.common.recipe import TEACHER_MODES, Recipe
 from miniverl.common.recipe_models import ModelSource
 from miniverl.student.benchmark.config import (
     BenchmarkConfig,
@@ -231,8 +231,12 @@ class TrainerCells:
         """``recipe_dict`` with prepared models as ``model.path`` (prepared on first use)."""
         recipe = copy.deepcopy(recipe_dict)
         teacher = recipe.get("teacher")
-        needs_teacher = Recipe.model_validate(recipe_dict).needs_teacher  # sft arms: none
-        if needs_teacher and isinstance(teacher, dict) and teacher.get("prepare"):
+        # sft arms need none, but a SeqKD arm (train.fixed_set: teacher) plays with the
+        # teacher's weights itself; read before validating, which refuses an unprepared one.
+        mode = (recipe_dict.get("run") or {}).get("mode")
+        seqkd = (recipe_dict.get("train") or {}).get("fixed_set") == "teacher"
+        if ((mode in TEACHER_MODES or seqkd) and isinstance(teacher, dict)
+                and teacher.get("prepare")):
             prep = self.recipe_dir / teacher.pop("prepare")
             teacher["model"] = {"path": self._prepared_dir(prep, teacher["model"],
                                                            "teacher.prepare")}

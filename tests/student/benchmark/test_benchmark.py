@@ -303,6 +303,12 @@ def test_prepared_models_are_made_once_and_named_in_each_cell(tmp_path: Path, mo
                        student_prepare=tmp_path / "warm.yaml").with_prepared_models(
         {**recipe, "run": {"name": "x", "mode": "sft"}})
     assert made == [("warm.yaml", "student_prepare")] and "prepare" in sft["teacher"]
+    # A SeqKD arm (sft on the teacher's own episodes) plays with the prepared teacher.
+    made.clear()
+    seqkd = TrainerCells(None, tmp_path, recipe_dir=tmp_path / "recipes").with_prepared_models(
+        {**recipe, "run": {"name": "x", "mode": "sft"}, "train": {"fixed_set": "teacher"}})
+    assert made == [("teach.yaml", "teacher.prepare")]
+    assert seqkd["teacher"]["model"] == {"path": str(tmp_path / "ready-teach")}
 
 
 def test_a_missing_student_prepare_is_named(tmp_path: Path) -> None:
