@@ -46,6 +46,7 @@ from miniverl.protocol.pending import RETRYABLE_CODES, Pending, accept_reply
 from miniverl.protocol.scoring_client import Identity, ScoreResult, TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.teacher_server.backend import BackendError, ScoreJob
+from miniverl.teacher_server.scoring import score_positions
 from miniverl.testing.backends import FAKE_TOKENIZER_FP, FAKE_VOCAB, job_targets
 from miniverl.testing.memory import MemoryTransport
 from miniverl.testing.script import Received, Step, answer
@@ -403,8 +404,6 @@ class FakeTeacherClient:
         deadline_ms: int | None = None,
         deterministic: bool = False,  # in process, every request is scored alone anyway
     ) -> int:
-        from miniverl.teacher_server.scoring import score_positions  # torch, on first use
-
         rid = next(self._ids)
         arrays = score_positions(self.model, tokens_N, cu_seqlens_B1, positions_P, kind=kind,
                                  k=k, temperature=temperature,
