@@ -32,7 +32,7 @@ import torch
 from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.common.modeling import load_tokenizer, resolve_model_dir
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
-from miniverl.protocol.client import TeacherChanged
+from miniverl.protocol.scoring_client import ScoringClient, TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.eval import evaluate
 from miniverl.student.qualify import check_split, privileged_view, record_from_eval
@@ -70,7 +70,8 @@ class RemoteGreedyLM(torch.nn.Module):
     elsewhere, so an argmax reads the teacher's choice and nothing else is claimed.
     """
 
-    def __init__(self, client: Any, vocab_size: int, *, max_tokens: int, max_inflight: int):
+    def __init__(self, client: ScoringClient, vocab_size: int, *, max_tokens: int,
+                 max_inflight: int):
         super().__init__()
         # The rollout runner takes its device from the parameters: a CPU anchor, no weights.
         self.anchor = torch.nn.Parameter(torch.zeros(0), requires_grad=False)
