@@ -13,7 +13,8 @@ what each reply does to its row. A request passes through it four times, each on
 filed (:meth:`~PendingTable.file`), sent (:meth:`~PendingTable.pump`), answered
 (:meth:`~PendingTable.on_score_ok`, :meth:`~PendingTable.on_error`,
 :meth:`~PendingTable.on_control_reply`) and collected (:meth:`~PendingTable.collect`).
-No other module reads or writes a row's fields.
+No other module writes a row's fields or the table's; the link only reads back the
+control requests it filed (their ``done``, ``result`` or ``error``).
 
 :func:`accept_reply` is the one place that decides whether a ``SCORE_OK`` may be
 trained on; :meth:`PendingTable.on_score_ok` applies it once per reply, then the
