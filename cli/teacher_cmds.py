@@ -80,6 +80,13 @@ def serve(
         None, "--prefix-cache-tokens", min=0,
         help="Tokens of shared system blocks kept between requests (default 2048; 0 keeps none).",
     ),
+    openai: str = typer.Option(
+        None, "--openai", metavar="HOST:PORT",
+        help="Also serve OpenAI-compatible /v1/completions with prompt_logprobs here.",
+    ),
+    openai_token_file: str = typer.Option(
+        None, "--openai-token-file", help="Bearer token file for --openai (needed off loopback)."
+    ),
     curve_secret_key: str = typer.Option(
         None, "--curve-secret-key", help="Server CURVE secret key file (needed off loopback)."
     ),
@@ -115,6 +122,8 @@ def serve(
         ("--log", log),
         ("--threads", threads),
         ("--prefix-cache-tokens", prefix_cache_tokens),
+        ("--openai", openai),
+        ("--openai-token-file", openai_token_file),
         ("--curve-secret-key", curve_secret_key),
         ("--curve-authorized-dir", curve_authorized_dir),
         ("--curve-admin-dir", curve_admin_dir),

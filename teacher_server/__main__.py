@@ -112,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Bind now and wait up to SECONDS for --model DIR to appear (answering PING "
         "with LOADING), e.g. while `miniverl up` still prepares the teacher.",
     )
+    p.add_argument(
+        "--openai", metavar="HOST:PORT",
+        help="Also answer OpenAI-compatible GET /v1/models and POST /v1/completions "
+        "(prompt_logprobs) here (teacher_server/openai_http.py; the openai extra).",
+    )
+    p.add_argument(
+        "--openai-token-file", metavar="FILE",
+        help="Bearer token the --openai endpoint requires (needed off loopback).",
+    )
     p.add_argument("--curve-secret-key", help="Server CURVE secret certificate file.")
     p.add_argument("--curve-authorized-dir", help="Directory of authorized client public keys.")
     p.add_argument(
@@ -204,11 +213,23 @@ def serve(args: argparse.Namespace) -> int:
             f"--prefix-cache-tokens must be >= 0 (got {args.prefix_cache_tokens}); pass 0 "
             "to keep no prefix between requests"
         )
+    openai = None
+    if args.openai is not None:
+        from miniverl.teacher_server.openai_http import openai_config
+
+        openai = openai_config(args.openai, args.openai_token_file)
+    elif args.openai_token_file is not None:
+        raise ConfigError("--openai-token-file goes with --openai HOST:PORT")
     loader = make_loader(spec, exact_max_vocab=args.exact_max_vocab, threads=threads,
                          scorer=scorer, scorer_options=scorer_options,
                          prefix_cache_tokens=args.prefix_cache_tokens)
     try:
-        return run_server(TeacherServer(config, loader, log=log))
+        server = TeacherServer(config, loader, log=log)
+        if openai is not None:
+            from miniverl.teacher_server.openai_http import run_with_openai
+
+            return run_with_openai(server, openai)
+        return run_server(server)
     finally:
         log.close()
 

@@ -115,6 +115,9 @@ class ServerState:
     auth: Any = None
     admin: Any = None  # roles.AdminRule, set at bind: what admin messages must prove
     counters: dict[str, Any] = field(default_factory=_new_counters)
+    # In-process clients (the OpenAI front end, openai_http.py): their replies go to this
+    # sink instead of the socket.
+    local_clients: dict[bytes, Callable[[list], None]] = field(default_factory=dict)
 
     @property
     def limits(self) -> Limits:
@@ -152,6 +155,11 @@ def run_compute(srv: ServerState, fn: Callable, *args: Any) -> asyncio.Future:
 
 
 async def send(srv: ServerState, ident: bytes, frames: list) -> None:
+    local = srv.local_clients.get(ident)
+    if local is not None:
+        local(frames)
+        srv.counters["bytes_sent"] += frame_bytes(frames)
+        return
     try:
         async with srv.send_lock:
             await srv.sock.send_multipart([ident, *frames], copy=False)
