@@ -218,10 +218,11 @@ class Link:
         self.table.count("bytes_sent", sum(frame_nbytes(f) for f in frames))
         return True
 
-    def _can_send(self, req: Request) -> bool:
+    def _can_send(self, t: str) -> bool:
+        """Whether a request of type ``t`` may go out now (SCOREs wait for HELLO_OK)."""
         if self._state == "up":
             return True
-        return self._state == "hello" and req.t != "SCORE"
+        return self._state == "hello" and t != "SCORE"
 
     async def pump(self) -> None:
         """Send what is due from the pending table."""

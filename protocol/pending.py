@@ -264,7 +264,7 @@ class PendingTable:
     async def pump(
         self,
         send: Callable[[Sequence[Any]], Awaitable[bool]],
-        can_send: Callable[[Request], bool],
+        can_send: Callable[[str], bool],
         *,
         max_inflight: int,
         request_timeout_s: float,
@@ -277,7 +277,7 @@ class PendingTable:
             if r.t == "SCORE" and r.sent_at is not None and r.result is None
         )
         for req in list(self._rows.values()):
-            if not req.open or not can_send(req):
+            if not req.open or not can_send(req.t):
                 continue
             if req.sent_at is None:
                 if req.t == "SCORE":
