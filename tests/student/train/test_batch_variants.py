@@ -27,7 +27,12 @@ from miniverl.student.train.fixed_sets import TEACHER_SET_CYCLE
 from miniverl.student.train.mixing import split
 from miniverl.student.train.state import episode_seed
 from miniverl.student.train.trainer import Trainer
-from tests.student.train.trainer_kit import LossRecorder
+from tests.student.train.trainer_kit import (
+    LossRecorder,
+    parameters,
+    same_parameters,
+    stop_at_step,
+)
 from tests.toy_kit import STUDENT, TEACHER, events, make_recipe, metrics, recipe_dict, toy_dir
 
 torch.set_num_threads(1)
@@ -79,11 +84,11 @@ def test_half_of_each_gkd_batch_is_fresh_and_half_from_the_fixed_set(tmp_path, t
     assert [(r["on_policy_episodes"], r["fixed_set_episodes"]) for r in rows] == [(2, 2)] * 2
     assert all(r["on_policy"] is False and r["positions"] > 0 for r in rows)
     # Fraction 0 trains on offline KD's batches, episode for episode.
+    # (fixed_draw of a whole batch is offline KD's draw: the test above.)
     _, zero = _run(make_recipe("offline_kd", tmp_path / "zero", cycles=2, fixed_set="oracle",
                                on_policy_fraction=0.0), toy)
-    _, plain = _run(recipe, toy)
-    ids = [[s[0].id for s in call["scored"]] for call in plain]
-    assert [[s[0].id for s in call["scored"]] for call in zero] == ids
+    assert [[s[0].task_id for s in call["scored"]] for call in zero] == [
+        fixed_draw(recipe, [t.id for t in tasks], c, 4) for c in range(2)]
 
 
 def test_opd_plays_each_task_group_size_times_with_distinct_seeds(tmp_path, toy):
@@ -116,7 +121,7 @@ def _plays(shape, tasks, seeds, recipe):
 def test_seqkd_trains_on_episodes_the_teachers_weights_play(tmp_path, monkeypatch):
     teacher = {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu"}
     recipe = make_recipe("sft", tmp_path, cycles=2, fixed_set="teacher",
-                         sections={"teacher": teacher})
+                         sections={"teacher": teacher, "environment": {"train_tasks": 4}})
     import miniverl.student.train.modes.sft as sft_module
 
     seen = []
@@ -130,31 +135,32 @@ def test_seqkd_trains_on_episodes_the_teachers_weights_play(tmp_path, monkeypatc
     with Trainer(recipe, **OPTS) as trainer:
         result = trainer.train()
     played = read_trajectories(result.run_dir / "trajectories.jsonl")
-    tasks = make_tasks("calculator", "train", 8, "easy", 0)
-    seeds = [episode_seed(0, TEACHER_SET_CYCLE, i) for i in range(8)]
+    tasks = make_tasks("calculator", "train", 4, "easy", 0)
+    seeds = [episode_seed(0, TEACHER_SET_CYCLE, i) for i in range(4)]
     # One episode per training task, token for token what the teacher's weights play.
     direct = _plays(TEACHER, tasks, seeds, recipe)
     assert [t.tokens for t in played] == [t.tokens for t in direct]
-    assert {t.source for t in played} == {"teacher"} and len({t.id for t in played}) == 8
+    assert {t.source for t in played} == {"teacher"} and len({t.id for t in played}) == 4
     # The student's weights, on the same tasks and seeds, play something else.
     student = _plays(STUDENT, tasks, seeds, recipe)
     assert [t.tokens for t in student] != [t.tokens for t in played]
     # Every update trained on teacher episodes only.
     assert len(seen) == 2 and all(t.source == "teacher" for batch in seen for t in batch)
     (event,) = events(result.run_dir, "teacher_set_played")
-    assert event["episodes"] == 8 and event["recorded"] is False and event["time_play_s"] > 0
+    assert event["episodes"] == 4 and event["recorded"] is False and event["time_play_s"] > 0
     first = [r for r in metrics(result.run_dir) if r["phase"] == "train"][0]
     assert first["wall_s"] > event["time_load_s"] + event["time_play_s"]
 
 
 def test_offline_kd_scores_the_teacher_set_and_counts_its_playing_time(tmp_path, toy):
     fake = toy.fake_client()
-    recipe = make_recipe("offline_kd", tmp_path, cycles=1, fixed_set="teacher")
+    recipe = make_recipe("offline_kd", tmp_path, cycles=1, fixed_set="teacher",
+                         sections={"environment": {"train_tasks": 4}})
     with Trainer(recipe, client=fake, **OPTS) as trainer:
         result = trainer.train()
     (played,) = events(result.run_dir, "teacher_set_played")
     (scored,) = events(result.run_dir, "offline_targets_scored")
-    assert scored["source"] == "teacher" and scored["trajectories"] == 8 == fake.counters["sent"]
+    assert scored["source"] == "teacher" and scored["trajectories"] == 4 == fake.counters["sent"]
     assert scored["time_sample_s"] >= played["time_load_s"] + played["time_play_s"]
 
 
@@ -166,3 +172,27 @@ def test_a_teacher_this_process_cannot_load_as_it_stands_is_refused(tmp_path, ba
         loads_recipe(yaml.safe_dump(data), "r.yaml")
     (line,) = str(info.value).splitlines()
     assert f"teacher.{bad} 'elsewhere'" in line and "teacher.model.path" in line
+
+
+@pytest.mark.slow  # three toy runs with checkpoints: about 12 s
+def test_a_resumed_seqkd_run_reads_its_teacher_set_back(tmp_path, monkeypatch):
+    teacher = {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu"}
+    recipe = make_recipe("sft", tmp_path, cycles=2, fixed_set="teacher",
+                         sections={"teacher": teacher, "environment": {"train_tasks": 4}})
+    opts = dict(show_progress=False, write_report=False)
+    with Trainer(recipe, run_id="whole", **opts) as trainer:
+        trainer.train()
+        expected = parameters(trainer)
+    first = Trainer(recipe, run_id="split", **opts)
+    stop_at_step(monkeypatch, first, 1)
+    with first:
+        assert first.train().final_version == 1
+    with Trainer(recipe, run_id="split", resume=True, **opts) as second:
+        resumed = second.train()
+        got = parameters(second)
+    assert (resumed.status, resumed.final_version) == ("completed", 2)
+    # Played once: the resume read the set back instead of loading the teacher again.
+    played = events(resumed.run_dir, "teacher_set_played")
+    assert [e["recorded"] for e in played] == [False, True]
+    assert len(read_trajectories(resumed.run_dir / "trajectories.jsonl")) == 4
+    assert same_parameters(expected, got)
