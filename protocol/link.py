@@ -13,8 +13,9 @@ is pending, and :class:`TeacherUnavailable` once the teacher has been silent for
 The link moves frames between the socket and the pending table (``pending.py``),
 which it shares with the client (``client.py``): it sends the rows the table says are
 due, files every decoded reply with the table (which alone decides whether a SCORE_OK
-may be trained on) and tells it of every teacher ``(instance, gen)`` it sees. It never
-reads or writes a row of the table itself.
+may be trained on) and tells it of every teacher ``(instance, gen)`` it sees. It writes
+no row of the table; it reads back only the control requests it filed (HELLO, PING,
+STATUS, admin) for their reply.
 """
 
 from __future__ import annotations
