@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .recipe_io import load_yaml_model, loads_yaml_model
 from .recipe_models import StudentConfig, TeacherConfig
 from .recipe_sections import (
+    LOSS_VARIANT_FIELDS,
     CacheConfig,
     DpoConfig,
     EnvironmentConfig,
@@ -40,6 +41,71 @@ from .recipe_sections import (
 )
 
 TEACHER_MODES: frozenset[str] = frozenset({"offline_kd", "opd", "replay", "dpo"})
+
+
+# -- rules of the loss variants that read the rollout (docs/losses.md) -----------------
+
+# Modes whose updates train on episodes the student sampled (at rollout.temperature).
+SAMPLING_MODES: frozenset[str] = frozenset({"opd", "replay"})
+
+
+def _sampled_term(loss: LossConfig) -> tuple[str, str] | None:
+    """``(field, what)`` of the first loss term that treats each trained token as a
+    sample of the student at loss.temperature, or None when the loss has none."""
+    if loss.estimator == "sampled_token":
+        return "estimator", "estimator sampled_token"
+    if loss.use_task_rewards:
+        return "use_task_rewards", "the task-reward term (a policy gradient)"
+    return None
+
+
+def _temperature_issues(loss: LossConfig, rollout: RolloutConfig, where: str) -> list[tuple]:
+    """The loss and the sampler must agree where the student's samples are trained on
+    (``where`` says which episodes those are)."""
+    issues: list[tuple] = []
+    sampled = _sampled_term(loss)
+    if loss.temperature != rollout.temperature:
+        if sampled is not None:
+            issues.append((("temperature",), (
+                f"loss.temperature {loss.temperature:g} and rollout.temperature "
+                f"{rollout.temperature:g} differ, but {sampled[1]} treats each token of "
+                f"{where} as a sample of the student at loss.temperature (the gradient is "
+                f"biased otherwise); set both to the same value")))
+        elif not loss.allow_temperature_mismatch:
+            issues.append((("temperature",), (
+                f"loss.temperature {loss.temperature:g} and rollout.temperature "
+                f"{rollout.temperature:g} differ: {where} are sampled at one and distilled at "
+                "the other; set both to the same value, or loss.allow_temperature_mismatch: "
+                "true if that is on purpose")))
+    if sampled is not None and rollout.top_p != 1.0:
+        issues.append(((sampled[0],), (
+            f"{sampled[1]} treats each token of {where} as a sample of the whole student "
+            f"distribution, but rollout.top_p {rollout.top_p:g} truncates it; set "
+            "rollout.top_p: 1.0 or estimator: full")))
+    return issues
+
+
+def _task_reward_issues(loss: LossConfig, mode: str, rollout: RolloutConfig) -> list[tuple]:
+    if not loss.use_task_rewards:
+        return []
+    if mode not in SAMPLING_MODES:
+        return [(("use_task_rewards",), (
+            f"use_task_rewards is a policy gradient on the student's own episodes, which "
+            f"mode {mode!r} does not train on; remove it or set run.mode: opd"))]
+    if loss.reward_baseline not in (None, "group"):
+        return []
+    if mode == "replay":
+        return [(("reward_baseline",), (
+            "reward_baseline group compares the episodes of one task in an update, which "
+            "replay's draw from its buffer does not keep together; set reward_baseline: batch"))]
+    size = getattr(rollout, "group_size", None)
+    if size is None or size < 2:
+        shown = "unset (one episode per task)" if size is None else str(size)
+        return [(("reward_baseline",), (
+            f"reward_baseline group compares each episode with the other episodes of its "
+            f"task, but rollout.group_size is {shown}; set rollout.group_size >= 2 or "
+            "reward_baseline: batch"))]
+    return []
 
 
 class Recipe(BaseModel):
@@ -125,6 +191,36 @@ class Recipe(BaseModel):
                 "remove rollout.view (a student plays the plain view)",
             )])
         return rollout
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_reads_the_rollout(cls, loss: LossConfig, info: ValidationInfo):
+        run, rollout = info.data.get("run"), info.data.get("rollout")
+        if run is None or rollout is None:
+            return loss
+        issues = _task_reward_issues(loss, run.mode, rollout)
+        if run.mode in SAMPLING_MODES:
+            issues += _temperature_issues(loss, rollout, f"mode {run.mode}'s episodes")
+        raise_issues(issues)
+        return loss
+
+    @field_validator("train")
+    @classmethod
+    def _student_set_temperature(cls, train: TrainConfig, info: ValidationInfo):
+        run, rollout, loss = (info.data.get(k) for k in ("run", "rollout", "loss"))
+        if None in (run, rollout, loss) or run.mode != "offline_kd":
+            return train
+        # Both offline_kd sets the student samples: the frozen one and GKD's fresh share.
+        fraction = getattr(train, "on_policy_fraction", None)
+        for field, value, where in (
+            ("fixed_set", train.fixed_set == "student", "the fixed_set student episodes"),
+            ("on_policy_fraction", bool(fraction), "the fresh on_policy_fraction episodes"),
+        ):
+            if value:
+                # The loss fields are named in full: the rule is reported at this field.
+                raise_issues([((field,), f"{field} {getattr(train, field)}: {msg}")
+                              for _, msg in _temperature_issues(loss, rollout, where)])
+        return train
 
     @field_validator("train")
     @classmethod
@@ -356,6 +452,7 @@ HASHED_ONLY_WHEN_SET = (
     "student.model.toy.init_std", "student.model.toy.rope_theta",
     "teacher.model.toy.init_std", "teacher.model.toy.rope_theta",
     "runtime.warmup_cpu_threads", "rollout.view",
+    *(f"loss.{name}" for name in LOSS_VARIANT_FIELDS),
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
 )
 

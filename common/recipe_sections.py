@@ -145,10 +145,52 @@ class LossConfig(Section):
     estimator: Literal["full", "sampled_token"] = Field(
         "full", description="full distribution, or the sampled-token reverse-KL estimate."
     )
+    # The standard variants (docs/losses.md), LOSS_VARIANT_FIELDS: null while unset, so
+    # recipes that do not use them keep their digests.
+    importance_ratio_cap: float | None = Field(
+        None, ge=1.0, le=1000.0,
+        description="sampled_token, task rewards: weight each token by min(S(y)/q(y), cap), "
+        "q(y) the probability it was sampled with (truncated importance sampling); null = "
+        "no ratio.",
+    )
+    log_ratio_clamp: float | None = Field(
+        None, gt=0.0, le=100.0,
+        description="sampled_token: clamp each token's log-ratio log S(y) - log T(y) to "
+        "[-c, c] before it weighs the gradient; null = no clamp.",
+    )
+    aggregation: Literal["token", "sequence"] | None = Field(
+        None,
+        description="token: every trained position weighs the same; sequence: every "
+        "episode weighs the same (the mean over its positions, then over episodes); null = "
+        "token.",
+    )
+    use_task_rewards: bool | None = Field(
+        None,
+        description="Add the REINFORCE term -(r - b) log S(y) on the trained positions "
+        "(r: the verifier's score, b: reward_baseline) beside the distillation term; "
+        "opd and replay; null = false.",
+    )
+    distillation_loss_coef: float | None = Field(
+        None, ge=0.0, le=1000.0,
+        description="use_task_rewards: weight of the distillation term beside the reward "
+        "term; null = 1.0.",
+    )
+    reward_baseline: Literal["group", "batch"] | None = Field(
+        None,
+        description="use_task_rewards: b = the mean score of the other episodes of the same "
+        "task in the update (group) or of every other episode of it (batch); null = group.",
+    )
+    allow_temperature_mismatch: bool | None = Field(
+        None,
+        description="true: a full-distribution loss at a temperature other than "
+        "rollout.temperature is on purpose; null = refused where the student's samples are "
+        "trained on.",
+    )
 
     @model_validator(mode="after")
     def _combinations(self) -> LossConfig:
         issues: list[tuple[tuple[str | int, ...], str]] = []
+        issues.extend(self._variant_issues())
         if self.position_ratio != 1.0 and self.positions != "uniform":
             issues.append(
                 (
@@ -166,8 +208,41 @@ class LossConfig(Section):
                     f"divergence {self.divergence!r}); set divergence: reverse_kl or estimator: full",
                 )
             )
-        raise_issues(issues, {"position_ratio": ("positions",), "estimator": ("divergence",)})
+        raise_issues(issues, {"position_ratio": ("positions",), "estimator": ("divergence",),
+                              "importance_ratio_cap": ("estimator", "use_task_rewards"),
+                              "log_ratio_clamp": ("estimator",),
+                              "distillation_loss_coef": ("use_task_rewards",),
+                              "reward_baseline": ("use_task_rewards",)})
         return self
+
+    def _variant_issues(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Variant fields set where nothing reads them."""
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        sampled = self.estimator == "sampled_token"
+        if self.importance_ratio_cap is not None and not (sampled or self.use_task_rewards):
+            issues.append((("importance_ratio_cap",), (
+                f"importance_ratio_cap {self.importance_ratio_cap:g} weighs sampled tokens, but "
+                "estimator full trains on whole distributions and use_task_rewards is unset; "
+                "set estimator: sampled_token (divergence: reverse_kl) or remove it")))
+        if self.log_ratio_clamp is not None and not sampled:
+            issues.append((("log_ratio_clamp",), (
+                f"log_ratio_clamp {self.log_ratio_clamp:g} clamps the sampled-token "
+                "estimator's log-ratio (estimator is full); set estimator: sampled_token or "
+                "remove it")))
+        for name in ("distillation_loss_coef", "reward_baseline"):
+            if getattr(self, name) is not None and not self.use_task_rewards:
+                issues.append(((name,), (
+                    f"{name} {getattr(self, name)!r} applies only beside a task reward "
+                    f"(use_task_rewards is unset); set use_task_rewards: true or remove {name}")))
+        return issues
+
+
+# The standard variants' fields (docs/losses.md): null while unset, and left out of the
+# recipe digest then (common/recipe.py HASHED_ONLY_WHEN_SET).
+LOSS_VARIANT_FIELDS: tuple[str, ...] = (
+    "importance_ratio_cap", "log_ratio_clamp", "aggregation", "use_task_rewards",
+    "distillation_loss_coef", "reward_baseline", "allow_temperature_mismatch",
+)
 
 
 class TrainConfig(Section):

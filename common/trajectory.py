@@ -127,6 +127,14 @@ class Trajectory(BaseModel):
     seed: int | None = None
     source: str = Field(default="rollout", description="rollout | oracle | import")
     messages: list[dict[str, Any]] = Field(default_factory=list)
+    sampling_logprobs: list[float] | None = Field(
+        default=None,
+        description="log q(y) of every model-span token in token order: the log-prob, in "
+        "float32, that the distribution the rollout runner drew it from gave it (rollout "
+        "temperature and top_p applied). None where the tokens were not sampled (oracle "
+        "traces, imports, greedy episodes) or were sampled before this was recorded; a "
+        "file line leaves it out while None.",
+    )
 
     @model_validator(mode="after")
     def _spans_tile(self) -> Trajectory:
@@ -145,6 +153,16 @@ class Trajectory(BaseModel):
             raise ValueError(f"spans cover [0, {cursor}) but the trajectory has {n} tokens")
         if self.spans[0].type.trainable:
             raise ValueError("token 0 must be context: position 0 is never a target")
+        if self.sampling_logprobs is not None:
+            sampled = int(self.loss_mask().sum())
+            if len(self.sampling_logprobs) != sampled:
+                raise ValueError(
+                    f"sampling_logprobs has {len(self.sampling_logprobs)} values for {sampled} "
+                    "model-span tokens; it needs one per sampled token"
+                )
+            values = np.asarray(self.sampling_logprobs, dtype=np.float64)
+            if not (np.isfinite(values) & (values <= 0.0)).all():
+                raise ValueError("sampling_logprobs must be finite log-probs (<= 0)")
         return self
 
     # -- derived views -------------------------------------------------------------
@@ -188,6 +206,16 @@ class Trajectory(BaseModel):
         """The sampled ids of each model span, in order."""
         return [self.tokens[s.start : s.end] for s in self.spans if s.type.trainable]
 
+    def sampling_logprobs_at(self, positions_P: np.ndarray) -> np.ndarray | None:
+        """``float32[P]``: the sampling-time log-prob of the token each position predicts
+        (``tokens[p + 1]``, a model-span token); None when none were recorded."""
+        if self.sampling_logprobs is None:
+            return None
+        # The k-th model-span token's log-prob is the k-th value.
+        index_T = np.cumsum(self.loss_mask()) - 1
+        values = np.asarray(self.sampling_logprobs, dtype=np.float32)
+        return values[index_T[np.asarray(positions_P, dtype=np.int64) + 1]]
+
 
 # -- JSONL I/O -------------------------------------------------------------------------
 
@@ -200,6 +228,9 @@ def trajectory_to_json(traj: Trajectory) -> str:
     """One JSONL line, sealed: the stored ``loss_mask`` is for readers and is re-checked
     on read; ``digest`` is the sha256 of the rest of the line's canonical JSON."""
     record = traj.model_dump(mode="json")
+    if record["sampling_logprobs"] is None:
+        # Lines of episodes that recorded none stay as they were before the field existed.
+        del record["sampling_logprobs"]
     record["loss_mask"] = _mask_string(traj.loss_mask())
     return json.dumps(seal(record), separators=(",", ":"), ensure_ascii=False)
 

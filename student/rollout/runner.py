@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from miniverl.common.errors import ConfigError
@@ -60,6 +61,10 @@ class _Episode:
     stats: ToolCallStats = field(default_factory=ToolCallStats)
     stop: StopReason | None = None
     answer: str | None = None
+    # log q(y) of every model-span token so far (float32 values); None once a turn's ids
+    # were not drawn by sampling (greedy). turn_logprobs: the last _generate's, per id.
+    sampling_logprobs: list[float] | None = field(default_factory=list)
+    turn_logprobs: list[float] | None = None
 
 
 def sample_next(
@@ -75,8 +80,25 @@ def sample_next(
     Row ``b`` consumes exactly one draw from ``generators[b]``, so its sample depends
     only on its own logits and generator, not on the other rows.
     """
+    return sample_with_logprobs(
+        logits_B_V, generators, greedy=greedy, temperature=temperature, top_p=top_p
+    )[0]
+
+
+def sample_with_logprobs(
+    logits_B_V: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    *,
+    greedy: bool,
+    temperature: float,
+    top_p: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`sample_next` and ``logq_B``, the float32 log-prob each drawn token had under
+    the distribution it was drawn from (temperature and top-p applied, renormalised): the
+    sampling-time log-prob the importance ratio of ``loss.importance_ratio_cap`` divides
+    by. ``logq_B`` is None for argmax (nothing was drawn)."""
     if greedy or temperature <= 0.0:
-        return logits_B_V.argmax(dim=-1)
+        return logits_B_V.argmax(dim=-1), None
     probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
     order_B_V = None
     if top_p < 1.0:
@@ -92,9 +114,19 @@ def sample_next(
     # Rounding can put the draw past the last token with mass; step back onto it.
     last_B1 = (cum_B_V < cum_B_V[:, -1:]).sum(dim=-1, keepdim=True)
     idx_B = torch.minimum(idx_B, last_B1)
+    # The drawn token's share of the mass it was drawn from (p <= the total, so <= 0).
+    logq_B = (probs_B_V.gather(-1, idx_B).log() - cum_B_V[:, -1:].log()).squeeze(-1)
     if order_B_V is not None:
         idx_B = order_B_V.gather(-1, idx_B)
-    return idx_B.squeeze(-1)
+    return idx_B.squeeze(-1), logq_B.clamp(max=0.0)
+
+
+def _float32_values(values: list[float] | None) -> list[float] | None:
+    """Each value as the shortest decimal that reads back as the same float32, so a
+    trajectory line stores ~10 characters per token, not a double's 17-18."""
+    if values is None:
+        return None
+    return [float(str(v)) for v in np.asarray(values, dtype=np.float32)]
 
 
 class RolloutRunner:
@@ -207,6 +239,15 @@ class RolloutRunner:
         return ep
 
     def _after_turn(self, ep: _Episode, ids: list[int]) -> None:
+        # add_model_turn appends every id verbatim as a model-span token, so the
+        # episode's log-probs stay aligned with its model tokens; a turn whose ids this
+        # runner did not draw (greedy, or handed in) records none for the episode.
+        logq, ep.turn_logprobs = ep.turn_logprobs, None
+        if ep.sampling_logprobs is not None:
+            if logq is None or len(logq) != len(ids):
+                ep.sampling_logprobs = None
+            else:
+                ep.sampling_logprobs.extend(logq)
         turn = ep.builder.add_model_turn(ids)
         ep.turns += 1
         if not turn.complete:
@@ -271,6 +312,7 @@ class RolloutRunner:
             seed=ep.seed,
             source="rollout",
             messages=ep.builder.messages,
+            sampling_logprobs=_float32_values(ep.sampling_logprobs),
         )
         results[i] = traj
         if on_finished is not None:
@@ -339,18 +381,21 @@ class RolloutRunner:
         next_pos_B = pos_B_L[:, -1] + 1
 
         generated: list[list[int]] = [[] for _ in range(B)]
+        drawn: list[list[float | None]] = [[] for _ in range(B)]
         rows = list(range(B))  # episode index of each batch row still decoding
         while True:
             gens = [episodes[r].generator for r in rows]
-            next_B = sample_next(
+            next_B, logq_B = sample_with_logprobs(
                 logits_B_V, gens, greedy=greedy, temperature=self.temperature, top_p=self.top_p
             )
             stopped_B = torch.isin(next_B, stop_ids) if len(stop_ids) else None
             next_list = next_B.tolist()
+            logq_list = logq_B.float().tolist() if logq_B is not None else None
             stopped = stopped_B.tolist() if stopped_B is not None else [False] * len(rows)
             keep: list[int] = []
             for j, r in enumerate(rows):
                 generated[r].append(next_list[j])
+                drawn[r].append(None if logq_list is None else logq_list[j])
                 if not stopped[j] and len(generated[r]) < budgets[r]:
                     keep.append(j)
             if not keep:
@@ -374,4 +419,6 @@ class RolloutRunner:
             cache = output_cache(out)
             logits_B_V = out.logits[:, -1, :]
             next_pos_B = next_pos_B + 1
+        for ep, logq in zip(episodes, drawn, strict=True):
+            ep.turn_logprobs = None if None in logq else logq
         return generated

@@ -31,6 +31,7 @@ from miniverl.student.train.objectives import (
     objective_for,
     sft_loss,
 )
+from miniverl.student.train.objectives.step_inputs import step_inputs, with_step_inputs
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.teacher_link import Scored
 
@@ -218,6 +219,8 @@ def distill_step(
     total = int(sum(len(s.positions_P) for s in scored))
     settings = LossSettings.of(loss_config)
     objective = objective_for(settings)
+    # Weights and baselines read the whole step, not one micro-batch.
+    extra = step_inputs([s.traj for s in scored], [s.positions_P for s in scored], settings)
     pending = early
 
     def micro_loss(part: range) -> tuple[torch.Tensor, dict[str, float]]:
@@ -229,7 +232,8 @@ def distill_step(
             hidden_P_H, pending = pending.hidden_P_H, None
         else:
             hidden_P_H = hidden_at_positions(policy, trajs, pos, autocast)
-        targets = targets_for(batch, kind, policy.device)
+        targets = with_step_inputs(targets_for(batch, kind, policy.device),
+                                   [extra[i] for i in part], policy.device)
         return objective.loss(hidden_P_H, policy.lm_head, targets, settings,
                               num_global_positions=total)
 

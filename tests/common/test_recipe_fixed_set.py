@@ -18,6 +18,7 @@ import yaml
 from miniverl.cli.app import run
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, loads_recipe, recipe_dict, recipe_digest
+from miniverl.common.recipe_sections import LOSS_VARIANT_FIELDS
 
 
 def base(mode: str = "offline_kd", **train) -> dict:
@@ -67,6 +68,8 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     assert data["rollout"].pop("group_size") is None
     assert data["train"].pop("on_policy_fraction") is None
     assert data["eval"].pop("samples") is None and data["eval"].pop("temperature") is None
+    # The loss variants (docs/losses.md).
+    assert all(data["loss"].pop(name) is None for name in LOSS_VARIANT_FIELDS)
     del data["train"]["fixed_set"], data["teacher"]["min_recovery"]
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]

@@ -222,21 +222,19 @@ def test_jsonl_is_always_on_and_logger_names_are_checked(tmp_path):
     # A checkpoint written before run.loggers existed recorded this digest: still matches.
     import hashlib
 
-    from miniverl.common.recipe import recipe_dict
+    from miniverl.common.recipe import HASHED_ONLY_WHEN_SET, recipe_dict
 
     before = recipe_dict(recipe)
     before["run"]["output_dir"] = "-"
     del before["run"]["loggers"]
     # Fields added later still, left out of digests while unset (recipe.HASHED_ONLY_WHEN_SET).
-    for side in ("student", "teacher"):
-        toy = ((before.get(side) or {}).get("model") or {}).get("toy") or {}
-        for field in ("init_std", "rope_theta"):
-            if toy.get(field, 0) is None:
-                del toy[field]
-    for section, field in (("train", "fixed_set"), ("teacher", "min_recovery"),
-                           ("runtime", "warmup_cpu_threads"), ("rollout", "view")):
-        if (before.get(section) or {}).get(field, 0) is None:
-            del before[section][field]
+    for dotted in HASHED_ONLY_WHEN_SET:
+        *parents, leaf = dotted.split(".")
+        node = before
+        for part in parents:
+            node = (node or {}).get(part)
+        if isinstance(node, dict) and node.get(leaf, 0) is None:
+            del node[leaf]
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":")).encode()
     assert run_digest(more) == "sha256:" + hashlib.sha256(canonical).hexdigest()
 

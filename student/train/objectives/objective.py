@@ -42,16 +42,32 @@ class LossSettings:
     tail_epsilon: float = 1e-6
     chunk_size: int = 1024
     estimator: str = "full"
+    # The standard variants (docs/losses.md); None is the recipe's unset value.
+    importance_ratio_cap: float | None = None
+    log_ratio_clamp: float | None = None
+    aggregation: str | None = None
+    use_task_rewards: bool | None = None
+    distillation_loss_coef: float | None = None
+    reward_baseline: str | None = None
 
     @classmethod
     def of(cls, config: Any = None) -> LossSettings:
         """The settings ``config`` names (defaults for what it lacks; None: all defaults)."""
         values = {f.name: getattr(config, f.name, f.default) for f in fields(cls)}
+
+        def optional_float(name: str) -> float | None:
+            return None if values[name] is None else float(values[name])
+
         return cls(
             objective=values["objective"], divergence=values["divergence"],
             jsd_beta=float(values["jsd_beta"]), temperature=float(values["temperature"]),
             tail_epsilon=float(values["tail_epsilon"]), chunk_size=int(values["chunk_size"]),
             estimator=values["estimator"],
+            importance_ratio_cap=optional_float("importance_ratio_cap"),
+            log_ratio_clamp=optional_float("log_ratio_clamp"),
+            aggregation=values["aggregation"], use_task_rewards=values["use_task_rewards"],
+            distillation_loss_coef=optional_float("distillation_loss_coef"),
+            reward_baseline=values["reward_baseline"],
         )
 
 
@@ -63,7 +79,12 @@ WIRE_NAMES = {
     "topk_logprobs_P_K": "logprobs [P, K]",
     "tail_logmass_P": "tail_logmass [P]",
     "logprobs_P_V": "logprobs [P, V]",
+    "sampling_logprobs_P": "the student's sampling-time log-prob of the sampled token [P]",
+    "weight_P": "the aggregation weight of each position [P]",
+    "advantage_P": "the task-reward advantage of each position's episode [P]",
 }
+# The fields that are not the teacher's: the step fills them (``step_inputs.py``).
+STEP_FIELDS = ("sampling_logprobs_P", "weight_P", "advantage_P")
 
 
 @dataclass
@@ -86,6 +107,10 @@ class TeacherTargets:
     topk_logprobs_P_K: torch.Tensor | None = None
     tail_logmass_P: torch.Tensor | None = None
     logprobs_P_V: torch.Tensor | None = None
+    # Not the teacher's: filled per step by ``step_inputs.py`` when a variant reads them.
+    sampling_logprobs_P: torch.Tensor | None = None
+    weight_P: torch.Tensor | None = None
+    advantage_P: torch.Tensor | None = None
 
     @classmethod
     def from_arrays(
@@ -138,6 +163,11 @@ class Objective:
         out = {}
         for name in self.reads:
             value = getattr(targets, name)
+            if value is None and name in STEP_FIELDS:
+                raise ConfigError(
+                    f"loss '{self.name}' needs {WIRE_NAMES[name]}, which these targets lack; "
+                    "build them with objectives.step_inputs for the recipe's loss section"
+                )
             if value is None:
                 raise ConfigError(
                     f"loss '{self.name}' needs teacher {WIRE_NAMES.get(name, name)}, which "

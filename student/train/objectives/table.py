@@ -32,6 +32,7 @@ from miniverl.student.train.objectives.per_position import (
     exact_divergence_P,
     sampled_token_reverse_kl_P,
 )
+from miniverl.student.train.objectives.variants import with_variants
 
 TARGETS = ("exact_full_vocab", "bucketed_topk_tail")  # the values of loss.objective
 ESTIMATORS = ("full", "sampled_token")
@@ -89,11 +90,12 @@ SFT = Objective("sft", ("sampled_ids_P",), cross_entropy)
 
 
 def objective_for(config: Any) -> Objective:
-    """The objective the recipe's ``loss`` section names (:data:`OBJECTIVES`)."""
+    """The objective the recipe's ``loss`` section names (:data:`OBJECTIVES`), with the
+    standard variants it sets (``variants.py``)."""
     s = LossSettings.of(config)
     found = OBJECTIVES.get((s.estimator, s.objective, s.divergence))
     if found is not None:
-        return found
+        return with_variants(found, s)
     if s.estimator == "sampled_token" and s.divergence != "reverse_kl":
         raise ConfigError(
             f"loss.estimator='sampled_token' estimates the reverse KL, but loss.divergence="

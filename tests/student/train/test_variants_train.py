@@ -1,0 +1,69 @@
+"""The loss variants in the trainer (toy models in process, CPU, deterministic): a
+strict OPD run with the sampled-token estimator's ratio and clamp, per-sequence
+aggregation and a task reward trains on the sampling log-probs its episodes recorded
+(so on-policy its ratio is 1 up to float32 rounding), and its update does not depend
+on how the step is split into micro-batches, because the baselines read the whole step
+(the toy's episodes all have the same length, so the per-sequence weights are 1 here;
+test_aggregation_and_reward.py has unequal ones)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from miniverl.common.trajectory import read_trajectories
+from miniverl.student.train.policy import load_policy
+from miniverl.student.train.trainer import Trainer
+from tests.student.train.trainer_kit import parameters
+from tests.toy_kit import make_recipe
+
+torch.set_num_threads(1)
+
+VARIANTS = {"estimator": "sampled_token", "divergence": "reverse_kl",
+            "importance_ratio_cap": 2.0, "log_ratio_clamp": 10.0, "aggregation": "sequence",
+            "use_task_rewards": True, "reward_baseline": "batch",
+            "distillation_loss_coef": 0.5}
+
+
+def _train(recipe, client):
+    with Trainer(recipe, client=client, show_progress=False, write_report=False) as trainer:
+        trainer.train()
+        return trainer, parameters(trainer)
+
+
+def test_variants_train_on_the_recorded_sampling_logprobs(tmp_path, toy):
+    recipe = make_recipe("opd", tmp_path, cycles=1, sections={"loss": VARIANTS})
+    trainer, _ = _train(recipe, toy.fake_client())
+    (path,) = tmp_path.glob("*/trajectories.jsonl")
+    trajs = read_trajectories(path)
+    assert trajs and all(t.sampling_logprobs is not None for t in trajs)
+    # The recorded q(y) is the log-prob the sampling version gave each sampled token: a
+    # full forward of the starting weights (version 0, loaded again) gives it back.
+    model = load_policy(recipe, offline=True).model.eval()
+    for traj in trajs:
+        positions_P = traj.target_positions()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([traj.tokens])).logits[0]
+        next_P = torch.tensor(traj.tokens)[positions_P + 1]
+        forward = F.log_softmax(logits.float(), -1)[positions_P].gather(-1, next_P[:, None])
+        assert np.allclose(traj.sampling_logprobs_at(positions_P), forward.squeeze(-1).numpy(),
+                           atol=1e-4), traj.id
+    assert trainer.state.version == 1
+
+
+def _close(a: list, b: list) -> bool:
+    return all(torch.allclose(x, y, rtol=0, atol=1e-5) for x, y in zip(a, b, strict=True))
+
+
+def test_micro_batches_do_not_change_the_update(tmp_path, toy):
+    def run(accum, **loss):
+        recipe = make_recipe("opd", tmp_path / f"{accum}{loss}", cycles=2, grad_accum=accum,
+                             sections={"loss": {**VARIANTS, **loss}})
+        return _train(recipe, toy.fake_client())[1]
+
+    one, four = run(1), run(4)
+    # Four micro-batches sum in another order than one: equal up to float32 rounding.
+    assert _close(one, four)
+    # The tolerance is far below what the reward term's weight moves.
+    assert not _close(one, run(1, distillation_loss_coef=1.0))
