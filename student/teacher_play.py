@@ -44,8 +44,12 @@ class TeacherEpisodes:
 
     @property
     def success(self) -> float:
-        trajs = self.trajectories
-        return sum(t.verifier.success for t in trajs) / len(trajs) if trajs else 0.0
+        return success_rate(self.trajectories)
+
+
+def success_rate(trajs: list[Trajectory]) -> float:
+    """The share of ``trajs`` the verifier accepted (0 for none)."""
+    return sum(t.verifier.success for t in trajs) / len(trajs) if trajs else 0.0
 
 
 def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False) -> Any:

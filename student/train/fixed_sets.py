@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
-from miniverl.student.teacher_play import play_as_teacher
+from miniverl.student.teacher_play import play_as_teacher, success_rate
 from miniverl.student.train.state import TrainState, episode_seed, tasks_for
 
 # The teacher set's episode seeds come from this cycle number, far past any real cycle,
@@ -37,10 +37,15 @@ TEACHER_SET_CYCLE = 20_000_000
 
 
 def recorded_teacher_set(path: Path) -> list[Trajectory]:
-    """The teacher's episodes a run already recorded in ``trajectories.jsonl``."""
+    """The teacher's episodes a run already recorded in ``trajectories.jsonl``, each
+    once (a resume without a targets cache records the offline KD set again)."""
     if not Path(path).is_file():
         return []
-    return [t for t in read_trajectories(path) if t.source == "teacher"]
+    kept: dict[str, Trajectory] = {}
+    for traj in read_trajectories(path):
+        if traj.source == "teacher":
+            kept.setdefault(traj.id, traj)
+    return list(kept.values())
 
 
 def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
@@ -51,7 +56,7 @@ def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
     if recorded:
         seconds = time.perf_counter() - t0
         state.run.event("teacher_set_played", episodes=len(recorded), recorded=True,
-                        success=_success(recorded), time_load_s=0.0, time_play_s=seconds)
+                        success=success_rate(recorded), time_load_s=0.0, time_play_s=seconds)
         return recorded, seconds, True
     recipe, policy = state.recipe, state.policy
     tasks = state.train_tasks
@@ -83,7 +88,3 @@ class TeacherBatches:
         """The teacher's episodes of ``cycle``'s training tasks."""
         tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
         return [self.by_task[t.id] for t in tasks]
-
-
-def _success(trajs: list[Trajectory]) -> float:
-    return sum(t.verifier.success for t in trajs) / len(trajs) if trajs else 0.0

@@ -46,11 +46,11 @@ def mixed_cycle(state: TrainState, fixed: list[Scored]) -> CycleResult:
         batch = rollout_and_score(state, lag=0, count=fresh_n)
         trajs, fresh, t_rollout, t_wait = batch.trajs, batch.scored, batch.t_rollout, batch.t_wait
     t1 = time.perf_counter()
-    scored = [*fresh, *drawn]
-    stats = distill_update(state, scored)
-    # The row's train_success is the fresh episodes' (the fixed set's are not the policy's).
+    stats = distill_update(state, [*fresh, *drawn])
+    # The row's train_success is the fresh episodes' (the fixed set's are not the
+    # policy's), and its positions_scored what the teacher scored in this cycle.
     return CycleResult(
         stats, trajs or [s.traj for s in drawn], t_rollout, t_wait,
-        time.perf_counter() - t1, scored=scored,
+        time.perf_counter() - t1, scored=fresh,
         extra={"on_policy_episodes": len(fresh), "fixed_set_episodes": len(drawn)},
     )

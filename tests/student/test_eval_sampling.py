@@ -122,3 +122,32 @@ def test_coverage_is_reported_where_the_fixed_set_is_a_function_of_the_task():
     assert summary.sampled["coverage"]["states"] >= 2
     assert evaluate(model, tok, _recipe("opd"), policy_version=0).coverage is None
     assert reference_source(_recipe("opd")) is None
+
+
+def test_a_seqkd_runs_coverage_reference_is_the_teachers_own_play_kept_once(tmp_path,
+                                                                             monkeypatch):
+    import miniverl.student.coverage as coverage_module
+
+    recipe = _recipe()
+    recipe = recipe.model_copy(update={
+        "teacher": _recipe("opd").teacher,
+        "train": recipe.train.model_copy(update={"fixed_set": "teacher"}),
+    })
+    tok = build_toy_tokenizer()
+    model = build_toy_model(FOUR_HEAD, tok)
+    played = []
+    real = coverage_module.play_as_teacher
+
+    def playing(recipe, tasks, *args, **kw):
+        played.append(tasks)
+        return real(recipe, tasks, *args, **kw)
+
+    monkeypatch.setattr(coverage_module, "play_as_teacher", playing)
+    first = evaluate(model, tok, recipe, policy_version=0, out_dir=tmp_path)
+    kept = read_trajectories(tmp_path / "eval.teacher.trajectories.jsonl")
+    assert first.coverage["source"] == "teacher" and len(kept) == 2 == len(played[0])
+    assert {t.source for t in kept} == {"teacher"}
+    # Each task's prompt is the first state of the teacher's episode of it too.
+    assert first.coverage["states"] - first.coverage["unseen"] >= 2
+    again = evaluate(model, tok, recipe, policy_version=1, out_dir=tmp_path)
+    assert len(played) == 1 and again.coverage == first.coverage

@@ -83,6 +83,10 @@ def test_half_of_each_gkd_batch_is_fresh_and_half_from_the_fixed_set(tmp_path, t
     rows = [r for r in metrics(mixed.run_dir) if r["phase"] == "train"]
     assert [(r["on_policy_episodes"], r["fixed_set_episodes"]) for r in rows] == [(2, 2)] * 2
     assert all(r["on_policy"] is False and r["positions"] > 0 for r in rows)
+    # The teacher scored the fresh half only; the step trained on all four.
+    for row, call in zip(rows, calls, strict=True):
+        assert row["positions_scored"] == sum(len(s[1]) for s in call["scored"][:2])
+        assert row["positions"] == sum(len(s[1]) for s in call["scored"])
     # Fraction 0 trains on offline KD's batches, episode for episode.
     # (fixed_draw of a whole batch is offline KD's draw: the test above.)
     _, zero = _run(make_recipe("offline_kd", tmp_path / "zero", cycles=2, fixed_set="oracle",
