@@ -139,14 +139,13 @@ class OpenAIFrontEnd:
 
     async def start(self) -> None:
         web = require("aiohttp.web", "openai")
-        # A body larger than this cannot be a request within the teacher's limits
-        # (a token id is at most 11 characters of JSON); aiohttp refuses it unread.
-        lim = self.srv.config.limits
         @web.middleware
         async def auth(request, handler):
             return await self._auth(request, handler)
 
-        app = web.Application(client_max_size=12 * lim.max_tokens + (64 << 10),
+        # A body larger than max_body_bytes cannot be a request within the teacher's
+        # limits; aiohttp refuses it without reading it whole.
+        app = web.Application(client_max_size=max_body_bytes(self.srv.config.limits),
                               middlewares=[auth])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -230,6 +229,13 @@ class OpenAIFrontEnd:
     async def _completions(self, request):
         web = require("aiohttp.web", "openai")
         try:
+            # The limits narrowed to the loaded model's context may be tighter than the
+            # listener's (set before the load): a declared length over them is not read.
+            bound = max_body_bytes(self.srv.limits)
+            if request.content_length is not None and request.content_length > bound:
+                raise HttpRefusal(413, f"request body of {request.content_length} bytes, over "
+                                  f"{bound} (max_inflight SCOREs of max_tokens each); send "
+                                  "fewer prompts per request")
             try:
                 body = await request.json()
             except web.HTTPRequestEntityTooLarge:
@@ -244,37 +250,62 @@ class OpenAIFrontEnd:
             return self._error(exc.status, exc.message, exc.param)
 
     async def _score(self, body: Any) -> dict:
-        from miniverl.teacher_server.server import _on_score
-
         srv = self.srv
         backend = srv.backend
         if backend is None or srv.state == TeacherState.LOADING:
             raise HttpRefusal(503, "the teacher is still loading its model; retry later")
         request = parse_request(body, self._model_id(), backend.vocab_size, srv.limits)
         seqs = request["prompts"]
+        scored = [b for b, seq in enumerate(seqs) if len(seq) > 1]  # one token: no position
+        groups = pack([len(seqs[b]) for b in scored], srv.limits)
+        if len(groups) > srv.limits.max_inflight:
+            raise HttpRefusal(413, f"{len(seqs)} prompts need {len(groups)} SCOREs of at most "
+                              f"max_tokens={srv.limits.max_tokens} tokens, over the teacher's "
+                              f"max_inflight={srv.limits.max_inflight}; send fewer prompts "
+                              "per request (TRL: chunk_size)", "prompt")
+        results = await asyncio.gather(
+            *(self._score_group([seqs[scored[i]] for i in group], request) for group in groups))
+        gens = {reply.gen for reply, _ in results}
+        if len(gens) > 1:  # a RELOAD between two of this request's SCOREs
+            raise HttpRefusal(503, "the teacher changed (reload) while this request was scored; "
+                              "retry it")
+        per_seq: dict[int, dict] = {}
+        for group, (_, parts) in zip(groups, results, strict=True):
+            for i, part in zip(group, parts, strict=True):
+                per_seq[scored[i]] = part
+        reply = results[0][0] if results else None
+        return self._response(request, per_seq, reply)
+
+    async def _score_group(self, seqs: list[list[int]], request: dict):
+        """One SCORE for ``seqs`` (packed): ``(SCORE_OK, [arrays of each sequence])``."""
+        from miniverl.teacher_server.server import _on_score
+
         cu = np.zeros(len(seqs) + 1, dtype=np.int32)
-        cu[1:] = np.cumsum([len(s) for s in seqs])
+        cu[1:] = np.cumsum([len(seq) for seq in seqs])
         positions = np.concatenate(
-            [np.arange(cu[b], cu[b + 1] - 1, dtype=np.int32) for b in range(len(seqs))]
-        )
-        version = request["student_version"]
-        if positions.size == 0:  # every prompt is one token: nothing to score
-            return self._response(request, [], {}, None)
+            [np.arange(cu[b], cu[b + 1] - 1, dtype=np.int32) for b in range(len(seqs))])
         rid = next(self.ids)
-        msg = m.Score(id=rid, student_version=version or 0, kind="topk", k=request["k"],
-                      temperature=request["temperature"])
-        arrays = {"tokens": np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs]),
+        msg = m.Score(id=rid, student_version=request["student_version"] or 0, kind="topk",
+                      k=request["k"], temperature=request["temperature"])
+        arrays = {"tokens": np.concatenate([np.asarray(seq, dtype=np.int32) for seq in seqs]),
                   "cu_seqlens": cu, "positions": positions}
         future = asyncio.get_running_loop().create_future()
         self.pending[rid] = future
         try:
-            await _on_score(srv, OPENAI_CLIENT, msg, arrays)
+            await _on_score(self.srv, OPENAI_CLIENT, msg, arrays)
             reply, out = await future
         finally:
             self.pending.pop(rid, None)
         if isinstance(reply, m.ErrorReply):
-            raise HttpRefusal(HTTP_STATUS.get(reply.code, 500), f"{reply.code.value}: {reply.message}")
-        return self._response(request, [int(p) for p in positions], out, reply)
+            raise HttpRefusal(HTTP_STATUS.get(reply.code, 500),
+                              f"{reply.code.value}: {reply.message}")
+        # Row r of the reply is positions[r]; sequence b owns rows cu[b] - b .. cu[b+1] - b - 2.
+        parts, row = [], 0
+        for seq in seqs:
+            rows = slice(row, row + len(seq) - 1)
+            parts.append({name: out[name][rows] for name in m.TOPK_ARRAYS})
+            row += len(seq) - 1
+        return reply, parts
 
     def _decoder(self):
         """Token id -> text with the served model's tokenizer (None when it has no
@@ -293,44 +324,36 @@ class OpenAIFrontEnd:
             self._decoders = {key: decoder}
         return self._decoders[key]
 
-    def _response(self, request: dict, positions: list[int], out: dict, reply) -> dict:
+    def _response(self, request: dict, per_seq: dict[int, dict], reply) -> dict:
+        """vLLM's completion response for ``request`` from each scored sequence's arrays."""
         seqs, k = request["prompts"], request["k"]
-        row_of = {p: i for i, p in enumerate(positions)}
-        ids_P_K = out.get("ids")
-        decoder = self._decoder()
-        texts: dict[int, str | None] = {}
-        if decoder is not None and ids_P_K is not None:
-            wanted = sorted({int(t) for t in np.unique(ids_P_K)} | {int(t) for s in seqs for t in s})
-            texts = dict(zip(wanted, decoder.decode_batch([[t] for t in wanted],
-                                                          skip_special_tokens=False),
-                             strict=True))
-        choices, tails, start = [], [], 0
+        texts = self._texts(seqs, per_seq)
+        choices, tails = [], []
         for index, seq in enumerate(seqs):
             lps: list[dict | None] = [None]
             tail: list[float | None] = [None]
+            part = per_seq.get(index)
             for j in range(1, len(seq)):
-                row = row_of[start + j - 1]
+                row = j - 1  # position j - 1 predicts token j
                 entry = {}
                 for rank, (tok, lp) in enumerate(
-                        zip(ids_P_K[row], out["logprobs"][row], strict=True), start=1):
+                        zip(part["ids"][row], part["logprobs"][row], strict=True), start=1):
                     entry[str(int(tok))] = {"logprob": float(lp), "rank": rank,
                                             "decoded_token": texts.get(int(tok))}
                 actual = int(seq[j])
                 if str(actual) not in entry:
                     # Outside the top-k: its true log-prob; its rank is at least k + 1
                     # (the teacher does not rank past k; docs/engine-teachers.md).
-                    entry[str(actual)] = {"logprob": float(out["target_logprobs"][row]),
+                    entry[str(actual)] = {"logprob": float(part["target_logprobs"][row]),
                                           "rank": k + 1, "decoded_token": texts.get(actual)}
                 lps.append(entry)
-                t = float(out["tail_logmass"][row])
+                t = float(part["tail_logmass"][row])
                 tail.append(t if np.isfinite(t) else None)
-            start += len(seq)
             choices.append({"index": index, "text": "", "logprobs": None,
                             "finish_reason": "length", "stop_reason": None,
                             "prompt_logprobs": lps, "prompt_token_ids": list(seq)})
             tails.append(tail)
-        backend = self.srv.backend
-        n_tokens = sum(len(s) for s in seqs)
+        n_tokens = sum(len(seq) for seq in seqs)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": self._model_id(), "choices": choices,
@@ -343,11 +366,48 @@ class OpenAIFrontEnd:
                                     else request["student_version"]),
                 "instance": self.srv.instance,
                 "gen": reply.gen if reply is not None else self.srv.gen,
-                "teacher": dict(backend.info),
+                "teacher": dict(self.srv.backend.info),
                 "k": k,
                 "tail_logmass": tails,
             },
         }
+
+    def _texts(self, seqs: list[list[int]], per_seq: dict[int, dict]) -> dict[int, str]:
+        """``decoded_token`` of every id the response names ({} without a tokenizer)."""
+        decoder = self._decoder()
+        if decoder is None or not per_seq:
+            return {}
+        wanted = {int(t) for part in per_seq.values() for t in np.unique(part["ids"])}
+        wanted |= {int(t) for seq in seqs for t in seq}
+        ordered = sorted(wanted)
+        return dict(zip(ordered, decoder.decode_batch([[t] for t in ordered],
+                                                      skip_special_tokens=False), strict=True))
+
+
+MAX_BODY_BYTES = 64 << 20
+
+
+def max_body_bytes(lim) -> int:
+    """The largest body a request within ``lim`` can have: ``max_inflight`` SCOREs of
+    ``max_tokens`` ids (at most 11 characters of JSON each), capped at 64 MiB of JSON."""
+    return min(12 * lim.max_tokens * lim.max_inflight + (64 << 10), MAX_BODY_BYTES)
+
+
+def pack(lengths: list[int], lim) -> list[list[int]]:
+    """Consecutive sequences grouped into SCOREs within ``max_tokens``, ``max_positions``
+    and ``max_sequences``: indices into ``lengths`` per group (each length fits alone:
+    :func:`parse_request` checked)."""
+    groups: list[list[int]] = []
+    tokens = positions = 0
+    for i, n in enumerate(lengths):
+        if (not groups or tokens + n > lim.max_tokens or positions + n - 1 > lim.max_positions
+                or len(groups[-1]) >= lim.max_sequences):
+            groups.append([])
+            tokens = positions = 0
+        groups[-1].append(i)
+        tokens += n
+        positions += n - 1
+    return groups
 
 
 def parse_request(body: Any, model_id: str | None, vocab_size: int, lim) -> dict:
@@ -392,23 +452,17 @@ def parse_request(body: Any, model_id: str | None, vocab_size: int, lim) -> dict
             or not all(isinstance(s, list) and s for s in prompts)):
         raise HttpRefusal(400, "prompt must be token ids: a non-empty list of ints or a list "
                           "of such lists (this teacher does not tokenize text)", "prompt")
-    n_tokens = 0
     for i, seq in enumerate(prompts):
         for t in seq:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
                 raise HttpRefusal(400, f"prompt {i} holds {t!r}; token ids are ints in "
                                   f"[0, {vocab_size})", "prompt")
-        if lim.max_seq_len is not None and len(seq) > lim.max_seq_len:
-            raise HttpRefusal(413, f"prompt {i} has {len(seq)} tokens, over the model's "
-                              f"context of {lim.max_seq_len}; send shorter sequences", "prompt")
-        n_tokens += len(seq)
-    if n_tokens > lim.max_tokens or len(prompts) > lim.max_sequences:
-        raise HttpRefusal(413, f"{len(prompts)} prompts of {n_tokens} tokens in all, over the "
-                          f"teacher's max_tokens={lim.max_tokens} per request; send fewer "
-                          "prompts per request (TRL: chunk_size)", "prompt")
-    if n_tokens - len(prompts) > lim.max_positions:
-        raise HttpRefusal(413, f"{n_tokens - len(prompts)} positions, over the teacher's "
-                          f"max_positions={lim.max_positions}; send fewer prompts", "prompt")
+        longest = min(lim.max_tokens, lim.max_positions + 1,
+                      lim.max_seq_len if lim.max_seq_len is not None else lim.max_tokens)
+        if len(seq) > longest:
+            raise HttpRefusal(413, f"prompt {i} has {len(seq)} tokens, over the {longest} one "
+                              "SCORE of this teacher takes (its max_tokens, max_positions and "
+                              "context); send shorter sequences", "prompt")
     return {"prompts": prompts, "k": k, "temperature": float(temperature),
             "student_version": version}
 

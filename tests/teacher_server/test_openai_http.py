@@ -64,7 +64,7 @@ def body(**fields):
     ({"n": 2}, 400, "one choice per prompt"),
     ({"stream": True}, 400, "stream, echo and logprobs are not served"),
     ({"miniverl_student_version": -1}, 400, "an integer >= 0"),
-    ({"prompt": [list(range(30))] * 3}, 413, "over the teacher's max_tokens=64"),
+    ({"prompt": [list(range(30)) * 3]}, 413, "over the 64 one SCORE of this teacher takes"),
 ])
 def test_bad_requests_are_refused_naming_the_rule(fields, status, words):
     with pytest.raises(HttpRefusal) as info:
@@ -255,10 +255,31 @@ def test_no_admin_over_http(served):
 
 
 @served_http
+def test_a_request_over_one_score_is_split_and_answered_whole(served):
+    # TRL's ServerDistillationTrainer sends a whole batch in one request: it is scored as
+    # several SCOREs of at most max_tokens tokens and answered as one.
+    backend = FakeBackend()
+    s = served(backend=backend, limits=Limits(max_tokens=32))
+    prompts = [[1] * 20, [2, 3] * 10, [4, 5, 6]]
+    status, reply = s.call("POST", "/v1/completions", body(prompt=prompts, prompt_logprobs=2))
+    assert status == 200, reply
+    assert s.h.server.srv.counters["requests"] == 2  # [20 tokens], [20 + 3 tokens]
+    for seq, choice in zip(prompts, reply["choices"], strict=True):
+        ref = next_token_targets(np.array(seq), np.array([0, len(seq)]),
+                                 np.arange(len(seq) - 1), kind="topk", k=2, vocab_size=FAKE_VOCAB)
+        got = [[int(t) for t, v in sorted(e.items(), key=lambda kv: kv[1]["rank"])]
+               for e in choice["prompt_logprobs"][1:]]
+        assert got == ref["ids"].tolist()
+
+
+@served_http
 def test_requests_past_the_teachers_limits_get_4xx(served):
-    s = served(limits=Limits(max_tokens=32))
-    status, reply = s.call("POST", "/v1/completions", body(prompt=[[1] * 20, [2] * 20]))
-    assert status == 413 and "max_tokens=32" in reply["error"]["message"]
+    s = served(limits=Limits(max_tokens=32, max_inflight=2))
+    status, reply = s.call("POST", "/v1/completions", body(prompt=[[1] * 40]))
+    assert status == 413 and "over the 32 one SCORE" in reply["error"]["message"]
+    status, reply = s.call("POST", "/v1/completions", body(prompt=[[1] * 20] * 3))
+    assert status == 413 and "need 3 SCOREs" in reply["error"]["message"]
+    assert "max_inflight=2" in reply["error"]["message"]
     # A body no request within the limits can reach is refused before it is read.
     status, reply = s.call("POST", "/v1/completions", raw=b"[" + b"1," * 300_000 + b"1]")
     assert status == 413 and "fewer prompts" in reply["error"]["message"]
