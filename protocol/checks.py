@@ -104,12 +104,8 @@ def _score_sizes(msg: Score, arrays: dict[str, np.ndarray], limits: Limits) -> N
                                 ErrorCode.TOO_LARGE, msg.id)
 
 
-def validate_score(
-    msg: Score,
-    arrays: dict[str, np.ndarray],
-    vocab_size: int,
-    limits: Limits | None = None,
-) -> None:
+def validate_score(msg: Score, arrays: dict[str, np.ndarray], vocab_size: int,
+                   limits: Limits | None = None) -> None:
     """Everything a sender checks in a SCORE before it goes out (the client's one call).
 
     The arrays the codec requires (``tokens``, ``cu_seqlens``, ``positions`` as 1-D
@@ -129,12 +125,8 @@ def validate_score(
     check_score(msg, arrays, vocab_size, limits)
 
 
-def check_score(
-    msg: Score,
-    arrays: dict[str, np.ndarray],
-    vocab_size: int,
-    limits: Limits | None = None,
-) -> None:
+def check_score(msg: Score, arrays: dict[str, np.ndarray], vocab_size: int,
+                limits: Limits | None = None) -> None:
     """The content rules of a decoded SCORE, against the teacher's vocabulary.
 
     Rules (docs/protocol.md, "SCORE"): ``cu_seqlens`` holds B+1 >= 2 offsets, starts at

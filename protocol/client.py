@@ -139,18 +139,9 @@ class TeacherClient:
         """Stop requiring a particular teacher for new requests."""
         self._table.unbind()
 
-    async def submit(
-        self,
-        tokens_N: Any,
-        cu_seqlens_B1: Any,
-        positions_P: Any,
-        *,
-        kind: str = "topk",
-        k: int = 16,
-        temperature: float = 1.0,
-        deadline_ms: int | None = None,
-        deterministic: bool = False,
-    ) -> int:
+    async def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, *,
+                     kind: str = "topk", k: int = 16, temperature: float = 1.0,
+                     deadline_ms: int | None = None, deterministic: bool = False) -> int:
         """Queue one SCORE for the current version and binding; returns its id.
 
         Arrays are checked here, once, before anything is sent (:class:`ProtocolError`

@@ -105,18 +105,9 @@ class ScoringClient(Protocol):
     def bind(self) -> Identity:
         """Tie the current update to the teacher ``(instance, gen)`` now connected."""
 
-    def submit(
-        self,
-        tokens_N: Any,
-        cu_seqlens_B1: Any,
-        positions_P: Any,
-        *,
-        kind: str = "topk",
-        k: int = 16,
-        temperature: float = 1.0,
-        deadline_ms: int | None = None,
-        deterministic: bool = False,
-    ) -> int:
+    def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, *,
+               kind: str = "topk", k: int = 16, temperature: float = 1.0,
+               deadline_ms: int | None = None, deterministic: bool = False) -> int:
         """Queue one request for the current version and binding; returns its id."""
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:

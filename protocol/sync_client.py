@@ -80,18 +80,9 @@ class SyncTeacherClient:
     def unbind(self) -> None:
         self._run(_as_async(self._core.unbind))
 
-    def submit(
-        self,
-        tokens_N: Any,
-        cu_seqlens_B1: Any,
-        positions_P: Any,
-        *,
-        kind: str = "topk",
-        k: int = 16,
-        temperature: float = 1.0,
-        deadline_ms: int | None = None,
-        deterministic: bool = False,
-    ) -> int:
+    def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, *,
+               kind: str = "topk", k: int = 16, temperature: float = 1.0,
+               deadline_ms: int | None = None, deterministic: bool = False) -> int:
         return self._run(self._core.submit, tokens_N, cu_seqlens_B1, positions_P, kind=kind,
                          k=k, temperature=temperature, deadline_ms=deadline_ms,
                          deterministic=deterministic)

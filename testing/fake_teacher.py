@@ -392,18 +392,10 @@ class FakeTeacherClient:
         self._bound = (self.instance, self.gen)
         return self._bound
 
-    def submit(
-        self,
-        tokens_N: Any,
-        cu_seqlens_B1: Any,
-        positions_P: Any,
-        *,
-        kind: str = "topk",
-        k: int = 16,
-        temperature: float = 1.0,
-        deadline_ms: int | None = None,
-        deterministic: bool = False,  # in process, every request is scored alone anyway
-    ) -> int:
+    def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, *,
+               kind: str = "topk", k: int = 16, temperature: float = 1.0,
+               deadline_ms: int | None = None, deterministic: bool = False) -> int:
+        # deterministic: in process, every request is scored alone anyway
         rid = next(self._ids)
         arrays = score_positions(self.model, tokens_N, cu_seqlens_B1, positions_P, kind=kind,
                                  k=k, temperature=temperature,

@@ -59,6 +59,20 @@ def hello(sock, fp=FP, vocab=VOCAB, rid=1):
     return msg
 
 
+def served_model(harness, model, vocab):
+    """A connection that said HELLO to the real server around ``model`` (the built-in
+    torch backend, tokenizer fingerprint ``"fp"``, ``vocab`` ids); torch loads only here."""
+    from miniverl.teacher_server.loader import LoadedTeacher
+    from miniverl.teacher_server.torch_backend import TorchTeacher
+
+    info = {"name": "tiny", "model": "tiny"}
+    loaded = LoadedTeacher(model, None, "fp", vocab, info, "cpu", "float32")
+    h, _ = harness(backend=TorchTeacher(loaded, exact_max_vocab=1 << 20, max_batch_tokens=4096))
+    sock = h.raw()
+    assert hello(sock, fp="fp", vocab=vocab).t == "HELLO_OK"
+    return sock
+
+
 def score_arrays(n=12, positions=(0, 3, 7)):
     return {
         "tokens": np.arange(n, dtype=np.int32) % VOCAB,

@@ -32,6 +32,7 @@ from miniverl.teacher_server.scoring import (
 )
 from miniverl.teacher_server.torch_backend import TorchTeacher
 from miniverl.testing import FakeBackend
+from tests.teacher_server import harness as wire
 from tests.teacher_server.harness import busy, call, hello, recv, score_arrays, score_header, send
 from tests.teacher_server.test_scoring import VOCAB, tiny_model
 
@@ -64,12 +65,7 @@ def test_a_scorer_output_with_inf_is_an_error_not_a_reply(model, harness):
         score_positions(broken, np.arange(12) % VOCAB, np.array([0, 12]), np.array([0, 5]))
     # Served, the built-in backend's reply is checked once, by the batcher: answered as
     # INTERNAL, not retryable (it would come back), naming what was not finite.
-    loaded = LoadedTeacher(broken, None, "fp", VOCAB, {"name": "tiny", "model": "tiny"}, "cpu",
-                           "float32")
-    backend = TorchTeacher(loaded, exact_max_vocab=1 << 20, max_batch_tokens=4096)
-    h, _ = harness(backend=backend)
-    sock = h.raw()
-    assert isinstance(hello(sock, fp="fp", vocab=VOCAB), m.HelloOk)
+    sock = wire.served_model(harness, broken, VOCAB)
     reply, arrays = call(sock, score_header(5), score_arrays())
     assert isinstance(reply, m.ErrorReply) and reply.code == m.ErrorCode.INTERNAL
     assert not reply.retryable and "NaN" in reply.message and not arrays

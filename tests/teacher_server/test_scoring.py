@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from miniverl.protocol import messages as m
-from miniverl.teacher_server.loader import LoadedTeacher
 from miniverl.teacher_server.scoring import (
     ScoreRequest,
     ScoringBadRequest,
@@ -16,8 +15,7 @@ from miniverl.teacher_server.scoring import (
     score_positions,
     score_requests,
 )
-from miniverl.teacher_server.torch_backend import TorchTeacher
-from tests.teacher_server.harness import hello, recv, score_header, send
+from tests.teacher_server.harness import recv, score_header, send, served_model
 from tests.toy_kit import FOUR_HEAD, bare_qwen3
 
 VOCAB = 97
@@ -151,12 +149,7 @@ def test_one_bad_request_does_not_fail_the_batch(model, harness):
     # Served, a SCORE is checked once, when it arrives: a bad one is refused before any
     # job exists, and the good one sent with it is scored as if alone.
     tokens, cu, positions = packed()
-    loaded = LoadedTeacher(model, None, "fp", VOCAB, {"name": "tiny", "model": "tiny"}, "cpu",
-                           "float32")
-    backend = TorchTeacher(loaded, exact_max_vocab=1 << 20, max_batch_tokens=4096)
-    h, _ = harness(backend=backend)
-    sock = h.raw()
-    assert isinstance(hello(sock, fp="fp", vocab=VOCAB), m.HelloOk)
+    sock = served_model(harness, model, VOCAB)
     arrays = {"tokens": tokens, "cu_seqlens": cu}
     send(sock, score_header(2, k=3), {**arrays, "positions": np.array([cu[1] - 1], np.int32)})
     send(sock, score_header(3, k=3), {**arrays, "positions": positions})
