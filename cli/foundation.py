@@ -313,7 +313,26 @@ def plan_lines(recipe: Any) -> list[str]:
             f"objective    {loss.divergence} over {loss.objective} ({shape}), positions "
             f"{loss.positions}"
         )
+        variants = _loss_variants(loss)
+        if variants:
+            lines.append(f"variants     {'; '.join(variants)} (docs/losses.md)")
     return lines
+
+
+def _loss_variants(loss) -> list[str]:
+    """The sampled-token estimator and the standard variants the loss section sets."""
+    out = ["sampled-token estimator"] if loss.estimator == "sampled_token" else []
+    if loss.importance_ratio_cap is not None:
+        out.append(f"importance ratio capped at {loss.importance_ratio_cap:g}")
+    if loss.log_ratio_clamp is not None:
+        out.append(f"log-ratio clamped to +-{loss.log_ratio_clamp:g}")
+    if loss.use_task_rewards:
+        coef = 1.0 if loss.distillation_loss_coef is None else loss.distillation_loss_coef
+        out.append(f"task reward ({loss.reward_baseline or 'group'} baseline) beside "
+                   f"{coef:g} x distillation")
+    if loss.aggregation == "sequence":
+        out.append("per-sequence aggregation")
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -98,7 +98,7 @@ def _task_reward_issues(loss: LossConfig, mode: str, rollout: RolloutConfig) -> 
         return [(("reward_baseline",), (
             "reward_baseline group compares the episodes of one task in an update, which "
             "replay's draw from its buffer does not keep together; set reward_baseline: batch"))]
-    size = getattr(rollout, "group_size", None)
+    size = rollout.group_size
     if size is None or size < 2:
         shown = "unset (one episode per task)" if size is None else str(size)
         return [(("reward_baseline",), (
@@ -211,10 +211,10 @@ class Recipe(BaseModel):
         if None in (run, rollout, loss) or run.mode != "offline_kd":
             return train
         # Both offline_kd sets the student samples: the frozen one and GKD's fresh share.
-        fraction = getattr(train, "on_policy_fraction", None)
         for field, value, where in (
             ("fixed_set", train.fixed_set == "student", "the fixed_set student episodes"),
-            ("on_policy_fraction", bool(fraction), "the fresh on_policy_fraction episodes"),
+            ("on_policy_fraction", bool(train.on_policy_fraction),
+             "the fresh on_policy_fraction episodes"),
         ):
             if value:
                 # The loss fields are named in full: the rule is reported at this field.

@@ -5,14 +5,18 @@ that have a baseline, and unset variants leave every recipe digest as it was."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
+from miniverl.cli.app import run
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, loads_recipe, recipe_dict, recipe_digest
 from miniverl.common.recipe_sections import LOSS_VARIANT_FIELDS
 from miniverl.testing.toy_recipe import recipe_dict as toy_recipe
 
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLED = {"estimator": "sampled_token", "divergence": "reverse_kl"}
 
 
@@ -88,3 +92,18 @@ def test_unset_variants_leave_the_digest_and_set_ones_count():
         loss = {**SAMPLED, name: value}
         changed = Recipe.model_validate(_data(loss=loss))
         assert recipe_digest(changed) != recipe_digest(Recipe.model_validate(_data(loss=SAMPLED)))
+
+
+def test_the_shipped_sampled_token_recipe_validates_and_its_plan_names_the_variants(capsys):
+    # recipes/toy_cpu_opd_sampled_token.yaml is the recipe docs/losses.md points to.
+    assert run(["validate", str(ROOT / "recipes" / "toy_cpu_opd_sampled_token.yaml")]) == 0
+    assert ("variants     sampled-token estimator; importance ratio capped at 2; log-ratio "
+            "clamped to +-10") in capsys.readouterr().out
+
+
+def test_a_group_baseline_with_groups_and_gkd_mixing_are_checked_too():
+    grouped = _data(loss={"use_task_rewards": True}, rollout={"group_size": 2})
+    assert Recipe.model_validate(grouped).loss.reward_baseline is None  # null = group
+    # GKD's fresh share is sampled at rollout.temperature as well.
+    mixed = _data("offline_kd", loss={"temperature": 2.0}, on_policy_fraction=0.5)
+    assert "train.on_policy_fraction: on_policy_fraction 0.5: loss.temperature 2" in _error(mixed)
