@@ -7,8 +7,10 @@ passed in the queue with a retryable ``DEADLINE_EXCEEDED``, runs the rest on the
 worker thread and sends one ``SCORE_OK`` (or the backend's per-job ``ERROR``) per job.
 A ``deterministic`` job is never coalesced: it runs alone, so its reply does not depend
 on which other requests happened to be queued with it. A reply holding a NaN or an
-infinity the protocol does not allow (``protocol/finite.py``) is never sent: that job
-gets ``ERROR INTERNAL`` naming what was non-finite, whichever backend computed it.
+infinity the protocol does not allow (``protocol/checks.py``, ``nonfinite_report``) is
+never sent: that job gets ``ERROR INTERNAL`` naming what was non-finite, whichever
+backend computed it. This is the teacher's one finite-targets check (docs/protocol.md,
+"Where each check runs").
 A parked teacher is woken first (``implicit_wake``). A job aborted meanwhile (by a
 ``RELOAD abort`` or a ``SHUTDOWN``) gets no reply from here.
 

@@ -19,9 +19,9 @@ How a request is computed:
    and ``target_logprobs`` (log-prob of the token actually there); ``exact`` returns the
    whole ``[P, V]`` row, only when ``V <= exact_max_vocab``.
 Served, a request reaches :func:`score_requests` already checked, once, by the server
-(``protocol/checks.py``'s ``validate_score`` on receipt), and its reply is checked, once,
+(``protocol/checks.py``'s ``check_score`` on receipt), and its reply is checked, once,
 by the batcher before it is sent (``nonfinite_report``, whichever backend computed it);
-``docs/protocol.md`` names where each check runs. In process, with no wire in between,
+docs/protocol.md ("Where each check runs") names each place. In process, with no wire in between,
 :func:`score_positions` runs both itself: :func:`check_request` first
 (:class:`ScoringBadRequest`, :class:`ScoringUnsupported`), then the finite-targets rule
 (:class:`ScoringNonFinite`: a NaN or an infinity other than ``tail_logmass = -inf``
