@@ -43,6 +43,7 @@ from miniverl.common.atomic import atomic_write_json, publishing
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import write_sums
 from miniverl.common.manifest import load_manifest
+from miniverl.common.recipe_sections import LOSS_VARIANT_FIELDS
 from miniverl.common.redact import redact
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.student.environments import make_tasks
@@ -59,6 +60,13 @@ def _template(name: str) -> str:
 
 
 def _loss_mode(recipe) -> str:
+    for name in LOSS_VARIANT_FIELDS:  # docs/losses.md: none is mapped onto verl's fields yet
+        value = getattr(recipe.loss, name)
+        if value is not None:
+            raise ConfigError(
+                f"loss.{name} {value!r} has no counterpart in the verl bundle this exports "
+                "(it would be dropped silently); export a run trained without it"
+            )
     mode = _LOSS_MODES.get(recipe.loss.divergence)
     if mode is None:
         raise ConfigError(
