@@ -9,6 +9,11 @@ the chunking, and the table the recipe picks from.
 - ``table.py``: :data:`OBJECTIVES`, keyed by the recipe's ``(loss.estimator,
   loss.objective, loss.divergence)``, :data:`SFT`, and the two calls the update step
   makes (:func:`distillation_loss`, :func:`sft_loss`).
+- ``variants.py``, ``sampled_token.py``, ``step_inputs.py``: the standard variants a
+  recipe's ``loss`` section may add to the table's objective (the sampled-token
+  estimator's importance ratio and log-ratio clamp, per-sequence aggregation, the task
+  reward; docs/losses.md): the wrapper, its formulas, and the per-step inputs that are
+  not the teacher's.
 
 This package does not select positions (``common/trajectory.py``), micro-batch or step
 an optimizer (``student/train/updates.py``).
