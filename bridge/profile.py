@@ -14,14 +14,16 @@ own code in its own venv (tests/bridge/test_verl_real.py). What differs between 
 the trainer ``main_ppo`` runs: 0.8.0's ``TaskRunner`` (``RayPPOTrainer``), and in 0.9.1
 ``trainer.use_v1: true`` (its default) selects ``TaskRunnerV1``, the new trainer whose
 data path is TransferQueue (``import transfer_queue`` at start; the package is in
-verl's ``verl-core`` extra). A 0.9.1 bundle states that choice and its mode (``sync``:
-one rollout, then one update, the on-policy order miniverl trains in) instead of
-inheriting a default a later release may change. Every other key the profile writes is
-read under the same name by both releases (0.9.1 removed ``rollout.skip`` and
-``mbridge_config``, which the profile never wrote). The default target stays 0.8.0: its
-trainer is the one verl's own distillation recipe was written for and the one the prompt
-parity check ran against; 0.9.1's v1 trainer is new, and neither release's distributed
-runtime is exercised here.
+verl's ``verl-core`` extra). A 0.9.1 bundle states that choice and its mode (``sync``,
+``PPOTrainerSync``: trainer and rollout colocated, no partial rollouts, weights pushed to
+the rollout after every step: the on-policy order miniverl trains in) instead of
+inheriting a default a later release may change. Every other key the profile writes is a
+key of both releases' ``ppo_trainer`` config (tests/bridge/verl_check.py checks; 0.9.1
+removed ``rollout.skip`` and ``mbridge_config``, which the profile never wrote). The
+default target stays 0.8.0: its trainer is the one the prompt-parity check
+(tests/bridge/test_verl_prompt_parity.py) ran against on a real model, bundles already
+exported name it, and 0.9.1's default trainer is new and needs TransferQueue besides;
+neither release's distributed runtime is exercised here.
 """
 
 from __future__ import annotations
