@@ -24,7 +24,7 @@ from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.runner import RolloutRunner
 
 SAMPLED_SEED_BASE = 2_000_003
-SAMPLE_STRIDE = 1_000_000  # more than eval tasks can number (environment.eval_tasks <= 1e6)
+SAMPLE_STRIDE = 1_000_000  # more than a held-out split can hold (eval_tasks, test_tasks <= 1e6)
 DEFAULT_TEMPERATURE = 1.0
 
 

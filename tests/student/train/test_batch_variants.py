@@ -200,3 +200,24 @@ def test_a_resumed_seqkd_run_reads_its_teacher_set_back(tmp_path, monkeypatch):
     assert [e["recorded"] for e in played] == [False, True]
     assert len(read_trajectories(resumed.run_dir / "trajectories.jsonl")) == 4
     assert same_parameters(expected, got)
+
+
+@pytest.mark.slow  # three toy runs with checkpoints
+def test_a_resumed_gkd_run_trains_exactly_what_the_uninterrupted_one_did(tmp_path, toy,
+                                                                         monkeypatch):
+    recipe = make_recipe("offline_kd", tmp_path, cycles=4, fixed_set="oracle",
+                         on_policy_fraction=0.5)
+    opts = dict(show_progress=False, write_report=False)
+    with Trainer(recipe, client=toy.fake_client(), run_id="whole", **opts) as trainer:
+        trainer.train()
+        expected = parameters(trainer)
+    first = Trainer(recipe, client=toy.fake_client(), run_id="split", **opts)
+    stop_at_step(monkeypatch, first, 2)
+    with first:
+        assert first.train().final_version == 2
+    with Trainer(recipe, client=toy.fake_client(), run_id="split", resume=True,
+                 **opts) as second:
+        resumed = second.train()
+        got = parameters(second)
+    assert (resumed.status, resumed.final_version) == ("completed", 4)
+    assert same_parameters(expected, got)
