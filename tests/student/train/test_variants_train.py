@@ -67,3 +67,15 @@ def test_micro_batches_do_not_change_the_update(tmp_path, toy):
     assert _close(one, four)
     # The tolerance is far below what the reward term's weight moves.
     assert not _close(one, run(1, distillation_loss_coef=1.0))
+
+
+def test_a_group_baseline_finds_each_tasks_episodes_in_the_update(tmp_path, toy):
+    # rollout.group_size 2: every task of a batch is played twice, so each episode has a
+    # peer for its leave-one-out baseline (an episode without one would stop the run).
+    recipe = make_recipe("opd", tmp_path, cycles=1, sections={
+        "loss": {"use_task_rewards": True}, "rollout": {"group_size": 2}})
+    trainer, _ = _train(recipe, toy.fake_client())
+    assert trainer.state.version == 1
+    (path,) = tmp_path.glob("*/trajectories.jsonl")
+    tasks = [t.task_id for t in read_trajectories(path)]
+    assert all(tasks.count(task) == 2 for task in tasks)
