@@ -48,7 +48,7 @@ import numpy as np
 
 from miniverl.common.errors import ConfigError, require
 from miniverl.protocol import messages as m
-from miniverl.protocol.codec import decode
+from miniverl.protocol.codec import decode, decode_header_only
 from miniverl.protocol.messages import ErrorCode, TeacherState
 from miniverl.teacher_server.server_state import ServerState, log
 
@@ -177,12 +177,27 @@ class OpenAIFrontEnd:
     # ------------------------------------------------------------------ delivery
 
     def _deliver(self, frames: list) -> None:
-        """A SCORE_OK or ERROR the server addressed to this front end."""
-        msg, arrays = decode(frames, self.srv.limits)
-        rid = msg.ref_id if isinstance(msg, m.ErrorReply) else msg.id
+        """A SCORE_OK or ERROR the server addressed to this front end. Never raises: it
+        runs inside the batcher's reply loop, whose other jobs must still be answered."""
+        try:
+            msg, arrays = decode(frames, self.srv.limits)
+            rid = msg.ref_id if isinstance(msg, m.ErrorReply) else msg.id
+            result: Any = (msg, {k: np.array(v) for k, v in arrays.items()})
+        except Exception as exc:
+            try:
+                header = decode_header_only(frames[0], self.srv.limits)
+                rid = header.get("ref_id", header.get("id"))
+            except Exception:
+                log(self.srv, "error", "openai_reply_unreadable", error=str(exc)[:200])
+                return
+            result = HttpRefusal(500, f"the teacher's reply could not be read: {exc}")
         future = self.pending.pop(rid, None)
-        if future is not None and not future.done():
-            future.set_result((msg, {k: np.array(v) for k, v in arrays.items()}))
+        if future is None or future.done():
+            return
+        if isinstance(result, HttpRefusal):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
     # ------------------------------------------------------------------ handlers
 
