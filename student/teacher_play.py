@@ -7,7 +7,9 @@ no generation message and needs none for this: :func:`play_as_teacher` loads
 through), checks that its tokenizer is the student's (the episodes' token ids are
 trained on as they are), plays the tasks with the ordinary
 :class:`~miniverl.student.rollout.runner.RolloutRunner` (the recipe's ``rollout``
-section: temperature, top-p, lengths) and frees the weights again. The recipe refuses
+section: temperature, top-p, lengths) and frees the weights again. Asked to, it first
+applies the recipe's competence gate (``teacher.min_success``, ``min_recovery``) to the
+teacher's qualification record, as a served teacher's handshake would. The recipe refuses
 a teacher this process cannot load as it stands (a ``prepare`` recipe, an adapter, a
 privileged view, another scorer).
 
@@ -22,12 +24,14 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.modeling import load_causal_lm, resolve_model_dir
+from miniverl.common.qualification import require_qualified
 from miniverl.common.recipe import Recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.common.trajectory import Trajectory
@@ -52,12 +56,28 @@ def success_rate(trajs: list[Trajectory]) -> float:
     return sum(t.verifier.success for t in trajs) / len(trajs) if trajs else 0.0
 
 
-def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False) -> Any:
-    """``teacher.model``'s weights, frozen, in eval mode; the tokenizer must be the student's."""
+def teacher_identity(recipe: Recipe, model_dir: Path) -> dict[str, Any]:
+    """The identity a teacher server would report for ``teacher.model`` (what its
+    qualification records are found by): a hub id at its revision, else the directory."""
+    source = recipe.teacher.model
+    if source.hub_id is not None:
+        return {"name": source.hub_id, "model": source.hub_id, "revision": source.revision,
+                "adapter_sha256": None}
+    return {"name": model_dir.name, "model": str(model_dir), "revision": None,
+            "adapter_sha256": None}
+
+
+def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False,
+                         gate: bool = False) -> Any:
+    """``teacher.model``'s weights, frozen, in eval mode; the tokenizer must be the
+    student's. ``gate``: first apply ``teacher.min_success`` / ``min_recovery`` to its
+    qualification record, as a served teacher's handshake does."""
     cfg = recipe.teacher
     if cfg is None:
         raise ConfigError("the teacher plays episodes with teacher.model; add a teacher section")
-    model_dir = resolve_model_dir(cfg.model, offline=offline)
+    model_dir = Path(resolve_model_dir(cfg.model, offline=offline))
+    if gate:
+        require_qualified(recipe, teacher_identity(recipe, model_dir))
     theirs = tokenizer_fingerprint(model_dir)
     if theirs != tokenizer_fp:
         raise ConfigError(
@@ -75,10 +95,12 @@ def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = F
 
 
 def play_as_teacher(recipe: Recipe, tasks: list[Any], seeds: list[int], tokenizer: Any,
-                    tokenizer_fp: str, *, offline: bool = False) -> TeacherEpisodes:
-    """The teacher plays ``tasks[i]`` with seed ``seeds[i]``; its weights are freed after."""
+                    tokenizer_fp: str, *, offline: bool = False,
+                    gate: bool = False) -> TeacherEpisodes:
+    """The teacher plays ``tasks[i]`` with seed ``seeds[i]``; its weights are freed after
+    (``gate``: see :func:`load_teacher_weights`)."""
     t0 = time.perf_counter()
-    model = load_teacher_weights(recipe, tokenizer_fp, offline=offline)
+    model = load_teacher_weights(recipe, tokenizer_fp, offline=offline, gate=gate)
     t_load = time.perf_counter() - t0
     env = recipe.environment
     runner = RolloutRunner(model, tokenizer, env_name=env.name, env_params=env.params,

@@ -61,8 +61,10 @@ def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
     recipe, policy = state.recipe, state.policy
     tasks = state.train_tasks
     seeds = [episode_seed(recipe.run.seed, TEACHER_SET_CYCLE, i) for i in range(len(tasks))]
+    # SeqKD has no served teacher whose handshake applies teacher.min_success: gate here
+    # (offline_kd's teacher server has passed it by now).
     played = play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
-                             offline=state.offline)
+                             offline=state.offline, gate=recipe.run.mode == "sft")
     state.run.event("teacher_set_played", episodes=len(played.trajectories), recorded=False,
                     success=played.success, time_load_s=played.time_load_s,
                     time_play_s=played.time_play_s)

@@ -221,3 +221,33 @@ def test_a_resumed_gkd_run_trains_exactly_what_the_uninterrupted_one_did(tmp_pat
         got = parameters(second)
     assert (resumed.status, resumed.final_version) == ("completed", 4)
     assert same_parameters(expected, got)
+
+
+def test_seqkd_applies_the_teachers_competence_gate(tmp_path, monkeypatch):
+    from miniverl.common import qualification
+
+    monkeypatch.setattr(qualification, "qualifications_dir", lambda: tmp_path / "records")
+    teacher = {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu",
+               "min_success": 0.5}
+    recipe = make_recipe("sft", tmp_path / "runs", cycles=1, fixed_set="teacher",
+                         sections={"teacher": teacher, "environment": {"train_tasks": 4}})
+    with Trainer(recipe, **OPTS) as trainer, pytest.raises(
+            qualification.TeacherNotQualified, match="has no qualification record"):
+        trainer.train()
+    assert trainer.step == 0  # refused before the set is played
+    model_dir = toy_dir(TEACHER)
+    qualification.save_record({
+        "kind": qualification.RECORD_KIND, "model_dir": str(model_dir),
+        "model_dir_sha256": qualification.model_dir_digest(model_dir),
+        "teacher": {"name": model_dir.name, "model": str(model_dir), "revision": None,
+                    "adapter_sha256": None},
+        "environment": qualification.environment_signature(recipe), "split": "eval",
+        "n": 8, "success": 0.75, "date": "2026-01-01T00:00:00+00:00",
+    })
+    # Qualified, the same teacher plays.
+    from miniverl.student.teacher_play import play_as_teacher
+
+    tok = load_tokenizer(model_dir)
+    (task,) = make_tasks("calculator", "train", 1, "easy", 0)
+    played = play_as_teacher(recipe, [task], [0], tok, fingerprint_tokenizer(tok), gate=True)
+    assert [t.source for t in played.trajectories] == ["teacher"]
