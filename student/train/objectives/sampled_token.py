@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from miniverl.common.errors import ConfigError
 from miniverl.student.train.objectives.per_position import cross_entropy_P
 
 
@@ -85,7 +86,10 @@ def sampled_token_reverse_kl_ratio_P(
         advantage_P = advantage_P.clamp(-log_ratio_clamp, log_ratio_clamp)
     if importance_ratio_cap is not None:
         if sampling_logprobs_P is None:
-            raise ValueError("importance_ratio_cap needs sampling_logprobs_P")
+            raise ConfigError(
+                "loss.importance_ratio_cap needs the sampling-time log-probs of the tokens; "
+                "build the targets with objectives.step_inputs"
+            )
         weight_P = truncated_ratio_P(logp_P, sampling_logprobs_P, importance_ratio_cap)
         advantage_P = weight_P * advantage_P
     return policy_gradient_P(logp_P, advantage_P), estimate_P
