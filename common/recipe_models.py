@@ -210,8 +210,19 @@ class TeacherConfig(Placement):
     )
     endpoint: str | None = Field(
         None,
-        pattern=r"^(tcp|ipc)://.+$",
-        description="Existing teacher endpoint (tcp://host:port or ipc://path); null = launched by up.",
+        pattern=r"^(tcp|ipc|https?)://.+$",
+        description=(
+            "Existing teacher endpoint (tcp://host:port or ipc://path: mvl-score/1; "
+            "http(s)://host:port: a vLLM or SGLang server, teacher.api); null = launched by up."
+        ),
+    )
+    # An engine teacher (docs/engine-teachers.md): the server's API and where its key is.
+    api: Literal["vllm", "sglang"] | None = Field(
+        None, description="The http(s) endpoint's API: vllm (/v1/completions) or sglang (/generate)."
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100,
+        description="Name of the environment variable holding the engine's API key (never the key).",
     )
     # Beside the endpoint they secure: keys belong to the connection to *this* teacher
     # (`miniverl teacher keys DIR` makes them); paths as given, like a model path.
@@ -269,6 +280,16 @@ class TeacherConfig(Placement):
         if (self.curve_secret_key is None) != (self.curve_server_key is None):
             raise_issue("curve_secret_key", "CURVE needs curve_secret_key and curve_server_key; "
                         "set both or neither", involves=("curve_server_key",))
+        engine = self.endpoint is not None and self.endpoint.startswith(("http://", "https://"))
+        if engine and self.api is None:
+            raise_issue("api", f"endpoint {self.endpoint!r} is an engine server; say which API "
+                        "it speaks: api: vllm or api: sglang", involves=("endpoint",))
+        if not engine and (self.api is not None or self.api_key_env is not None):
+            raise_issue("api", "api and api_key_env are for an http(s):// endpoint (a vLLM or "
+                        "SGLang server); set one or drop them", involves=("api_key_env",))
+        if engine and (self.model.path or self.model.hub_id) is None:
+            raise_issue("model", "an engine teacher's model is the served model's name: give it "
+                        "as teacher.model.path or teacher.model.hub_id", involves=("endpoint",))
         if self.prepare is not None and self.adapter is not None:
             # The prepared directory is served as plain merged weights; an adapter named
             # beside it was silently dropped by `up` and `teacher serve --recipe`.

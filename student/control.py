@@ -39,6 +39,7 @@ from miniverl.protocol.control_socket import (
     parse_control,
 )
 from miniverl.protocol.endpoints import IPC_PATH_MAX, check_endpoint
+from miniverl.protocol.engine_client import check_engine_endpoint, is_engine_endpoint
 from miniverl.protocol.messages import Ping, Pong
 from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.student.train.optim import planned_cycles
@@ -180,12 +181,15 @@ class ControlServer:
     def _handle(self, req: Any) -> Any:
         trainer = self.trainer
         if isinstance(req, RetargetRequest):
-            check_endpoint(req.endpoint)
+            engine = is_engine_endpoint(req.endpoint)  # a vLLM or SGLang server
+            check_engine_endpoint(req.endpoint) if engine else check_endpoint(req.endpoint)
             # The handshake at the update boundary waits up to unavailable_timeout_s for a
             # teacher that never answers, stalling training; a mistyped endpoint is
-            # refused here instead, before anything waits on it.
+            # refused here instead, before anything waits on it (an engine: by the
+            # handshake of vet_endpoint, over HTTP with its own timeouts).
             try:
-                probe_teacher(req.endpoint, RETARGET_PROBE_S)
+                if not engine:
+                    probe_teacher(req.endpoint, RETARGET_PROBE_S)
                 if trainer.state is not None and trainer.state.policy is not None:
                     # The swap the run would refuse is refused now, before it is queued.
                     vet_endpoint(trainer.state, req.endpoint, RETARGET_HANDSHAKE_S)

@@ -49,6 +49,8 @@ from miniverl.common.errors import (
 from miniverl.common.manifest import record_teacher, update_manifest
 from miniverl.common.qualification import TeacherNotQualified, require_qualified
 from miniverl.protocol.endpoints import load_curve_client_keys
+from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpoint
+from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.state import TrainState
@@ -83,11 +85,15 @@ class Handshake:
 
 
 def new_client(state: TrainState, endpoint: str | None = None, *,
-               timeout_s: float | None = None, suffix: str = "") -> SyncTeacherClient:
-    """A client of ``endpoint`` (default: the run's) with the run's tokenizer and proof."""
+               timeout_s: float | None = None, suffix: str = "") -> ScoringClient:
+    """A client of ``endpoint`` (default: the run's) with the run's tokenizer and proof:
+    an :class:`EngineTeacherClient` for an http(s) server, else a ``SyncTeacherClient``."""
     rt = state.recipe.runtime
+    endpoint = endpoint or state.teacher.endpoint
+    if is_engine_endpoint(endpoint):
+        return engine_client(state, endpoint, timeout_s=timeout_s)
     return SyncTeacherClient(
-        endpoint or state.teacher.endpoint,
+        endpoint,
         tokenizer_fp=state.policy.tokenizer_fp,
         vocab_size=state.policy.vocab_size,
         client_name=f"student:{state.run.id}{suffix}",
@@ -95,6 +101,29 @@ def new_client(state: TrainState, endpoint: str | None = None, *,
         request_timeout_s=timeout_s or rt.request_timeout_s,
         unavailable_timeout_s=max(timeout_s or 0.0, rt.unavailable_timeout_s),
         **client_proof(state),
+    )
+
+
+def engine_client(state: TrainState, endpoint: str, *,
+                  timeout_s: float | None = None) -> EngineTeacherClient:
+    """A client of the vLLM or SGLang server at ``endpoint`` (docs/engine-teachers.md).
+
+    The run's own engine (``teacher.endpoint``) serves ``teacher.model`` under its path
+    or hub id and speaks ``teacher.api``; another one (``miniverl teacher use``) speaks
+    the same API and is taken with the one model it serves, gated like any teacher.
+    """
+    teacher, policy = state.recipe.teacher, state.policy
+    own = endpoint == teacher.endpoint and teacher.api is not None
+    tokenizer = policy.tokenizer
+    return EngineTeacherClient(
+        endpoint, flavour=teacher.api if own else "auto",
+        model=(teacher.model.path or teacher.model.hub_id) if own else None,
+        tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        tokenizer_fp=policy.tokenizer_fp, vocab_size=policy.vocab_size,
+        tokenizer_name=f"the student's tokenizer {tokenizer.name_or_path!r}",
+        bos_id=getattr(tokenizer, "bos_token_id", None),
+        api_key_env=teacher.api_key_env,
+        request_timeout_s=timeout_s or state.recipe.runtime.request_timeout_s,
     )
 
 
@@ -258,12 +287,15 @@ def apply_retarget(state: TrainState) -> None:
         return
     old = dict(side.identity)
     try:
-        side.client.retarget(endpoint)
-        try:
-            check_qualified(state, teacher_identity(side.client))
-        except MiniverlError:
-            side.client.retarget(side.endpoint)  # back to the qualified teacher
-            raise
+        if is_engine_endpoint(endpoint) or isinstance(side.client, EngineTeacherClient):
+            _switch_client(state, endpoint)
+        else:
+            side.client.retarget(endpoint)
+            try:
+                check_qualified(state, teacher_identity(side.client))
+            except MiniverlError:
+                side.client.retarget(side.endpoint)  # back to the qualified teacher
+                raise
     except Exception as exc:  # a refused swap keeps training on the old teacher
         state.run.event("teacher_swap_refused", endpoint=endpoint, reason=str(exc),
                         version=state.version)
@@ -273,6 +305,23 @@ def apply_retarget(state: TrainState) -> None:
     state.run.event("teacher_changed", how="retarget", old=old, new=side.identity,
                     version=state.version, endpoint=endpoint)
     record_teacher(state.run, state.version, side.identity, how="retarget")
+
+
+def _switch_client(state: TrainState, endpoint: str) -> None:
+    """A retarget to or from an engine server: another client, connected and gated
+    before it replaces the old one (at an update boundary; the old one is closed)."""
+    side = state.teacher
+    client = new_client(state, endpoint)
+    try:
+        client.connect(state.recipe.runtime.teacher_startup_timeout_s)
+        check_qualified(state, teacher_identity(client))
+    except BaseException:
+        client.close()
+        raise
+    old, side.client = side.client, client
+    if side.link is not None:
+        side.link.client, side.link.binding = client, None
+    old.close()
 
 
 def choose_memory(state: TrainState) -> str:
