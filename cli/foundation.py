@@ -269,6 +269,8 @@ def plan_lines(recipe: Any) -> list[str]:
         "sft": "supervised on oracle traces, no teacher",
         "dpo": "off-policy preference pairs; the teacher scores the reference",
     }[mode]
+    if mode == "sft" and recipe.train.fixed_set == "teacher":
+        policy = "SeqKD: supervised on the teacher's own episodes, no teacher server"
     student = recipe.student
     tuning = f"LoRA r{student.lora.r}" if student.lora else "full fine-tune"
     lines = [
@@ -300,6 +302,14 @@ def plan_lines(recipe: Any) -> list[str]:
             f"warm-up      up to {train.sft_warmup_steps} SFT steps on oracle traces at lr "
             f"{warm_lr:g}{until}"
         )
+    batches = _batch_variants(recipe)
+    if batches:
+        lines.append(f"batches      {'; '.join(batches)} (docs/training.md)")
+    ev = recipe.eval
+    if ev.samples is not None:
+        temperature = 1.0 if ev.temperature is None else ev.temperature
+        lines.append(f"eval         {'greedy' if ev.greedy else 'sampled'}, and {ev.samples} "
+                     f"samples per task at T={temperature:g} (docs/rollouts.md)")
     loss = recipe.loss
     if mode in ("sft", "dpo"):
         lines.append(f"objective    {'cross-entropy' if mode == 'sft' else 'DPO'}")
@@ -317,6 +327,25 @@ def plan_lines(recipe: Any) -> list[str]:
         if variants:
             lines.append(f"variants     {'; '.join(variants)} (docs/losses.md)")
     return lines
+
+
+def _batch_variants(recipe) -> list[str]:
+    """The batch-side variants a recipe sets: SeqKD, GKD mixing, groups."""
+    from miniverl.common.recipe import on_policy_episodes
+
+    train, out = recipe.train, []
+    if train.fixed_set == "teacher":
+        what = "SeqKD on" if recipe.run.mode == "sft" else "fixed set:"
+        out.append(f"{what} the teacher's own episodes of the {recipe.environment.train_tasks} "
+                   "training tasks, played once with its weights in this process")
+    if train.on_policy_fraction is not None:
+        n = train.rollouts_per_cycle
+        fresh = on_policy_episodes(n, train.on_policy_fraction)
+        out.append(f"GKD mixing: {fresh} fresh of {n} per batch, {n - fresh} from the fixed set")
+    if recipe.rollout.group_size is not None:
+        size = recipe.rollout.group_size
+        out.append(f"{train.rollouts_per_cycle // size} tasks x {size} episodes per batch")
+    return out
 
 
 def _loss_variants(loss) -> list[str]:

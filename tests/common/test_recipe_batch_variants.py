@@ -67,3 +67,23 @@ def test_good_values_validate():
                                       train={"max_lag": 1}))
     assert Recipe.model_validate(base("sft", teacher=False, eval={"samples": 4,
                                                                   "temperature": 0.7}))
+
+
+def test_validate_plans_name_the_batch_variants():
+    from miniverl.cli.foundation import plan_lines  # what `miniverl validate` prints
+
+    gkd = base(train={"fixed_set": "oracle", "on_policy_fraction": 0.5})
+    seqkd = base("sft", train={"fixed_set": "teacher"}, eval={"samples": 4})
+    grouped = base("opd", rollout={"group_size": 4})
+    expected = {
+        "gkd": ["batches      GKD mixing: 4 fresh of 8 per batch, 4 from the fixed set"],
+        "seqkd": ["mode         sft (SeqKD: supervised on the teacher's own episodes",
+                  "batches      SeqKD on the teacher's own episodes of the 256 training tasks",
+                  "eval         greedy, and 4 samples per task at T=1"],
+        "grouped": ["batches      2 tasks x 4 episodes per batch"],
+    }
+    for name, data in (("gkd", gkd), ("seqkd", seqkd), ("grouped", grouped)):
+        plan = "\n".join(plan_lines(Recipe.model_validate(data)))
+        assert all(want in plan for want in expected[name]), plan
+    assert not any(line.startswith(("batches", "eval ")) for line in plan_lines(
+        Recipe.model_validate(base("opd"))))
