@@ -4,7 +4,8 @@ In the arm's preparation (before its first cycle, after the SFT warm-up) the tea
 plays every training task once, in task order, with episode seeds drawn from the run
 seed (:func:`teacher_set`, :mod:`~miniverl.student.teacher_play`): its weights are
 loaded in the student process, sample at the recipe's rollout settings, and are freed
-again. The set is written to the run's ``trajectories.jsonl`` (``source: teacher``), so
+again. In ``sft`` no teacher server holds a handshake, so the teacher's competence gate
+(``teacher.min_success``, ``min_recovery``) is applied here, before it plays. The set is written to the run's ``trajectories.jsonl`` (``source: teacher``), so
 a resumed run reads it back instead of playing it again. The ``teacher_set_played``
 event records the episodes, the teacher's success on them and the seconds spent
 loading and playing; that time is inside the run's wall clock (``wall_s``), so an arm
