@@ -26,6 +26,7 @@ UNRECORDED = {
     "docs/dpo.md": ["41%", "13/32"],
     "docs/training.md": ["0.754 s", "0.617 s", "0.601", "72-98%", "0.24 s"],
     "docs/teacher-server.md": ["151 ms", "0.40 s to 0.12 s", "7-20%"],
+    "docs/demo.md": ["0.106 s", "10-14 s", "0.004: 81%", "54-58 s", "2.9 -> 2.1 ms"],
     # the load-10 run's table and the CI wall times left no JSON
     "docs/real-models.md": ["38 s measured", "2 min 15 s", "52.2", "196,687", "294 MB"],
     # the copy-plateau runs and the one-rate and forward-KL recipes left no JSON
