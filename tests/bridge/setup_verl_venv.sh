@@ -27,7 +27,7 @@ esac
 VENV="${MINIVERL_VERL_VENVS:-${HOME}/.cache/miniverl}/verl-${VERSION}-venv"
 PY="${PYTHON:-python3}"
 
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import verl, sys; sys.exit(verl.__version__ != '$VERSION')" 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import verl, fastapi, uvicorn, sys; sys.exit(verl.__version__ != '$VERSION')" 2>/dev/null; then
     echo "verl venv ready: $VENV"
     exit 0
 fi
@@ -35,10 +35,12 @@ fi
 "$PY" -m venv --system-site-packages "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --no-deps "verl==$VERSION"
-# What verl's config (Hydra/OmegaConf), RLHFDataset and reward loader import.
+# What verl's config (Hydra/OmegaConf), RLHFDataset and reward loader import, and the
+# fastapi/uvicorn its agent loop's modules import at module level (the prompt-parity check;
+# without them here they came only from another package of the system, e.g. trackio's).
 "${PIP[@]}" "hydra-core" "omegaconf" "tensordict>=0.8.0,<=0.10.0,!=0.9.0" \
     "datasets<5.2" "pyarrow<24" "cachetools" "codetiming" "pillow" "dill" "pandas" \
-    ${EXTRA[@]+"${EXTRA[@]}"}
+    "fastapi" "uvicorn" ${EXTRA[@]+"${EXTRA[@]}"}
 # verl/__init__.py imports verl.protocol, which imports Ray at module level (for
 # `ray.ObjectRef` annotations and DataProtoFuture). The config, dataset and reward paths
 # checked here never call Ray, so a stand-in module is installed that raises on any use:
