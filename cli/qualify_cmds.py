@@ -95,10 +95,12 @@ def qualify_endpoint(
     from miniverl.common.recipe import load_recipe
     from miniverl.common.runtime import apply_cpu_threads
     from miniverl.protocol.endpoints import check_endpoint, load_curve_client_keys
+    from miniverl.protocol.engine_client import check_engine_endpoint, is_engine_endpoint
     from miniverl.student.qualify import save_record
     from miniverl.student.qualify_remote import measure_endpoint
 
-    check_endpoint(endpoint)
+    # A vLLM or SGLang server (http/https) is measured through its completions endpoint.
+    check_engine_endpoint(endpoint) if is_engine_endpoint(endpoint) else check_endpoint(endpoint)
     recipe = load_recipe(recipe_path)
     curve = None
     if any(curve_files):
@@ -111,6 +113,16 @@ def qualify_endpoint(
     record["min_success"] = recipe.teacher.min_success if recipe.teacher is not None else None
     record["min_recovery"] = recipe.teacher.min_recovery if recipe.teacher is not None else None
     return record, save_record(record, out=out)
+
+
+def _engine_of(recipe_path: Path) -> str | None:
+    """The recipe's teacher.endpoint when it is an engine server (http/https), else None."""
+    from miniverl.common.recipe import load_recipe
+    from miniverl.protocol.engine_client import is_engine_endpoint
+
+    teacher = load_recipe(recipe_path).teacher
+    endpoint = teacher.endpoint if teacher is not None else None
+    return endpoint if is_engine_endpoint(endpoint) else None
 
 
 def register(app: typer.Typer) -> None:
@@ -141,6 +153,8 @@ def register(app: typer.Typer) -> None:
         """Measure the teacher's own greedy success and record it (the competence gate)."""
         from miniverl.student.qualify import describe_teacher
 
+        if teacher is None:
+            teacher = _engine_of(recipe)  # an engine teacher is measured where it serves
         if teacher is None:
             if curve_secret_key or curve_server_key:
                 from miniverl.common.errors import ConfigError

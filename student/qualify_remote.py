@@ -32,6 +32,7 @@ import torch
 from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.common.modeling import load_tokenizer, resolve_model_dir
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
+from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpoint
 from miniverl.protocol.scoring_client import ScoringClient, TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.eval import evaluate
@@ -137,6 +138,26 @@ class RemoteGreedyLM(torch.nn.Module):
                                   temperature=1.0, deterministic=True)
 
 
+def engine_client(recipe: Any, endpoint: str, tokenizer: Any,
+                  tokenizer_fp: str) -> EngineTeacherClient:
+    """A client of the engine server at ``endpoint``: the recipe's own (``teacher.api``,
+    ``teacher.model``'s name) or another one (its API and its one served model found at
+    the handshake). Its ``/v1/completions`` (``/generate``) plays each greedy step: the
+    top-1 of the prompt log-probs at the last real token."""
+    teacher = recipe.teacher
+    own = teacher is not None and teacher.endpoint == endpoint and teacher.api is not None
+    return EngineTeacherClient(
+        endpoint, flavour=teacher.api if own else "auto",
+        model=(teacher.model.path or teacher.model.hub_id) if own else None,
+        tokenize=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        tokenizer_fp=tokenizer_fp, vocab_size=len(tokenizer),
+        tokenizer_name=f"the student's tokenizer {tokenizer.name_or_path!r}",
+        bos_id=getattr(tokenizer, "bos_token_id", None),
+        api_key_env=teacher.api_key_env if teacher is not None else None,
+        request_timeout_s=recipe.runtime.request_timeout_s,
+    )
+
+
 def measure_endpoint(
     recipe: Any,
     endpoint: str,
@@ -152,12 +173,15 @@ def measure_endpoint(
     tokenizer = load_tokenizer(resolve_model_dir(recipe.student.model, offline=offline))
     tokenizer_fp = fingerprint_tokenizer(tokenizer)
     rt = recipe.runtime
-    client = SyncTeacherClient(
-        endpoint, tokenizer_fp=tokenizer_fp, vocab_size=len(tokenizer),
-        client_name="miniverl-qualify", heartbeat_ms=rt.heartbeat_ms,
-        request_timeout_s=rt.request_timeout_s,
-        unavailable_timeout_s=max(timeout_s, rt.unavailable_timeout_s), curve=curve,
-    )
+    if is_engine_endpoint(endpoint):  # a vLLM or SGLang server (docs/engine-teachers.md)
+        client = engine_client(recipe, endpoint, tokenizer, tokenizer_fp)
+    else:
+        client = SyncTeacherClient(
+            endpoint, tokenizer_fp=tokenizer_fp, vocab_size=len(tokenizer),
+            client_name="miniverl-qualify", heartbeat_ms=rt.heartbeat_ms,
+            request_timeout_s=rt.request_timeout_s,
+            unavailable_timeout_s=max(timeout_s, rt.unavailable_timeout_s), curve=curve,
+        )
     try:
         hello = client.connect(timeout_s)
         client.bind()  # replies from a reloaded or restarted teacher are not mixed in

@@ -366,3 +366,32 @@ def test_an_engine_endpoint_needs_its_api_in_the_recipe(tmp_path):
             "model": {"path": "m"}, "endpoint": "http://127.0.0.1:8000"}})
     with pytest.raises(Exception, match="for an http"):
         make_recipe("opd", tmp_path, sections={"teacher": {"api": "vllm"}})
+
+
+@pytest.mark.slow
+def test_qualify_teacher_plays_through_the_engine_and_the_gate_reads_its_record(tmp_path, toy):
+    from miniverl.cli.qualify_cmds import qualify_endpoint, qualify_recipe
+    from miniverl.student.train.trainer import Trainer
+    from tests.toy_kit import events, recipe_dict, write_recipe
+
+    model, tokenizer, _ = toy
+    with FakeEngine(model, tokenizer) as engine:
+        engine_teacher = {"model": {"path": engine.model}, "endpoint": engine.url,
+                          "api": "vllm", "min_success": 0.0}
+        path = write_recipe(tmp_path / "engine.yaml", recipe_dict(
+            "opd", tmp_path / "run", cycles=1, sections={"teacher": engine_teacher}))
+        record, _ = qualify_endpoint(path, engine.url, out=tmp_path / "engine.json")
+        played = sum(1 for r, _ in engine.requests if r == "/v1/completions")
+        # The same teacher weights measured in process: the same episodes, the same result.
+        local = write_recipe(tmp_path / "local.yaml", recipe_dict("opd", tmp_path / "local"))
+        in_process, _ = qualify_recipe(local, out=tmp_path / "local.json")
+        assert record["teacher"]["model"] == "toy-teacher" and record["endpoint"] == engine.url
+        assert played > 0 and record["n"] == in_process["n"]
+        assert record["success"] == in_process["success"]
+        # The run's gate (teacher.min_success) finds the record of the served model.
+        with Trainer(make_recipe("opd", tmp_path / "run", cycles=1,
+                                 sections={"teacher": engine_teacher}),
+                     show_progress=False, write_report=False) as trainer:
+            result = trainer.train()
+    qualified = events(result.run_dir, "teacher_qualified")
+    assert result.status == "completed" and qualified[0]["teacher"]["model"] == "toy-teacher"
