@@ -3,7 +3,8 @@
 ``miniverl teacher serve --openai HOST:PORT`` answers, beside ``mvl-score/1`` and from
 the same model, queue and batcher:
 
-- ``GET /health``: 200 once the model is loaded (503 while loading or shutting down);
+- ``GET /health``: 200 once the model is loaded (503 while loading, reloading or
+  shutting down); it needs no token;
 - ``GET /v1/models``: the served model, ``{"object": "list", "data": [{"id": NAME, ...}]}``;
 - ``POST /v1/completions`` with ``prompt`` as token ids (one list or a list of lists),
   ``max_tokens`` 0 or 1, ``prompt_logprobs: k``, optional ``temperature`` and the vendor
@@ -15,9 +16,11 @@ the same model, queue and batcher:
   lists every field, and what differs from vLLM.
 
 So TRL's ``VLLMClient.get_sequence_logprobs`` (and ``ServerDistillationTrainer``, which
-calls it) scores against our teacher unchanged. Each request becomes one ``SCORE`` that
-enters through the server's own admission (``server._on_score``: limits, in-flight cap,
-lifecycle state) under one in-process client id; its ``SCORE_OK`` or ``ERROR`` comes back
+calls it) scores against our teacher unchanged. A request's prompts are packed into as
+few ``SCORE``s as the teacher's limits allow (:func:`pack`; one request is one batch in
+TRL), each entering through the server's own admission (``server._on_score``: limits,
+in-flight cap, lifecycle state) under one in-process client id; each ``SCORE_OK`` or
+``ERROR`` comes back
 through :func:`~miniverl.teacher_server.server_state.send`, which hands frames addressed to a
 local client to its sink instead of the socket. The same rules as ``mvl-score/1``: a
 bind off loopback needs a bearer token (``--openai-token-file``); admin messages exist
