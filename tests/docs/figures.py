@@ -35,7 +35,7 @@ ANNOTATION = re.compile(
     r"<!--\s*figure:\s*(?P<shown>[^=]+?)\s*=\s*(?P<path>[^#\s]+)#(?P<pointer>\S+)"
     r"\s*@\s*(?P<commit>[0-9a-f]{7,40})\s*-->"
 )
-NUMBER = re.compile(r"^(?P<sign>[+-]?)(?P<digits>\d[\d,]*(?:\.(?P<decimals>\d+))?)\s*(?P<unit>.*)$")
+NUMBER = re.compile(r"^(?P<sign>[+\-\u2212]?)(?P<digits>\d[\d,]*(?:\.(?P<decimals>\d+))?)\s*(?P<unit>.*)$")
 STEP = re.compile(r"\[(?P<where>[^\]]+)\]|(?P<name>[^.\[\]]+)")
 
 
@@ -103,7 +103,8 @@ def matches(shown: str, value: Any) -> str | None:
         return f"{shown!r} is not a number with an optional unit"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"the record holds {value!r}, not a number"
-    printed = float(number["sign"] + number["digits"].replace(",", ""))
+    sign = "-" if number["sign"] in ("-", "\u2212") else ""  # the typeset minus too
+    printed = float(sign + number["digits"].replace(",", ""))
     scale = 100.0 if number["unit"].strip() == "%" else 1.0
     decimals = len(number["decimals"] or "")
     if abs(value * scale - printed) > 0.5 * 10 ** -decimals + 1e-9:
