@@ -395,3 +395,37 @@ def test_qualify_teacher_plays_through_the_engine_and_the_gate_reads_its_record(
             result = trainer.train()
     qualified = events(result.run_dir, "teacher_qualified")
     assert result.status == "completed" and qualified[0]["teacher"]["model"] == "toy-teacher"
+
+
+@pytest.mark.slow
+def test_a_running_student_moves_to_an_engine_and_back_without_a_restart(tmp_path, toy,
+                                                                         monkeypatch):
+    from miniverl.student.train import loop
+    from miniverl.student.train.trainer import Trainer
+    from tests.toy_kit import events, started_teacher
+
+    model, tokenizer, _ = toy
+    with started_teacher(toy_dir(TEACHER), tmp_path) as served, \
+            FakeEngine(model, tokenizer, flavour="sglang") as engine:
+        recipe = make_recipe("opd", tmp_path / "run", cycles=3,
+                             sections={"teacher": {"endpoint": served.endpoint}})
+        trainer = Trainer(recipe, show_progress=False, write_report=False)
+        log = loop.log_cycle
+        hops = {1: engine.url, 2: served.endpoint}  # after update 1: to the engine; 2: back
+
+        def logging_then_move(state, done):
+            log(state, done)
+            if state.step in hops:
+                trainer.request_retarget(hops.pop(state.step))
+
+        monkeypatch.setattr(loop, "log_cycle", logging_then_move)
+        with trainer:
+            result = trainer.train()
+        scored = [b for r, b in engine.requests if r == "/generate" and "input_ids" in b]
+    assert result.status == "completed" and result.final_version == 3
+    moves = events(result.run_dir, "teacher_changed")
+    assert [(m["how"], m["endpoint"]) for m in moves] == [
+        ("retarget", engine.url), ("retarget", served.endpoint)]
+    assert moves[0]["new"]["model"] == "toy-teacher"  # SGLang found by its /get_model_info
+    assert len(scored) == 4  # the one cycle scored by the engine
+    assert not events(result.run_dir, "teacher_swap_refused")
