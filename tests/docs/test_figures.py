@@ -23,9 +23,11 @@ UNRECORDED = {
                               "0.38 s", "3.3 MB"],
     "docs/real-model-learning.md": ["707 s", "318 MB", "0.13 s", "450-495 s", "88-100%", "10-40x"],
     "docs/choosing-a-teacher.md": ["90.6%", "28.1%"],
-    "docs/dpo.md": ["41%", "13/32"],
+    "docs/dpo.md": ["41%", "13/32", "81% to 12-25%"],
+    "docs/benchmarks.md": ["11% of an OPD cell"],
     "docs/training.md": ["0.754 s", "0.617 s", "0.601", "72-98%", "0.24 s"],
     "docs/teacher-server.md": ["151 ms", "0.40 s to 0.12 s", "7-20%"],
+    "docs/up.md": ["10-40x", "0.106 s", "1.2e-7", "1.8x", "162 s", "5.7–11.3 s"],
     "docs/demo.md": ["0.106 s", "10-14 s", "0.004: 81%", "54-58 s", "2.9 -> 2.1 ms"],
     # the load-10 run's table and the CI wall times left no JSON
     "docs/real-models.md": ["38 s measured", "2 min 15 s", "52.2", "196,687", "294 MB"],
