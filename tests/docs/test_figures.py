@@ -27,6 +27,7 @@ UNRECORDED = {
     "docs/benchmarks.md": ["11% of an OPD cell"],
     "docs/training.md": ["0.754 s", "0.617 s", "0.601", "72-98%", "0.24 s"],
     "docs/teacher-server.md": ["151 ms", "0.40 s to 0.12 s", "7-20%"],
+    "docs/environments.md": ["about 1 ms", "25-28 s", "27-43 s", "about 2 ms"],
     "docs/up.md": ["10-40x", "0.106 s", "1.2e-7", "1.8x", "162 s", "5.7–11.3 s"],
     "docs/demo.md": ["0.106 s", "10-14 s", "0.004: 81%", "54-58 s", "2.9 -> 2.1 ms"],
     # the load-10 run's table and the CI wall times left no JSON
