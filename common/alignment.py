@@ -1,0 +1,410 @@
+"""Byte-offset alignment of one episode rendered by two tokenizers (docs/cross-tokenizer.md).
+
+A student and a teacher with different tokenizers each render the same messages and
+tool results with their own chat template, and each tokenizes its own rendering. This
+module finds which student positions and which teacher positions cover the same bytes
+of the episode's *contents* (message texts, tool-call names and arguments, tool
+results), so a cross-vocabulary target can be computed per group of positions.
+
+Three steps, each a pure function (arrays in, arrays out, deterministic):
+
+* :func:`render_pieces` renders a conversation with each content string replaced by a
+  unique placeholder, so the rendered text splits into *pieces*: contents (with their
+  provenance: prompt, model, environment) and template scaffolding between them. The
+  real rendering must equal the placeholder rendering with the contents put back (a
+  template that rewrites a content string is refused, naming the message).
+* :func:`token_byte_cuts` tokenizes a text and returns each token's UTF-8 byte span as
+  a partition of the text's bytes: the tokenizer's character offsets turned into byte
+  offsets, byte-level and byte-fallback tokens that share one character split by their
+  byte lengths, bytes a normalizer folded into a neighbour (NFC composing ``e`` and
+  U+0301) given to the token before them.
+* :func:`align` walks the contents both sides share and closes a group where both
+  sides start a new token, as TRL 1.16's GOLD trainer does on one completion
+  (``ULDLoss._align_by_byte_offsets``). Template tokens, which exist on one side only,
+  become one-sided groups. Every token of each side is in exactly one group; a group
+  whose bytes are not all of one content provenance is not trainable.
+
+Positions are token indices of each side's own rendering. Which logit predicts which
+token (index ``j - 1`` predicts token ``j``) is the targets' business
+(``student/train/cross_vocab.py``), not this module's. This module imports neither
+torch nor transformers: it reads a ``tokenizers.Tokenizer`` (a fast tokenizer's
+``backend_tokenizer``) and a transformers tokenizer's ``apply_chat_template`` only
+through the objects it is handed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+# Provenance of a byte. A content byte keeps the provenance of the message it came
+# from; template bytes (role headers, special tokens, tool-call scaffolding) are
+# TEMPLATE. A group's provenance is MIXED when its bytes are not all of one kind.
+TEMPLATE, PROMPT, MODEL, ENVIRONMENT = 0, 1, 2, 3
+MIXED = -1
+PROVENANCE_NAMES = {TEMPLATE: "template", PROMPT: "prompt", MODEL: "model",
+                    ENVIRONMENT: "environment", MIXED: "mixed"}
+_ROLE_PROVENANCE = {"system": PROMPT, "user": PROMPT, "assistant": MODEL, "tool": ENVIRONMENT}
+
+# Private-use code points: no chat template writes them, strips them or merges them.
+_PLACEHOLDER = "\ue000{}\ue001"
+_PLACEHOLDER_RE = re.compile("\ue000(\\d+)\ue001")
+_BYTE_FALLBACK_RE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """One side's rendering of an episode: its text and where the contents sit in it.
+
+    ``piece_start_C``/``piece_end_C`` are UTF-8 byte offsets of each content piece in
+    ``text`` (in message order), ``piece_provenance_C`` their provenance and
+    ``piece_text`` their strings; every byte outside the pieces is template.
+    """
+
+    text: str
+    piece_text: tuple[str, ...]
+    piece_start_C: np.ndarray
+    piece_end_C: np.ndarray
+    piece_provenance_C: np.ndarray
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Groups of student and teacher positions that cover the same bytes.
+
+    Group ``g`` holds student positions ``[student_start_G[g], student_end_G[g])`` and
+    teacher positions ``[teacher_start_G[g], teacher_end_G[g])`` (an empty range on the
+    side a template group does not exist on). Groups are ordered along the episode and
+    each side's ranges tile its positions: every position in exactly one group.
+    ``provenance_G`` is the one provenance of all the group's bytes or ``MIXED``;
+    ``trainable_G`` is true where both sides are non-empty and the provenance is one
+    content kind (not template, not mixed).
+    """
+
+    student_start_G: np.ndarray
+    student_end_G: np.ndarray
+    teacher_start_G: np.ndarray
+    teacher_end_G: np.ndarray
+    provenance_G: np.ndarray
+    trainable_G: np.ndarray
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.student_start_G.shape[0])
+
+    def student_group_T(self) -> np.ndarray:
+        """The group index of every student position ``[T_s]``."""
+        return np.repeat(np.arange(self.num_groups), self.student_end_G - self.student_start_G)
+
+    def teacher_group_T(self) -> np.ndarray:
+        """The group index of every teacher position ``[T_t]``."""
+        return np.repeat(np.arange(self.num_groups), self.teacher_end_G - self.teacher_start_G)
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the group arrays: what a cross-tokenizer reply is checked
+        against, so a reply computed for another text or another split is refused."""
+        h = hashlib.sha256()
+        for arr in (self.student_start_G, self.student_end_G, self.teacher_start_G,
+                    self.teacher_end_G, self.provenance_G, self.trainable_G):
+            h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+        return "sha256:" + h.hexdigest()
+
+
+def _content_string(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        # What transformers' ``tojson`` filter writes for a dict.
+        return json.dumps(value, ensure_ascii=False)
+    raise ConfigError(f"{what} is {type(value).__name__}; a chat message field must be a "
+                      "string (or a dict for tool-call arguments)")
+
+
+def render_pieces(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> Rendering:
+    """Render ``messages`` with ``tokenizer``'s chat template and locate every content.
+
+    Contents are each message's ``content`` and each assistant tool call's ``name`` and
+    ``arguments`` (a dict is rendered as ``tojson`` writes it); the provenance is the
+    message role's (system and user: prompt, assistant: model, tool: environment). The
+    tool schemas in ``tools`` are template: each chat template writes them its own way.
+    """
+    real: list[dict[str, Any]] = []
+    marked: list[dict[str, Any]] = []
+    pieces: list[tuple[str, int]] = []
+
+    def mark(text: str, provenance: int) -> str:
+        if not text:  # an empty string stays empty: templates test contents for truth
+            return text
+        pieces.append((text, provenance))
+        return _PLACEHOLDER.format(len(pieces) - 1)
+
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in _ROLE_PROVENANCE:
+            raise ConfigError(f"message {i} has role {role!r}; cross-tokenizer alignment "
+                              f"knows the roles {sorted(_ROLE_PROVENANCE)}")
+        provenance = _ROLE_PROVENANCE[role]
+        content = message.get("content") or ""
+        content = _content_string(content, f"message {i} content")
+        copy_real = dict(message, content=content)
+        copy_marked = dict(message, content=mark(content, provenance))
+        calls_real, calls_marked = [], []
+        for j, call in enumerate(message.get("tool_calls") or []):
+            fn = call.get("function", call)
+            name = _content_string(fn.get("name", ""), f"message {i} tool call {j} name")
+            args = _content_string(fn.get("arguments", ""), f"message {i} tool call {j} arguments")
+            real_fn = dict(fn, name=name, arguments=args)
+            marked_fn = dict(fn, name=mark(name, provenance), arguments=mark(args, provenance))
+            wrap = "function" in call
+            calls_real.append(dict(call, function=real_fn) if wrap else real_fn)
+            calls_marked.append(dict(call, function=marked_fn) if wrap else marked_fn)
+        if calls_real:
+            copy_real["tool_calls"] = calls_real
+            copy_marked["tool_calls"] = calls_marked
+        real.append(copy_real)
+        marked.append(copy_marked)
+
+    kwargs: dict[str, Any] = {"tokenize": False}
+    if tools:
+        kwargs["tools"] = list(tools)
+    text = tokenizer.apply_chat_template(real, **kwargs)
+    template_text = tokenizer.apply_chat_template(marked, **kwargs)
+
+    parts = _PLACEHOLDER_RE.split(template_text)
+    order = [int(k) for k in parts[1::2]]
+    if order != list(range(len(pieces))):
+        raise ConfigError(
+            f"the chat template renders contents {order} where {list(range(len(pieces)))} "
+            "was expected (each once, in message order); cross-tokenizer alignment needs a "
+            "template that writes every content verbatim"
+        )
+    starts, ends, rebuilt, cursor = [], [], [], 0
+    for k, gap in enumerate(parts[0::2]):
+        rebuilt.append(gap)
+        cursor += len(gap.encode("utf-8"))
+        if k < len(pieces):
+            piece = pieces[k][0]
+            rebuilt.append(piece)
+            starts.append(cursor)
+            cursor += len(piece.encode("utf-8"))
+            ends.append(cursor)
+    if "".join(rebuilt) != text:
+        raise ConfigError(
+            "the chat template changes a content string when it renders it (the rendering "
+            "with contents put back differs from the real one); cross-tokenizer alignment "
+            "needs a template that writes contents verbatim"
+        )
+    return Rendering(
+        text=text,
+        piece_text=tuple(p for p, _ in pieces),
+        piece_start_C=np.asarray(starts, dtype=np.int64),
+        piece_end_C=np.asarray(ends, dtype=np.int64),
+        piece_provenance_C=np.asarray([p for _, p in pieces], dtype=np.int64),
+    )
+
+
+def _is_byte_level(backend: Any) -> bool:
+    return "ByteLevel" in repr(backend.pre_tokenizer) or "ByteLevel" in repr(backend.decoder)
+
+
+def _piece_byte_len(piece: str, special: bool, byte_level: bool) -> int:
+    """UTF-8 bytes one token stands for, read from its piece string."""
+    if special:
+        return len(piece.encode("utf-8"))
+    if byte_level:  # one GPT-2 byte-to-unicode character per byte
+        return len(piece)
+    if _BYTE_FALLBACK_RE.fullmatch(piece):
+        return 1
+    return len(piece.replace("\u2581", " ").encode("utf-8"))  # SentencePiece's word mark
+
+
+def token_byte_cuts(backend: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids_T, cuts_T1)``: the token ids of ``text`` and their byte spans as cuts.
+
+    Token ``i`` covers the UTF-8 bytes ``[cuts[i], cuts[i + 1])`` of ``text``;
+    ``cuts[0] == 0`` and ``cuts[-1] == len(text.encode())``, so the spans tile the
+    bytes (a token may be empty: an added token a normalizer folded away). ``backend``
+    is a ``tokenizers.Tokenizer``; no special tokens are added (the chat template
+    wrote them).
+    """
+    enc = backend.encode(text, add_special_tokens=False)
+    n_bytes = len(text.encode("utf-8"))
+    char_to_byte = np.zeros(len(text) + 1, dtype=np.int64)
+    if text:
+        char_to_byte[1:] = np.cumsum([len(ch.encode("utf-8")) for ch in text])
+    offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+    start_T = char_to_byte[offsets[:, 0]]
+    end_T = char_to_byte[offsets[:, 1]]
+    byte_level = _is_byte_level(backend)
+    special = set(backend.get_added_tokens_decoder()) if hasattr(
+        backend, "get_added_tokens_decoder") else set()
+    n = len(enc.ids)
+    # Tokens whose spans overlap (one character holding several byte tokens: an emoji
+    # split by byte-level BPE, a byte-fallback run) share the character's span; split it
+    # by the tokens' own byte lengths where they add up to it.
+    i = 0
+    while i < n:
+        j, run_end = i + 1, end_T[i]
+        while j < n and start_T[j] < run_end:
+            run_end = max(run_end, end_T[j])
+            j += 1
+        if j - i > 1:
+            lengths = [_piece_byte_len(enc.tokens[k], enc.ids[k] in special, byte_level)
+                       for k in range(i, j)]
+            run_start = start_T[i]
+            if sum(lengths) == run_end - run_start:
+                edges = run_start + np.concatenate([[0], np.cumsum(lengths)])
+                start_T[i:j] = edges[:-1]
+            else:  # lengths disagree (a normalizer rewrote the bytes): the first takes all
+                start_T[i + 1:j] = run_end
+        i = j
+    # A partition: each token starts where the offsets say (never before the previous
+    # one) and runs to the next token's start, so bytes a normalizer folded into a
+    # token (U+0301 composed into "é") belong to the token before them.
+    cuts = np.empty(n + 1, dtype=np.int64)
+    if n:
+        cuts[:n] = np.maximum.accumulate(start_T)
+        cuts[0] = 0
+    cuts[n] = n_bytes
+    return np.asarray(enc.ids, dtype=np.int64), cuts
+
+
+def _side(rendering: Rendering, cuts_T1: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per byte: token index, provenance; and the byte index of each shared content byte."""
+    n_bytes = int(cuts_T1[-1])
+    if n_bytes != len(rendering.text.encode("utf-8")):
+        raise ConfigError(f"token cuts end at byte {n_bytes} but the rendering has "
+                          f"{len(rendering.text.encode('utf-8'))} bytes; tokenize the same text")
+    token_B = np.repeat(np.arange(cuts_T1.shape[0] - 1), np.diff(cuts_T1))
+    prov_B = np.zeros(n_bytes, dtype=np.int64)
+    shared = []
+    for s, e, p in zip(rendering.piece_start_C, rendering.piece_end_C,
+                       rendering.piece_provenance_C, strict=True):
+        prov_B[s:e] = p
+        shared.append(np.arange(s, e))
+    shared_S = np.concatenate(shared) if shared else np.zeros(0, dtype=np.int64)
+    return token_B, prov_B, shared_S
+
+
+def align(student: Rendering, student_cuts_T1: np.ndarray,
+          teacher: Rendering, teacher_cuts_T1: np.ndarray) -> Alignment:
+    """Group the two sides' positions by the content bytes they cover (see the module doc).
+
+    Both renderings must hold the same content pieces (the same strings with the same
+    provenance, in the same order): the same messages rendered by two templates.
+    """
+    if student.piece_text != teacher.piece_text or not np.array_equal(
+            student.piece_provenance_C, teacher.piece_provenance_C):
+        diff = next((k for k, (a, b) in enumerate(
+            zip(student.piece_text, teacher.piece_text, strict=False))
+                     if a != b), min(len(student.piece_text), len(teacher.piece_text)))
+        raise ConfigError(f"student and teacher renderings differ at content piece {diff}; "
+                          "align renderings of the same messages and tool results")
+    s_token_B, s_prov_B, s_shared_S = _side(student, student_cuts_T1)
+    t_token_B, t_prov_B, t_shared_S = _side(teacher, teacher_cuts_T1)
+    s_tok_S, t_tok_S = s_token_B[s_shared_S], t_token_B[t_shared_S]
+    # A shared group closes where both sides start a new token.
+    opens_S = np.ones(s_tok_S.shape[0], dtype=bool)
+    opens_S[1:] = (s_tok_S[1:] != s_tok_S[:-1]) & (t_tok_S[1:] != t_tok_S[:-1])
+    gid_S = np.cumsum(opens_S) - 1
+    n_shared = int(gid_S[-1]) + 1 if gid_S.size else 0
+
+    def labels(n_tokens: int, tok_S: np.ndarray) -> np.ndarray:
+        # Each token's shared group, or -1 for a token holding no shared byte (template
+        # only, or empty).
+        lab = np.full(n_tokens, -1, dtype=np.int64)
+        lab[tok_S] = gid_S
+        lo = np.full(n_shared, n_tokens, dtype=np.int64)
+        hi = np.full(n_shared, -1, dtype=np.int64)
+        np.minimum.at(lo, gid_S, tok_S)
+        np.maximum.at(hi, gid_S, tok_S)
+        for g in range(n_shared):  # a token between two of a group's tokens is in it
+            lab[lo[g]:hi[g] + 1] = g
+        return lab
+
+    s_n, t_n = student_cuts_T1.shape[0] - 1, teacher_cuts_T1.shape[0] - 1
+    s_lab, t_lab = labels(s_n, s_tok_S), labels(t_n, t_tok_S)
+    # Order: each shared group, then the one-sided template tokens after it (student's
+    # first). A template token sits after the number of shared groups that precede it.
+    keys: list[tuple[int, int, int]] = [(2 * g + 1, 0, 0) for g in range(n_shared)]
+    members: list[tuple[list[int], list[int]]] = [([], []) for _ in range(n_shared)]
+    for side, lab, cuts in ((0, s_lab, student_cuts_T1), (1, t_lab, teacher_cuts_T1)):
+        before = np.maximum.accumulate(np.where(lab >= 0, lab + 1, 0)) if lab.size else lab
+        for i in np.flatnonzero(lab < 0):
+            empty = cuts[i + 1] == cuts[i]
+            if empty and (i > 0 or lab.size > 1):
+                continue  # an empty token joins its neighbour's group below
+            keys.append((2 * int(before[i]), side, int(i)))
+            members.append(([int(i)], []) if side == 0 else ([], [int(i)]))
+        for g in range(n_shared):
+            (members[g][side]).extend(int(i) for i in np.flatnonzero(lab == g))
+    # Empty unlabelled tokens join the group of the token before them (the first one
+    # the group of the token after it).
+    for side, lab in ((0, s_lab), (1, t_lab)):
+        owner = np.full(lab.size, -1, dtype=np.int64)
+        for g, m in enumerate(members):
+            owner[m[side]] = g
+        for i in range(lab.size):
+            if owner[i] < 0:
+                nb = owner[i - 1] if i > 0 else next(o for o in owner if o >= 0)
+                owner[i] = nb
+                members[nb][side].append(i)
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+
+    def ranges(side: int) -> tuple[np.ndarray, np.ndarray]:
+        starts, ends = [], []
+        cursor = 0
+        for g in order:
+            m = members[g][side]
+            if m:
+                lo, hi = min(m), max(m) + 1
+                if lo != cursor or hi - lo != len(m):
+                    raise AssertionError(f"alignment groups do not tile side {side} at {lo}")
+                cursor = hi
+                starts.append(lo)
+                ends.append(hi)
+            else:
+                starts.append(cursor)
+                ends.append(cursor)
+        return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+
+    ss, se = ranges(0)
+    ts, te = ranges(1)
+    prov_G = np.empty(len(order), dtype=np.int64)
+    for k in range(len(order)):
+        kinds = np.union1d(
+            np.unique(s_prov_B[student_cuts_T1[ss[k]]:student_cuts_T1[se[k]]]),
+            np.unique(t_prov_B[teacher_cuts_T1[ts[k]]:teacher_cuts_T1[te[k]]]))
+        prov_G[k] = kinds[0] if kinds.size == 1 else MIXED
+    trainable_G = (se > ss) & (te > ts) & (prov_G != TEMPLATE) & (prov_G != MIXED)
+    return Alignment(ss, se, ts, te, prov_G, trainable_G)
+
+
+def align_episode(student_tokenizer: Any, teacher_tokenizer: Any,
+                  messages: Sequence[Mapping[str, Any]],
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Render, tokenize and align one episode for two fast tokenizers.
+
+    Returns the two renderings, each side's ``(ids_T, cuts_T1)`` and the
+    :class:`Alignment`; a convenience over :func:`render_pieces`,
+    :func:`token_byte_cuts` and :func:`align`.
+    """
+    s_render = render_pieces(student_tokenizer, messages, tools)
+    t_render = render_pieces(teacher_tokenizer, messages, tools)
+    s_ids, s_cuts = token_byte_cuts(student_tokenizer.backend_tokenizer, s_render.text)
+    t_ids, t_cuts = token_byte_cuts(teacher_tokenizer.backend_tokenizer, t_render.text)
+    return {
+        "student": s_render, "teacher": t_render,
+        "student_ids": s_ids, "student_cuts": s_cuts,
+        "teacher_ids": t_ids, "teacher_cuts": t_cuts,
+        "alignment": align(s_render, s_cuts, t_render, t_cuts),
+    }
