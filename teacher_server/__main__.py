@@ -41,6 +41,7 @@ from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT, admin_token_path
 from miniverl.protocol.limits import Limits
 from miniverl.teacher_server.jsonlog import JsonLog
 from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
+from miniverl.teacher_server.openai_http import openai_config, run_with_openai
 from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS
 from miniverl.teacher_server.scorers import DEFAULT_SCORER, make_loader, parse_options
 from miniverl.teacher_server.server import TeacherServer, run_server
@@ -215,8 +216,6 @@ def serve(args: argparse.Namespace) -> int:
         )
     openai = None
     if args.openai is not None:
-        from miniverl.teacher_server.openai_http import openai_config
-
         openai = openai_config(args.openai, args.openai_token_file)
     elif args.openai_token_file is not None:
         raise ConfigError("--openai-token-file goes with --openai HOST:PORT")
@@ -226,8 +225,6 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server = TeacherServer(config, loader, log=log)
         if openai is not None:
-            from miniverl.teacher_server.openai_http import run_with_openai
-
             return run_with_openai(server, openai)
         return run_server(server)
     finally:

@@ -53,6 +53,7 @@ from miniverl.common.errors import ConfigError, require
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import decode, decode_header_only
 from miniverl.protocol.messages import ErrorCode, TeacherState
+from miniverl.teacher_server.server import _on_score
 from miniverl.teacher_server.server_state import ServerState, log
 
 # The client id the front end's SCOREs carry. ZeroMQ's own routing ids are 5 bytes, and a
@@ -296,8 +297,6 @@ class OpenAIFrontEnd:
 
     async def _score_group(self, seqs: list[list[int]], request: dict):
         """One SCORE for ``seqs`` (packed): ``(SCORE_OK, [arrays of each sequence])``."""
-        from miniverl.teacher_server.server import _on_score
-
         cu = np.zeros(len(seqs) + 1, dtype=np.int32)
         cu[1:] = np.cumsum([len(seq) for seq in seqs])
         positions = np.concatenate(
