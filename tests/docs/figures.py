@@ -19,6 +19,11 @@ rendered page) after the sentence or table that prints it::
 The printed number must stand in the text above the annotation, in the same section
 (since the last heading). :func:`page_figures` parses a page; :func:`figure_problems`
 says what is wrong with one annotation (empty: it holds).
+
+A table followed by annotations is a results table: :func:`unannotated_table_figures`
+names every measured-looking number in its rows (a decimal, a thousands separator, or a
+unit: ``%``, ``s``, ``ms``, ``x``, ``MB``, ``MiB``) that no annotation of the table
+prints. :func:`named_records` lists the committed records a page's prose names.
 """
 
 from __future__ import annotations
@@ -159,3 +164,53 @@ def figure_problems(figure: Figure, *, check_commit: bool) -> list[str]:
                                 f"{figure.commit} and is {value!r} now; name the commit that "
                                 "measured the value printed")
     return problems
+
+
+MEASURED = re.compile(r"(?<![\w.])[+\-\u2212]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+"
+                      r"|\d+(?=\s?(?:%|ms\b|s\b|x\b|MB\b|MiB\b)))")
+TABLE_RULE = re.compile(r"^\|[\s:|-]+\|$")
+CODE_AND_LINKS = re.compile(r"`[^`]*`|\[[^\]]*\]\([^)]*\)")
+
+
+def _name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
+
+
+def _digits(shown: str) -> str:
+    return re.sub(r"[^\d.,]", "", shown).strip(",.")
+
+
+def unannotated_table_figures(page: Path) -> list[str]:
+    """Measured-looking numbers in a results table's rows that no annotation under it prints."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    figures = page_figures(page)
+    missing, i = [], 0
+    while i + 1 < len(lines):
+        if not (lines[i].startswith("|") and TABLE_RULE.match(lines[i + 1].strip())):
+            i += 1
+            continue
+        end = i + 2
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        after = end + 1 if end < len(lines) and not lines[end].strip() else end
+        while after < len(lines) and ANNOTATION.search(lines[after]):
+            after += 1
+        printed = {_digits(f.shown) for f in figures if end < f.line <= after}
+        for row in range(i + 2, end) if printed else ():
+            for number in MEASURED.finditer(CODE_AND_LINKS.sub("", lines[row])):
+                if _digits(number.group(0)) not in printed:
+                    missing.append(f"{_name(page)}:{row + 1}: "
+                                   f"{number.group(0)} has no annotation under the table")
+        i = end
+    return missing
+
+
+def named_records(page: Path) -> set[str]:
+    """The ``benchmarks/results/*.json`` paths the page's prose names (code blocks left out)."""
+    prose, in_code = [], False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code:
+            prose.append(re.sub(r"<!--.*?-->", "", line))
+    return set(re.findall(r"benchmarks/results/[\w/.-]+?\.json", "\n".join(prose)))

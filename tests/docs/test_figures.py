@@ -1,7 +1,9 @@
 """Every annotated figure in the README and docs/ is the number its committed record holds.
 
 The annotation (``tests/docs/figures.py``) names the record, the path to the value in it
-and the commit that measured it; this test reads each one. Figures that had no record
+and the commit that measured it; this test reads each one. A results table (one with
+annotations under it) annotates every measured-looking number in it, and a page that
+names a committed record prints at least one figure from it. Figures that had no record
 and went from the pages stay gone.
 """
 
@@ -11,7 +13,15 @@ import json
 
 import pytest
 
-from tests.docs.figures import ROOT, Figure, figure_problems, has_history, page_figures
+from tests.docs.figures import (
+    ROOT,
+    Figure,
+    figure_problems,
+    has_history,
+    named_records,
+    page_figures,
+    unannotated_table_figures,
+)
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PAGE_IDS = [page.relative_to(ROOT).as_posix() for page in PAGES]
@@ -51,6 +61,39 @@ def test_the_pages_annotate_their_headline_figures():
     counts = {p.relative_to(ROOT).as_posix(): len(page_figures(p)) for p in PAGES}
     for page in ("docs/recoverybench.md", "docs/benchmarks.md", "docs/toy-learning.md"):
         assert counts[page] > 0, f"{page} annotates no figure"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_every_measured_figure_of_a_results_table_is_annotated(page):
+    assert unannotated_table_figures(page) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_a_named_record_exists_and_the_page_prints_from_it(page):
+    annotated = {f.path for f in page_figures(page)}
+    named = named_records(page)
+    assert [r for r in sorted(named) if not (ROOT / r).is_file()] == [], "named but not committed"
+    assert sorted(named - annotated) == [], "named, but no figure of the page comes from it"
+
+
+def test_an_unannotated_figure_in_a_results_table_is_named(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("## Results\n\n| arm | success | wall |\n| --- | --- | --- |\n"
+                    "| opd | 8.4% | 263 s |\n| sft | 38.8% | 1,234 |\n\n"
+                    "<!-- figure: 8.4% = benchmarks/results/recovery_bench_256.json"
+                    "#arms.opd.recovery.mean @ 1307d68 -->\n\n| knob | value |\n| --- | --- |\n"
+                    "| clip | 0.05 |\n", encoding="utf-8")
+    missing = [m.split(": ", 1)[1] for m in unannotated_table_figures(page)]
+    assert missing == ["263 has no annotation under the table",
+                       "38.8 has no annotation under the table",
+                       "1,234 has no annotation under the table"]  # the knob table has none
+
+
+def test_a_named_record_is_read_from_prose_only(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Kept in `benchmarks/results/a.json`.\n<!-- benchmarks/results/b.json -->\n"
+                    "```\npython x.py --out benchmarks/results/c.json\n```\n", encoding="utf-8")
+    assert named_records(page) == {"benchmarks/results/a.json"}
 
 
 @pytest.mark.parametrize("page, texts", sorted(UNRECORDED.items()))
