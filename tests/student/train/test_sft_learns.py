@@ -3,7 +3,8 @@ calculator raises held-out success well above its start").
 
 This is the teacher-preparation recipe the toy OPD recipe ships with, run as is: the
 byte-level toy model has to learn the tool-call format and then to copy digits from the
-prompt and from the tool result, which happens after ~225-325 steps (docs/toy-learning.md).
+prompt and from the tool result, which happens after a plateau of a few hundred steps
+(docs/toy-learning.md).
 It takes a couple of minutes on two cores, so it is marked slow; it stays in the default
 run because it is the one test that shows the training loop learns.
 """
