@@ -290,6 +290,20 @@ class Recipe(BaseModel):
             issues.extend(_teacher_set_issues(info.data.get("teacher"), info.data.get("rollout")))
         issues.extend(_mixing_issues(train, mode))
         issues.extend(_group_issues(train, mode, info.data.get("rollout")))
+        if train.score_fixed_set == "drawn" and (mode != "offline_kd"
+                                                 or train.fixed_set == "student"):
+            issues.append((("score_fixed_set",), (
+                f"score_fixed_set 'drawn' scores offline_kd's oracle, teacher or trajectories "
+                f"set as it is drawn (mode {mode!r}, fixed_set {train.fixed_set!r}); the "
+                "frozen student set is scored whole; remove it or set run.mode: offline_kd "
+                "with another fixed_set")))
+        env = info.data.get("environment")
+        if train.oracle_tasks is not None and env is not None \
+                and train.oracle_tasks > env.train_tasks:
+            issues.append((("oracle_tasks",), (
+                f"oracle_tasks {train.oracle_tasks} is more than the "
+                f"{env.train_tasks} training tasks (environment.train_tasks); lower it to at "
+                "most that, or null for all")))
         if train.sft_epochs is not None and mode != "sft":
             issues.append(
                 (
@@ -454,6 +468,7 @@ HASHED_ONLY_WHEN_SET = (
     "runtime.warmup_cpu_threads", "rollout.view",
     *(f"loss.{name}" for name in LOSS_VARIANT_FIELDS),
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
+    "train.oracle_tasks", "train.score_fixed_set",
 )
 
 

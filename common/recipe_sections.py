@@ -313,6 +313,20 @@ class TrainConfig(Section):
         description="offline_kd: share of each batch sampled fresh by the current policy "
         "(GKD's lambda), the rest drawn from the fixed set; null = none.",
     )
+    score_fixed_set: Literal["all", "drawn"] | None = Field(
+        None,
+        description="offline_kd: when the fixed set's targets are requested. all = every "
+        "trajectory before the first update; drawn = each update's draw the first time "
+        "it holds a trajectory (cache hits free), so a run pays for what it trains on; "
+        "the frozen student set is always scored first; null = all.",
+    )
+    oracle_tasks: int | None = Field(
+        None, ge=1, le=10_000_000,
+        description="How many of the training tasks (the first N) have an oracle trace: "
+        "sft (and its warm-up) trains on theirs only, offline_kd's oracle set holds "
+        "theirs only; fresh and teacher episodes still use every training task; "
+        "null = all.",
+    )
 
     @model_validator(mode="after")
     def _warmup_options(self) -> TrainConfig:

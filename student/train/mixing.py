@@ -21,12 +21,16 @@ does not log.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from miniverl.common.recipe import on_policy_episodes
 from miniverl.student.train.batches import fixed_draw
 from miniverl.student.train.state import CycleResult, TrainState
 from miniverl.student.train.steps import distill_update, rollout_and_score
 from miniverl.student.train.teacher_link import Scored
+
+if TYPE_CHECKING:
+    from miniverl.student.train.modes.offline_kd import LazyScoredSet
 
 
 def split(n: int, fraction: float) -> tuple[int, int]:
@@ -35,22 +39,27 @@ def split(n: int, fraction: float) -> tuple[int, int]:
     return fresh, n - fresh
 
 
-def mixed_cycle(state: TrainState, fixed: list[Scored]) -> CycleResult:
-    """One GKD cycle: fresh episodes of version v (scored for v) and a fixed-set draw,
+def mixed_cycle(state: TrainState, fixed: list[Scored] | LazyScoredSet) -> CycleResult:
+    """One GKD cycle: fresh episodes of version v (scored for v) and a fixed-set draw
+    (a lazy set scores its first draws here, before the fresh part binds version v),
     one optimizer step on both."""
     recipe = state.recipe
     fresh_n, fixed_n = split(recipe.train.rollouts_per_cycle, recipe.train.on_policy_fraction)
-    drawn = fixed_draw(recipe, fixed, state.cycle, fixed_n)
+    if isinstance(fixed, list):
+        drawn, fixed_scored, t_fixed = fixed_draw(recipe, fixed, state.cycle, fixed_n), [], 0.0
+    else:
+        drawn, fixed_scored, t_fixed = fixed.draw(state, state.cycle, fixed_n)
     trajs, fresh, t_rollout, t_wait = [], [], 0.0, 0.0
     if fresh_n:
         batch = rollout_and_score(state, lag=0, count=fresh_n)
         trajs, fresh, t_rollout, t_wait = batch.trajs, batch.scored, batch.t_rollout, batch.t_wait
+    t_wait += t_fixed
     t1 = time.perf_counter()
     stats = distill_update(state, [*fresh, *drawn])
     # The row's train_success is the fresh episodes' (the fixed set's are not the
     # policy's), and its positions_scored what the teacher scored in this cycle.
     return CycleResult(
         stats, trajs or [s.traj for s in drawn], t_rollout, t_wait,
-        time.perf_counter() - t1, scored=fresh,
+        time.perf_counter() - t1, scored=[*fresh, *fixed_scored],
         extra={"on_policy_episodes": len(fresh), "fixed_set_episodes": len(drawn)},
     )

@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 def planned_cycles(recipe: Recipe) -> int:
     """Cycles the run makes: ``train.cycles``, or, in sft mode with ``sft_epochs`` set,
     enough cycles of ``rollouts_per_cycle`` oracle traces to pass over the training
-    tasks ``sft_epochs`` times."""
+    tasks that have one (``train.oracle_tasks``) ``sft_epochs`` times."""
     train = recipe.train
     if recipe.run.mode == "sft" and train.sft_epochs is not None:
         tasks = recipe.environment.train_tasks
+        if train.oracle_tasks is not None and train.fixed_set != "teacher":
+            tasks = train.oracle_tasks
         return math.ceil(train.sft_epochs * tasks / train.rollouts_per_cycle)
     return train.cycles
 

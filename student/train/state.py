@@ -123,9 +123,11 @@ def episode_seed(run_seed: int, cycle: int, index: int) -> int:
     return (run_seed * 1_000_003 + cycle * 10_007 + index) % (2**31 - 1)
 
 
-def tasks_for(state: TrainState, cycle: int, n: int) -> list[Any]:
-    """The ``n`` training tasks of ``cycle``: epochs of seeded permutations of the tasks."""
-    tasks = state.train_tasks
+def tasks_for(state: TrainState, cycle: int, n: int,
+              tasks: list[Any] | None = None) -> list[Any]:
+    """The ``n`` training tasks of ``cycle``: epochs of seeded permutations of the tasks
+    (``tasks``, default every training task; :func:`oracle_tasks` for oracle batches)."""
+    tasks = state.train_tasks if tasks is None else tasks
     epoch_len = len(tasks)
     out = []
     for i in range(n):
@@ -136,6 +138,13 @@ def tasks_for(state: TrainState, cycle: int, n: int) -> list[Any]:
         )
         out.append(tasks[int(order[idx])])
     return out
+
+
+def oracle_tasks(state: TrainState) -> list[Any]:
+    """The training tasks that have an oracle trace: the first ``train.oracle_tasks``
+    (demonstrations are scarce, prompts are not), or every one when it is null."""
+    n = state.recipe.train.oracle_tasks
+    return state.train_tasks if n is None else state.train_tasks[:n]
 
 
 def run_digest(recipe: Recipe) -> str:

@@ -6,17 +6,29 @@ default), the teacher's own episodes of them (``teacher``, ``fixed_sets.py``), o
 frozen student states (``student``): the episodes the starting policy
 samples, once, before the first update, on exactly the tasks and episode seeds that
 strict OPD would sample over the run's ``train.cycles`` (``cycles x rollouts_per_cycle``
-episodes; scored while they are sampled when ``train.pipelining`` is on). Its targets
-are requested once, bound to the version that sampled the set (0 for oracle traces),
-cached, and reused by every version; a resume finds them in the cache (and the frozen
-student set in ``trajectories.jsonl``). Off-policy by construction, and reported as such.
+episodes; scored while they are sampled when ``train.pipelining`` is on). The oracle
+set holds the traces of the training tasks that have one (``train.oracle_tasks``, the
+first N; all when null). Each trajectory's targets are requested once, bound to the
+version that sampled the set (0 for oracle traces), cached, and reused by every
+version; a resume finds them in the cache (and the frozen student set in
+``trajectories.jsonl``). Off-policy by construction, and reported as such.
 
 Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set
 (``batches.fixed_draw``; with ``train.on_policy_fraction`` part of the batch is sampled
 fresh instead, ``mixing.py``), or,
 for frozen student states, cycle ``c``'s own episodes, so update ``c`` sees the tasks
-OPD's update ``c`` sees, sampled by the starting policy instead of the current one. The
-set's sampling and scoring time is in the ``offline_targets_scored`` event. The scored
+OPD's update ``c`` sees, sampled by the starting policy instead of the current one.
+
+The whole set is scored before the first update, unless ``train.score_fixed_set`` is
+``drawn`` (oracle, teacher and ``train.trajectories`` sets): then an update scores the
+drawn trajectories the run has not scored yet and the targets cache does not hold
+(:class:`LazyScoredSet`), so an arm pays only for the episodes it trains on, and a
+cache shared across runs (``cache.dir``) makes a set scored by one seed free for the
+next. With ``run.deterministic`` every SCORE is one forward pass of its own, so the
+targets, and what training computes, are the same either way. The frozen student set
+is always sampled and scored first: every one of its episodes is trained on. The set's
+sampling and up-front scoring time is in the ``offline_targets_scored`` event; a
+``drawn`` update's scoring time is in its metrics row (``time_teacher_wait_s``). The
 set is this mode's own state (:class:`OfflineKdMode`).
 
 This module does not log or checkpoint; the update is the step the distillation modes
@@ -36,19 +48,62 @@ from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
 from miniverl.student.train.fixed_sets import teacher_set
 from miniverl.student.train.mixing import mixed_cycle
 from miniverl.student.train.optim import planned_cycles
-from miniverl.student.train.state import CycleResult, TrainState, episode_seed, tasks_for
+from miniverl.student.train.state import (
+    CycleResult,
+    TrainState,
+    episode_seed,
+    oracle_tasks,
+    tasks_for,
+)
 from miniverl.student.train.steps import distill_update, positions_of
 from miniverl.student.train.teacher_link import Scored
 
 
 @dataclass
-class OfflineKdMode:
-    """Offline KD's fixed set, scored once (:meth:`prepare`), in the set's order."""
+class LazyScoredSet:
+    """A fixed set scored as it is drawn: each trajectory's targets are requested the
+    first time a batch holds it (bound to the set's version), unless the targets cache
+    already holds them, and kept for the rest of the run."""
 
-    fixed: list[Scored] = field(default_factory=list)
+    trajs: list[Trajectory]
+    version: int
+    scored: dict[str, Scored] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.trajs)
+
+    def draw(self, state: TrainState, cycle: int,
+             count: int) -> tuple[list[Scored], list[Scored], float]:
+        """``count`` trajectories drawn for ``cycle`` (``batches.fixed_draw``) with their
+        targets; those scored now; and the seconds spent waiting for the teacher."""
+        picked = fixed_draw(state.recipe, self.trajs, cycle, count)
+        missing = [t for t in picked if t.id not in self.scored]
+        if missing:
+            self.scored.update(
+                latest_for_teacher(state.cache, state.recipe, state.teacher.identity, missing))
+        fresh = [t for t in missing if t.id not in self.scored]
+        if not fresh:
+            return [self.scored[t.id] for t in picked], [], 0.0
+        link = state.teacher.link
+        link.begin_update(self.version, 0)
+        for traj in fresh:
+            link.submit(traj, positions_of(state, traj))
+        replies = link.collect()
+        put_scored(state.cache, state.recipe, replies)
+        self.scored.update((s.traj.id, s) for s in replies)
+        return [self.scored[t.id] for t in picked], replies, link.wait_s
+
+
+@dataclass
+class OfflineKdMode:
+    """Offline KD's fixed set: scored once before the first update (:meth:`prepare`)
+    or as it is drawn (a :class:`LazyScoredSet`)."""
+
+    fixed: list[Scored] | LazyScoredSet = field(default_factory=list)
 
     def prepare(self, state: TrainState) -> None:
-        """Load or build the fixed set and score it (or find it cached), once per run."""
+        """Load or build the fixed set and score it (or find it cached, or leave it to
+        be scored as drawn), once per run."""
         if not self.fixed:
             self.fixed = prepare_fixed_set(state)
 
@@ -56,20 +111,22 @@ class OfflineKdMode:
         """Nothing to rebuild here: :meth:`prepare` finds a resumed run's set recorded."""
 
     def cycle(self, state: TrainState) -> CycleResult:
-        """One update on a seeded draw from the scored fixed set (with
+        """One update on a seeded draw from the fixed set (with
         ``train.on_policy_fraction``, part of the batch fresh: ``mixing.py``)."""
         if state.recipe.train.on_policy_fraction is not None:
             return mixed_cycle(state, self.fixed)
-        scored = fixed_batch(state, self.fixed, state.cycle)
+        scored, replies, t_wait = fixed_batch(state, self.fixed, state.cycle)
         t1 = time.perf_counter()
         stats = distill_update(state, scored)
-        return CycleResult(stats, [s.traj for s in scored], 0.0, 0.0,
-                           time.perf_counter() - t1)
+        # The row's positions_scored are what the teacher scored for this cycle.
+        return CycleResult(stats, [s.traj for s in scored], 0.0, t_wait,
+                           time.perf_counter() - t1, scored=replies or None)
 
 
-def prepare_fixed_set(state: TrainState) -> list[Scored]:
+def prepare_fixed_set(state: TrainState) -> list[Scored] | LazyScoredSet:
     """Load or build the fixed trajectories and score each once (or find it cached);
-    the scored set, in its order."""
+    with ``train.score_fixed_set: drawn`` (not the frozen student set), the set ready to
+    be scored as it is drawn."""
     recipe, policy = state.recipe, state.policy
     source = recipe.train.trajectories
     if recipe.train.fixed_set == "student":
@@ -77,7 +134,10 @@ def prepare_fixed_set(state: TrainState) -> list[Scored]:
     if recipe.train.fixed_set == "teacher":
         # The teacher's own episodes (fixed_sets.py), bound to version 0 like oracle
         # traces; their playing time is the set's sampling time.
-        played, t_play, _ = teacher_set(state)
+        played, t_play, recorded = teacher_set(state)
+        if recipe.train.score_fixed_set == "drawn":
+            return _lazy_set(state, played, source="teacher", t_sample=t_play,
+                             recorded=recorded)
         return _score_uncached(state, played, 0, source="teacher", t_sample=t_play)
     t0 = time.perf_counter()
     if source:
@@ -91,13 +151,29 @@ def prepare_fixed_set(state: TrainState) -> list[Scored]:
     else:
         env = recipe.environment
         fixed_set = oracle_trajectories(
-            env.name, state.train_tasks, policy.tokenizer, policy.tokenizer_fp, env.params,
+            env.name, oracle_tasks(state), policy.tokenizer, policy.tokenizer_fp, env.params,
         )
     t_build = time.perf_counter() - t0
     # The fixed set was sampled by another policy; its targets are bound to the
     # version that sampled it (0 for oracle traces), never to the student's.
-    return _score_uncached(state, fixed_set, 0, source="trajectories" if source else "oracle",
-                           t_sample=t_build)
+    name = "trajectories" if source else "oracle"
+    if recipe.train.score_fixed_set == "drawn":
+        return _lazy_set(state, fixed_set, source=name, t_sample=t_build,
+                         recorded=state.step > 0)
+    return _score_uncached(state, fixed_set, 0, source=name, t_sample=t_build)
+
+
+def _lazy_set(state: TrainState, fixed_set: list[Trajectory], *, source: str,
+              t_sample: float, recorded: bool) -> LazyScoredSet:
+    """The set, recorded (unless a resume or the teacher set's reading found it so) and
+    announced; scored as it is drawn."""
+    if not recorded:
+        write_trajectories(state.run.trajectories_path, fixed_set, append=True)
+    state.run.event("offline_targets_scored", source=source, trajectories=0,
+                    set_size=len(fixed_set), lazy=True, reused_from_cache=0, positions=0,
+                    time_sample_s=t_sample, time_teacher_wait_s=0.0, bytes_sent=0,
+                    bytes_received=0)
+    return LazyScoredSet(fixed_set, 0)
 
 
 def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int, *,
@@ -167,11 +243,15 @@ def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored]
     return ordered
 
 
-def fixed_batch(state: TrainState, fixed: list[Scored], cycle: int) -> list[Scored]:
-    """Cycle ``cycle``'s batch from the scored set ``fixed``."""
+def fixed_batch(state: TrainState, fixed: list[Scored] | LazyScoredSet,
+                cycle: int) -> tuple[list[Scored], list[Scored], float]:
+    """Cycle ``cycle``'s batch from the fixed set with its targets; those the teacher
+    scored for this cycle (a lazy set's first draws); the seconds it waited for them."""
+    n = state.recipe.train.rollouts_per_cycle
+    if isinstance(fixed, LazyScoredSet):
+        return fixed.draw(state, cycle, n)
     if state.recipe.train.fixed_set == "student":
         # Cycle c trains on the episodes sampled for cycle c (OPD's tasks and seeds).
-        n = state.recipe.train.rollouts_per_cycle
         start = (cycle * n) % len(fixed)
-        return fixed[start:start + n]
-    return fixed_draw(state.recipe, fixed, cycle, state.recipe.train.rollouts_per_cycle)
+        return fixed[start:start + n], [], 0.0
+    return fixed_draw(state.recipe, fixed, cycle, n), [], 0.0

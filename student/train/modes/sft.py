@@ -23,7 +23,7 @@ from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.fixed_sets import TeacherBatches
 from miniverl.student.train.optim import lr_at
-from miniverl.student.train.state import CycleResult, TrainState, tasks_for
+from miniverl.student.train.state import CycleResult, TrainState, oracle_tasks, tasks_for
 from miniverl.student.train.updates import StepStats, sft_step
 
 # train.sft_warmup_until_loss compares the mean of this many last warm-up losses.
@@ -40,9 +40,11 @@ class OracleBatches:
     by_task: dict[str, Trajectory] = field(default_factory=dict)
 
     def batch(self, state: TrainState, cycle: int) -> list[Trajectory]:
-        """The oracle traces of ``cycle``'s training tasks."""
+        """The oracle traces of ``cycle``'s training tasks (of those that have one,
+        ``train.oracle_tasks``)."""
         env = state.recipe.environment
-        tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
+        tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle,
+                          oracle_tasks(state))
         missing = [t for t in tasks if t.id not in self.by_task]
         policy = state.policy
         # rollout.view: a privileged teacher's preparation trains on the view it will
