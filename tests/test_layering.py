@@ -144,6 +144,7 @@ def test_core_layers_do_not_import_torch_at_module_level():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_student_and_teacher_never_import_each_other():
     bad = [
         where(i)
@@ -160,12 +161,14 @@ def test_student_and_teacher_never_import_each_other():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_bridge_imports_only_common_and_environments():
     allowed = ("miniverl.common", "miniverl.student.environments", "miniverl.bridge")
     bad = imports_outside("bridge", allowed) + heavy_imports("bridge", top_level_only=True)
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_the_test_kit_imports_only_the_wire_and_the_server_and_nothing_imports_it():
     allowed = ("miniverl.common", "miniverl.protocol", "miniverl.teacher_server",
                "miniverl.testing")
@@ -195,6 +198,7 @@ def test_relative_imports_resolve():
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_help_and_core_imports_do_not_load_torch():
     core = [module_name(f) for folder in ("common", "protocol") for f in files(folder)]
     code = textwrap.dedent(
@@ -219,6 +223,7 @@ def layer_of(module: str) -> tuple[str, int] | None:
     return None if best is None else (best, LAYER[best])
 
 
+@pytest.mark.slow
 def test_no_import_points_up_a_layer():
     bad = []
     for folder in PACKAGES:
@@ -295,6 +300,7 @@ def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
+@pytest.mark.slow
 def test_no_import_circles_even_inside_functions():
     # A circle hidden by a function-local import still couples the two modules: neither
     # can be read, tested or moved without the other.
@@ -302,6 +308,7 @@ def test_no_import_circles_even_inside_functions():
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
+@pytest.mark.slow
 def test_function_local_imports_are_for_optional_dependencies_or_start_up():
     stdlib = sys.stdlib_module_names
     bad = []

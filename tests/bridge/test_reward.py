@@ -89,6 +89,7 @@ def test_tampered_task_json_scores_zero(reward):
         st.just({"miniverl": {"task_json": "{", "task_sha256": "x"}}),
     ),
 )
+@pytest.mark.slow
 def test_garbage_never_raises(reward, data_source, solution, truth, extra):
     score = reward.compute_score(data_source, solution, truth, extra)
     assert isinstance(score, float) and 0.0 <= score <= 1.0

@@ -143,6 +143,7 @@ def test_up_without_quiet_does_not_repeat_the_error():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("module", ["miniverl.student", "miniverl.teacher_server"])
+@pytest.mark.slow
 def test_process_entries_answer_a_binary_recipe_with_one_line(tmp_path, module):
     recipe = tmp_path / "bin.yaml"
     recipe.write_bytes(b"\xdf\x00\xff" * 50)

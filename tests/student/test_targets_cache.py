@@ -199,6 +199,7 @@ def test_bad_or_missing_index(tmp_path):
         TargetsCache(tmp_path)
 
 
+@pytest.mark.slow
 def test_module_is_torch_free():
     # `miniverl cache` must work on the core install, without torch.
     code = (

@@ -155,6 +155,7 @@ def test_cli_serve_needs_exactly_one_source():
     assert isinstance(result.exception, ConfigError) and "drain or abort" in str(result.exception)
 
 
+@pytest.mark.slow
 def test_a_negative_prefix_cache_budget_is_refused_with_the_fix(tmp_path):
     import subprocess
 

@@ -14,10 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "testing"
 
 
+@pytest.mark.slow
 def test_the_example_suite_passes_under_plain_pytest():
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
@@ -40,6 +43,7 @@ def test_the_example_tests_use_only_the_public_kit():
                     assert name == "miniverl.testing", f"{test_file.name} imports {name}"
 
 
+@pytest.mark.slow
 def test_the_plugin_loads_no_kit_until_a_fixture_is_used_and_every_name_resolves():
     # pytest imports the plugin in every session of every project with miniverl installed.
     code = ("import sys, miniverl.testing.plugin as p, miniverl.testing as t\n"

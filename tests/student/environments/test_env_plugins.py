@@ -131,6 +131,7 @@ def test_example_declares_the_entry_point():
     assert 'lettercount = "lettercount_env:LetterCountEnv"' in text
 
 
+@pytest.mark.slow
 def test_package_is_torch_free():
     # The bridge and verl reward functions import environments without torch installed.
     import subprocess

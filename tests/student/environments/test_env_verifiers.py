@@ -23,6 +23,7 @@ answers = st.one_of(
 @pytest.mark.parametrize("name", BUILTINS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(answer=answers)
+@pytest.mark.slow
 def test_verify_never_raises_and_is_bounded(name, answer):
     env = get_environment(name)
     for task in TASKS[name]:
@@ -60,6 +61,7 @@ def test_verify_handles_non_strings_and_huge_input(name):
         st.none(),
     ),
 )
+@pytest.mark.slow
 def test_step_never_raises(name, tool, arguments):
     env = get_environment(name)
     env.reset(TASKS[name][0])
@@ -70,6 +72,7 @@ def test_step_never_raises(name, tool, arguments):
 @pytest.mark.parametrize("name", BUILTINS)
 @settings(max_examples=100, deadline=None)
 @given(value=st.text(max_size=200))
+@pytest.mark.slow
 def test_every_tool_survives_any_string_argument(name, value):
     env = get_environment(name)
     env.reset(TASKS[name][1])

@@ -153,6 +153,7 @@ def qwen():
 
 
 @pytest.mark.parametrize("env_name", ENVS)
+@pytest.mark.slow
 def test_alignment_holds_with_qwen3_chat_template(qwen, env_name):
     # The real template puts tool specs in the system block and re-renders history;
     # the alignment must hold there too, not only for the toy template.

@@ -85,6 +85,7 @@ def test_spans_tile_and_model_spans_are_the_sampled_ids(model, tok, tasks):
         assert traj.spans[0].type == SpanType.SYSTEM
 
 
+@pytest.mark.slow
 def test_same_seeds_same_trajectories_and_batch_size_does_not_matter(model, tok, tasks):
     seeds = [11, 12, 13, 14, 15, 16]
     a = _runner(model, tok).run(tasks, policy_version=0, seeds=seeds)
@@ -95,6 +96,7 @@ def test_same_seeds_same_trajectories_and_batch_size_does_not_matter(model, tok,
     assert [t.tokens for t in other] != [t.tokens for t in a]
 
 
+@pytest.mark.slow
 def test_greedy_batched_equals_one_at_a_time(model, tok, tasks):
     a = _runner(model, tok, batch_size=4).run(tasks, policy_version=0, greedy=True)
     b = _runner(model, tok, batch_size=1).run(tasks, policy_version=0, greedy=True)

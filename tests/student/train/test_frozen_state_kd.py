@@ -27,6 +27,7 @@ torch.set_num_threads(1)
 CYCLES, ROLLOUTS = 3, 4
 
 
+@pytest.mark.slow
 def test_the_frozen_set_is_opds_schedule_sampled_once_by_the_starting_policy(tmp_path, toy):
     opts = dict(show_progress=False, write_report=False)
     with Trainer(make_recipe("opd", tmp_path / "opd", cycles=CYCLES), client=toy.fake_client(),
@@ -63,6 +64,7 @@ def test_the_frozen_set_is_opds_schedule_sampled_once_by_the_starting_policy(tmp
     assert all(r["on_policy"] is False for r in metrics(result.run_dir))
 
 
+@pytest.mark.slow
 def test_a_resumed_frozen_state_run_reads_its_set_back(tmp_path, toy, monkeypatch):
     opts = dict(show_progress=False, write_report=False)
     recipe = make_recipe("offline_kd", tmp_path, cycles=CYCLES, fixed_set="student")

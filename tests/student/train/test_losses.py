@@ -194,6 +194,7 @@ def test_cross_entropy_matches_torch():
     divergence=st.sampled_from(["forward_kl", "reverse_kl", "jsd"]),
     beta=st.floats(0.0, 1.0),
 )
+@pytest.mark.slow
 def test_losses_are_finite_nonnegative_and_shift_invariant(
     p, v, k, seed, scale, shift, divergence, beta
 ):

@@ -178,6 +178,7 @@ def test_train_accepts_a_qualified_teacher(toy, tmp_path, records):
 
 
 @pytest.mark.parametrize("env_name", ["calculator", "jsonnav", "sqlite"])
+@pytest.mark.slow
 def test_privileged_context_opd_end_to_end(toy, tmp_path, env_name):
     from miniverl.common.trajectory import read_trajectories
     from miniverl.student.environments import get_environment, make_tasks

@@ -55,6 +55,7 @@ def assert_true_targets(toy, recorder, k, gen=0):
 # -- strict OPD against a misbehaving teacher --------------------------------------------
 
 
+@pytest.mark.slow
 def test_stale_duplicate_and_unknown_replies_never_reach_the_loss(tmp_path, toy, monkeypatch):
     teacher = scripted_teacher(toy)
     # Before the honest reply: two for other student versions, one for an id nobody
@@ -73,6 +74,7 @@ def test_stale_duplicate_and_unknown_replies_never_reach_the_loss(tmp_path, toy,
     assert metrics(result.run_dir)[-1]["stale_dropped"] == 4 * n_scores
 
 
+@pytest.mark.slow
 def test_reply_from_another_teacher_generation_is_never_trained_on(tmp_path, toy, monkeypatch):
     # The teacher reloads (gen 0 -> 1) while cycle 1 is being scored: the first reply
     # of that update comes from gen 1 and a poisoned gen-0 reply trails it. The update
@@ -115,6 +117,7 @@ def stop_after(monkeypatch, trainer: Trainer, cycles: int) -> None:
 
 
 @pytest.mark.parametrize("mode", ["sft", "opd", "replay", "offline_kd"])
+@pytest.mark.slow
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path, toy, mode, monkeypatch):
     extra = {"max_lag": 2} if mode == "replay" else {}
     recipe = make_recipe(mode, tmp_path, cycles=4, **extra)
@@ -154,6 +157,7 @@ def test_resume_with_another_recipe_names_the_differing_fields(tmp_path):
     assert "run.seed" in message and "train.lr" in message and "rollout" not in message
 
 
+@pytest.mark.slow
 def test_resume_needs_a_run_id_a_checkpoint_and_an_unfinished_run(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="--run-id"):
         Trainer(make_recipe("sft", tmp_path), resume=True)
@@ -193,6 +197,7 @@ def train_params(recipe, client, **kw):
 
 
 @pytest.mark.parametrize("mode", ["opd", "replay"])
+@pytest.mark.slow
 def test_pipelined_and_serial_give_the_same_parameters(tmp_path, toy, mode):
     extra = {"max_lag": 1} if mode == "replay" else {}
     runs = {}
@@ -203,6 +208,7 @@ def test_pipelined_and_serial_give_the_same_parameters(tmp_path, toy, mode):
     assert same_parameters(runs[True], runs[False])
 
 
+@pytest.mark.slow
 def test_pipelined_equals_serial_when_episodes_finish_out_of_order(tmp_path, toy, monkeypatch):
     # With a trained student, episodes end at different turns and their SCOREs leave
     # in finishing order; the update must not depend on that order.
@@ -228,6 +234,7 @@ def test_pipelined_equals_serial_when_episodes_finish_out_of_order(tmp_path, toy
     assert same_parameters(runs[True], runs[False])
 
 
+@pytest.mark.slow
 def test_pipelined_update_runs_its_forward_while_the_teacher_scores(tmp_path, toy, monkeypatch):
     # The update's forward needs no targets, so a pipelined cycle runs it before waiting
     # for the last reply, and the update reuses it instead of a second forward.

@@ -67,6 +67,7 @@ def test_sft_epochs_sets_the_number_of_cycles(tmp_path):
     assert result.final_version == 4
 
 
+@pytest.mark.slow
 def test_offline_kd_scores_each_oracle_trajectory_once(tmp_path, toy):
     fake = toy.fake_client()
     recorder = None
@@ -92,6 +93,7 @@ def test_offline_kd_scores_each_oracle_trajectory_once(tmp_path, toy):
     assert len(read_trajectories(result.run_dir / "trajectories.jsonl")) == n_fixed
 
 
+@pytest.mark.slow
 def test_offline_kd_from_a_previous_runs_trajectories(tmp_path, toy):
     _, first = train(make_recipe("opd", tmp_path / "first", cycles=2), toy.fake_client())
     source = first.run_dir / "trajectories.jsonl"
@@ -118,6 +120,7 @@ def test_offline_kd_from_a_previous_runs_trajectories(tmp_path, toy):
     assert all(r["on_policy"] is False for r in metrics(result.run_dir))
 
 
+@pytest.mark.slow
 def test_strict_opd_one_step_per_cycle_on_fresh_rollouts(tmp_path, toy):
     fake = toy.fake_client()
     cycles = 3
@@ -156,6 +159,7 @@ def test_strict_opd_one_step_per_cycle_on_fresh_rollouts(tmp_path, toy):
 
 
 @pytest.mark.parametrize(("max_lag", "updates"), [(1, 1), (2, 2)])
+@pytest.mark.slow
 def test_replay_never_trains_on_targets_older_than_max_lag(tmp_path, toy, max_lag, updates):
     fake = toy.fake_client()
     recipe = make_recipe("replay", tmp_path, cycles=4, max_lag=max_lag,
@@ -214,6 +218,7 @@ def test_warmup_cpu_threads_hold_while_the_answered_teacher_idles(tmp_path, toy,
     assert torch.get_num_threads() == 1
 
 
+@pytest.mark.slow
 def test_sft_warmup_lr_gives_each_phase_its_own_schedule(tmp_path, toy):
     # Warm-up at its own peak, then distillation ramps up again from its first step: a
     # converged SFT model must not take its first on-policy step at the warm-up's rate.
@@ -227,6 +232,7 @@ def test_sft_warmup_lr_gives_each_phase_its_own_schedule(tmp_path, toy):
     assert [lr for _, lr in lrs] == pytest.approx([lr for _, lr in want])
 
 
+@pytest.mark.slow
 def test_sft_warmup_until_loss_ends_the_warm_up_early_and_resumes_exactly(tmp_path, toy,
                                                                           monkeypatch):
     # A loss bound every step meets ends the warm-up after its first 10-loss window; the
@@ -260,6 +266,7 @@ def test_sft_warmup_until_loss_ends_the_warm_up_early_and_resumes_exactly(tmp_pa
     assert [(e["step"], e["reason"]) for e in again] == [(10, "loss")]
 
 
+@pytest.mark.slow
 def test_sft_warmup_until_loss_never_met_runs_every_warm_up_step(tmp_path, toy):
     recipe = make_recipe("opd", tmp_path, cycles=1, sft_warmup_steps=12,
                          sft_warmup_until_loss=1e-9)

@@ -127,6 +127,7 @@ def test_reference_scores_equal_the_initial_policy_log_probs(tmp_path):
     np.testing.assert_allclose(own.numpy(), ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_dpo_steps_lower_the_loss_and_grow_the_margin(tmp_path):
     recipe = _recipe(tmp_path, lr=3e-3)
     policy = load_policy(recipe)
@@ -180,6 +181,7 @@ def _run_trainer(tmp_path, monkeypatch, *, succeed_every: int | None):
     return result, rows("metrics.jsonl"), rows("events.jsonl")
 
 
+@pytest.mark.slow
 def test_trainer_dpo_mode_builds_pairs_from_rollouts(tmp_path, monkeypatch):
     result, metrics, _ = _run_trainer(tmp_path, monkeypatch, succeed_every=2)
     assert result.status == "completed" and result.steps == 2
@@ -192,6 +194,7 @@ def test_trainer_dpo_mode_builds_pairs_from_rollouts(tmp_path, monkeypatch):
     assert metrics[0]["dpo_loss"] == pytest.approx(math.log(2.0), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_trainer_dpo_mode_skips_tasks_without_a_pair(tmp_path, monkeypatch):
     result, metrics, events = _run_trainer(tmp_path, monkeypatch, succeed_every=None)
     assert result.status == "completed" and result.steps == 0 and metrics == []
