@@ -34,7 +34,7 @@ UNRECORDED = {
     "docs/real-model-learning.md": ["707 s", "318 MB", "0.13 s", "450-495 s", "88-100%", "10-40x"],
     "docs/choosing-a-teacher.md": ["90.6%", "28.1%", "still at 0%"],
     "docs/verl-bridge.md": ["78 s (0.8.0)"],
-    "docs/protocol.md": ["0.9949", "59.7", "top-1 0.995"],
+    "docs/protocol.md": ["0.9949", "59.7", "top-1 0.995", "9.5e-7"],
     "docs/dpo.md": ["41%", "13/32", "81% to 12-25%"],
     "docs/benchmarks.md": ["11% of an OPD cell", "stayed at 0.000"],
     "docs/training.md": ["0.754 s", "0.617 s", "0.601", "72-98%", "0.24 s"],
