@@ -181,8 +181,16 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def cell_recipe(
     config: BenchmarkConfig, base: dict[str, Any], arm: Arm, seed: int, out_dir: Path
 ) -> dict[str, Any]:
-    """The recipe of one cell: base, arm overrides, then mode, seed, budget and run folder."""
+    """The recipe of one cell: base, arm overrides, then mode, seed, budget and run folder.
+
+    A relative ``cache.dir`` names a folder under the benchmark's output folder: the
+    cells that give the same one (an arm's seeds) share one targets cache, so a fixed
+    set one of them scored is free for the others.
+    """
     recipe = _merge(base, arm.overrides)
+    cache = recipe.get("cache")
+    if isinstance(cache, dict) and cache.get("dir") and not Path(cache["dir"]).is_absolute():
+        cache["dir"] = str(out_dir / cache["dir"])
     run = recipe.setdefault("run", {})
     run.update(
         mode=arm.mode,

@@ -1,0 +1,599 @@
+"""Does on-policy distillation pay where the literature says it should? The distillation benchmark.
+
+    python benchmarks/distill_bench.py                 # both phases: the lr grid, then the report
+    python benchmarks/distill_bench.py --phase grid    # the learning-rate grid alone
+    python benchmarks/distill_bench.py --phase main    # the report's cells (after the grid)
+    python benchmarks/distill_bench.py --resume        # continue an interrupted one
+    python benchmarks/distill_bench.py --analyze-only  # re-read the kept runs
+
+Runs ``benchmarks/distill/config.yaml`` (docs/distillbench.md) in two phases of
+``miniverl benchmark`` cells, all from one warm student and one gated teacher:
+
+- **before any cell**, the two preparations (cached): the warm student
+  (``student_prepare``) and the teacher (``teacher.prepare``). The warm student's own
+  final eval (greedy and ``eval.samples`` episodes per task at T=1 on the validation
+  split) is the warm start's record; outside ``distill.warm_start`` no arm runs and the
+  script exits 1 naming the figure and the fix. The teacher's eval on the same split
+  gives its success and its margin over the warm student (greedy and T=1).
+- **grid** (``--phase grid``): every arm at each learning rate of ``distill.lr_grid``
+  (arm ``<arm>-lr<i>``) on ``distill.grid_seed``, evaluated on the validation split
+  (``distill.grid_split``); each arm's choice is the rate of its highest T=1 success
+  after the budget (ties: the higher greedy success, then the lower rate).
+- **main** (``--phase main``): every arm at the rate it chose, on every seed of the
+  config, evaluated on the test split (``distill.main_split``).
+
+Each cell is evaluated at every ``train.eval_every`` updates (greedy and T=1), and its
+training wall clock at each evaluation is read from the run: the metrics rows' rollout,
+teacher-wait and update seconds up to that update plus the fixed set's preparation
+(``offline_targets_scored``, or SeqKD's ``teacher_set_played``); evaluation time is in
+none of them. The equal-update budget reads every arm at the same update counts; the
+equal-wall-clock budget reads the same runs at ``distill.wall_clock_s`` (each arm's last
+evaluation reached within that many training seconds). Per arm and reading: the mean
+over seeds with a 95% bootstrap interval, the paired difference to the baseline per
+seed with its interval, the state coverage (the share of evaluated turn-start states no
+fixed-set episode holds) and every cell.
+
+Writes, in ``--output-dir`` (default ``runs/benchmarks/<config name>``, git-ignored):
+``grid/`` and ``main/`` (each a benchmark folder: its derived ``config.yaml``,
+``results.json``, ``report.html``, ``runs/``), ``targets/`` (the offline arms' targets
+caches, shared by their seeds, rates and phases) and ``distill_bench.json`` (this
+analysis). ``--update-committed`` writes the config's ``output_dir`` and
+``benchmarks/results/distill_bench.json`` instead (another config:
+``distill_bench_<suffix>.json``). ``--analyze-only`` without the kept runs (git-ignored)
+says which are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
+
+from real_model_learning import missing_runs, provenance, run_path  # noqa: E402
+from recovery_bench import seed_interval  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "benchmarks" / "distill" / "config.yaml"
+RESULTS = ROOT / "benchmarks" / "results" / "distill_bench.json"
+PHASES = ("grid", "main")
+READINGS = ("greedy", "t1")  # greedy success; mean success at T=1 over eval.samples episodes
+
+
+class DistillSettings(BaseModel):
+    """The ``distill:`` section of a distillation benchmark config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr_grid: list[float] = Field(min_length=1, max_length=10)
+    grid_seed: int = Field(ge=0)
+    grid_split: str = Field(pattern="^(eval|test)$")
+    main_split: str = Field(pattern="^(eval|test)$")
+    warm_start: tuple[float, float]
+    wall_clock_s: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DistillSettings:
+        low, high = self.warm_start
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"warm_start {list(self.warm_start)} must be [low, high] within "
+                             "[0, 1]; give two shares, the lower first")
+        if self.grid_split == self.main_split:
+            raise ValueError(f"grid_split and main_split are both {self.grid_split!r}: the "
+                             "grid must be scored on a split the report does not use")
+        if any(lr <= 0 for lr in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
+            raise ValueError(f"lr_grid {self.lr_grid} must hold distinct positive rates")
+        return self
+
+
+def fail(message: str) -> SystemExit:
+    """A script error: one line, exit 1, no traceback."""
+    return SystemExit(f"error: {message}")
+
+
+def load_config(path: Path) -> tuple[dict[str, Any], DistillSettings]:
+    """The benchmark config's own fields and its validated ``distill:`` section."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise fail(f"{path} cannot be read as YAML ({type(exc).__name__}); pass the "
+                   "distillation benchmark's config") from None
+    if not isinstance(raw, dict) or "distill" not in raw:
+        raise fail(f"{path} has no distill: section; pass a distillation benchmark config "
+                   "(benchmarks/distill/config.yaml)")
+    raw = dict(raw)
+    try:
+        settings = DistillSettings.model_validate(raw.pop("distill"))
+    except ValidationError as exc:
+        issues = "; ".join(f"distill.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                           for e in exc.errors())
+        raise fail(f"{path}: {issues}") from None
+    return raw, settings
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _arm_overrides(arm: dict[str, Any], lr: float, split: str) -> dict[str, Any]:
+    over = {"train": {"lr": lr}, "eval": {"split": split}}
+    if arm["mode"] == "offline_kd":
+        # One targets cache per arm for every seed, rate and phase: a set one cell
+        # scored is free for the others (a relative cache.dir is under the phase folder).
+        over["cache"] = {"dir": f"../targets/{arm['name']}"}
+    return _merge(arm.get("overrides") or {}, over)
+
+
+def phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
+                 config_dir: Path, phase_dir: Path,
+                 chosen: dict[str, float] | None = None) -> dict[str, Any]:
+    """The ``miniverl benchmark`` config of one phase, its paths relative to
+    ``phase_dir`` (where it is written)."""
+    out = copy.deepcopy(raw)
+    rel = Path(os.path.relpath(config_dir.resolve(), phase_dir.resolve()))
+    out["recipe"] = (rel / raw["recipe"]).as_posix()
+    if raw.get("student_prepare"):
+        out["student_prepare"] = (rel / raw["student_prepare"]).as_posix()
+    out["name"] = f"{raw['name']}-{phase}"[:24]
+    out["output_dir"] = f"{raw.get('output_dir') or 'benchmarks/results/' + raw['name']}/{phase}"
+    if phase == "grid":
+        out["seeds"] = [settings.grid_seed]
+        out["arms"] = [{**arm, "name": f"{arm['name']}-lr{i}",
+                        "overrides": _arm_overrides(arm, lr, settings.grid_split)}
+                       for arm in raw["arms"] for i, lr in enumerate(settings.lr_grid)]
+        out["baseline"] = f"{raw['baseline']}-lr0"
+    else:
+        assert chosen is not None
+        out["arms"] = [{**arm, "overrides": _arm_overrides(arm, chosen[arm["name"]],
+                                                           settings.main_split)}
+                       for arm in raw["arms"]]
+    return out
+
+
+# -- reading one cell -------------------------------------------------------------------
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+def preparation_s(events: list[dict[str, Any]]) -> float:
+    """The fixed set's preparation inside the run: building (or playing) and up-front
+    scoring (``offline_targets_scored``; its sampling time already holds the teacher's
+    playing time), else SeqKD's playing (``teacher_set_played``); 0 when neither."""
+    scored = [e for e in events if e.get("event") == "offline_targets_scored"]
+    if scored:
+        return sum(float(e.get("time_sample_s") or 0.0) + float(e.get("time_teacher_wait_s")
+                                                                 or 0.0) for e in scored)
+    played = [e for e in events if e.get("event") == "teacher_set_played"]
+    return sum(float(e.get("time_load_s") or 0.0) + float(e.get("time_play_s") or 0.0)
+               for e in played)
+
+
+def read_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """Every evaluation of a run, by update: greedy and T=1 success, the unseen-state
+    share, and the training seconds spent up to that update (the fixed set's
+    preparation, then rollout + teacher wait + update of each metrics row; evaluation
+    time in none). A version evaluated twice (the last periodic eval and the final one)
+    keeps its last."""
+    events = _jsonl(run_dir / "events.jsonl")
+    rows = _jsonl(run_dir / "metrics.jsonl")
+    prep = preparation_s(events)
+    evals: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "eval":
+            evals[int(e["version"])] = e
+    curve = []
+    for update in sorted(evals):
+        e = evals[update]
+        spent = sum(float(r.get("time_rollout_s") or 0.0) + float(r.get("time_teacher_wait_s")
+                                                                  or 0.0)
+                    + float(r.get("time_update_s") or 0.0)
+                    for r in rows if int(r.get("step") or 0) <= update)
+        curve.append({
+            "update": update,
+            "train_s": round((prep if update > 0 else 0.0) + spent, 3),
+            "greedy": e.get("success"),
+            "t1": (e.get("sampled") or {}).get("success"),
+            "unseen_states": (e.get("coverage") or {}).get("unseen_share"),
+            "n": e.get("n"),
+        })
+    return curve
+
+
+def at_update(curve: list[dict[str, Any]], update: int) -> dict[str, Any] | None:
+    """The evaluation made at ``update`` (None if the run has none there)."""
+    return next((p for p in curve if p["update"] == update), None)
+
+
+def at_seconds(curve: list[dict[str, Any]], seconds: float) -> dict[str, Any] | None:
+    """The last evaluation the run had reached within ``seconds`` of training."""
+    reached = [p for p in curve if p["train_s"] <= seconds]
+    return reached[-1] if reached else None
+
+
+def analyze_cell(cell: dict[str, Any], results_dir: Path) -> dict[str, Any]:
+    result = cell["result"]
+    out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
+           **{k: result.get(k) for k in ("error", "updates", "wall_s", "run_dir")}}
+    if out["status"] != "ok" or not out["run_dir"]:
+        return out
+    run_dir = run_path(results_dir, out["run_dir"])
+    out["curve"] = read_curve(run_dir)
+    out["preparation_s"] = round(preparation_s(_jsonl(run_dir / "events.jsonl")), 3)
+    out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
+    return out
+
+
+# -- the warm start and the teacher -----------------------------------------------------
+
+
+def check_warm_start(record: dict[str, Any], band: tuple[float, float], prep: str) -> float:
+    """The warm student's T=1 success from its preparation record; SystemExit (one line
+    naming the figure and the fix) when it lies outside ``band``."""
+    evaluation = record.get("eval") or {}
+    t1 = (evaluation.get("sampled") or {}).get("success")
+    if t1 is None:
+        raise fail(f"{prep}'s record has no T=1 eval (eval.samples unset); give its eval "
+                   "section samples: N so the warm start can be measured")
+    low, high = band
+    if not low <= t1 <= high:
+        raise fail(
+            f"the warm student's T=1 success is {t1:.3f} on {evaluation.get('split')} "
+            f"(n={evaluation.get('n')}, {record.get('steps')} SFT steps of {prep}), outside "
+            f"the preregistered [{low:g}, {high:g}]; change {prep}'s train.cycles in a new "
+            "commit before any result (fewer steps if above, more if below)")
+    return float(t1)
+
+
+def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict | None]:
+    """The warm student's and the teacher's preparation records (each prepared, or
+    found cached, now), as the cells will use them: the student of the base recipe,
+    the teacher of the first arm that needs one (its overrides applied)."""
+    from miniverl.common.recipe import TEACHER_MODES
+    from miniverl.common.recipe_models import ModelSource
+    from miniverl.student.teacher_prep import prepare_model
+
+    recipe_path = config_dir / raw["recipe"]
+    base = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
+    warm = prepare_model(config_dir / raw["student_prepare"],
+                         ModelSource.model_validate(base["student"]["model"]),
+                         what="student_prepare", model_field="the base recipe's model")
+    teacher = None
+    for arm in raw["arms"]:
+        recipe = _merge(base, arm.get("overrides") or {})
+        section = recipe.get("teacher") or {}
+        seqkd = (recipe.get("train") or {}).get("fixed_set") == "teacher"
+        if (arm["mode"] in TEACHER_MODES or seqkd) and section.get("prepare"):
+            teacher = prepare_model(recipe_path.parent / section["prepare"],
+                                    ModelSource.model_validate(section["model"]),
+                                    what="teacher.prepare", model_field="teacher.model").record
+            break
+    return warm.record, teacher
+
+
+def start_summary(warm: dict[str, Any], teacher: dict[str, Any] | None,
+                  band: tuple[float, float]) -> dict[str, Any]:
+    """The warm start and the teacher as measured by their preparations' evals."""
+    def figures(record: dict[str, Any] | None) -> dict[str, Any] | None:
+        if record is None:
+            return None
+        evaluation = record.get("eval") or {}
+        return {"greedy": evaluation.get("success"),
+                "t1": (evaluation.get("sampled") or {}).get("success"),
+                "split": evaluation.get("split"), "n": evaluation.get("n"),
+                "steps": record.get("steps"),
+                "prep_recipe": (Path(os.path.relpath(Path(record["prep_recipe"]).resolve(), ROOT))
+                                .as_posix() if record.get("prep_recipe") else None),
+                "prep_wall_s": record.get("wall_s")}
+
+    w, t = figures(warm), figures(teacher)
+    margin = None
+    if t is not None:
+        margin = {k: (t[k] - w[k] if t[k] is not None and w[k] is not None else None)
+                  for k in READINGS}
+    inside = w["t1"] is not None and band[0] <= w["t1"] <= band[1]
+    return {"warm_student": {**w, "band": list(band), "in_band": inside},
+            "teacher": t, "teacher_margin": margin}
+
+
+# -- the grid's choice and the comparison -----------------------------------------------
+
+
+def choose_rates(cells: list[dict[str, Any]], arms: list[str],
+                 grid: list[float]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Each arm's rate: the highest T=1 success after the budget, ties to the higher
+    greedy success, then the lower rate; and the whole grid as read."""
+    chosen, table = {}, {}
+    for arm in arms:
+        rows = []
+        for i, lr in enumerate(grid):
+            cell = next((c for c in cells if c["arm"] == f"{arm}-lr{i}"), None)
+            last = cell["curve"][-1] if cell and cell.get("curve") else None
+            rows.append({"lr": lr, "status": cell["status"] if cell else "missing",
+                         "t1": last["t1"] if last else None,
+                         "greedy": last["greedy"] if last else None,
+                         "update": last["update"] if last else None})
+        scored = [r for r in rows if r["t1"] is not None]
+        if len(scored) != len(rows):
+            raise fail(f"the grid of arm {arm} is incomplete ({[r['status'] for r in rows]}); "
+                       "run --phase grid --resume until every cell is ok")
+        best = max(scored, key=lambda r: (r["t1"], r["greedy"] or 0.0, -r["lr"]))
+        chosen[arm] = best["lr"]
+        table[arm] = {"chosen_lr": best["lr"], "grid": rows}
+    return chosen, table
+
+
+def _interval(values: list[float], rng: np.random.Generator) -> dict[str, float] | None:
+    if not values:
+        return None
+    mean, low, high = seed_interval(values, rng)
+    return {"mean": mean, "low": low, "high": high, "n": len(values)}
+
+
+def compare(cells: list[dict[str, Any]], baseline: str, updates: list[int],
+            seconds: list[float], rng: np.random.Generator) -> dict[str, Any]:
+    """Per arm, both budgets and both readings: the mean over seeds [95% bootstrap] and
+    the paired difference to ``baseline`` per seed [95% bootstrap]; the final state
+    coverage; the mean training seconds."""
+    ok = [c for c in cells if c.get("curve")]
+    readings = {**{f"updates={u}": (lambda curve, u=u: at_update(curve, u)) for u in updates},
+                **{f"seconds={s:g}": (lambda curve, s=s: at_seconds(curve, s)) for s in seconds}}
+    base = {c["seed"]: c for c in ok if c["arm"] == baseline}
+    arms: dict[str, Any] = {}
+    for arm in dict.fromkeys(c["arm"] for c in cells):
+        mine = [c for c in ok if c["arm"] == arm]
+        entry: dict[str, Any] = {"cells": sum(c["arm"] == arm for c in cells), "ok": len(mine)}
+        for label, read in readings.items():
+            block: dict[str, Any] = {}
+            points = {c["seed"]: read(c["curve"]) for c in mine}
+            block["updates_reached"] = {str(s): (p["update"] if p else None)
+                                        for s, p in points.items()}
+            for kind in READINGS:
+                values = [p[kind] for p in points.values() if p and p[kind] is not None]
+                block[kind] = _interval(values, rng)
+                if arm == baseline:
+                    continue
+                diffs = []
+                for seed, p in points.items():
+                    other = read(base[seed]["curve"]) if seed in base else None
+                    if p and other and p[kind] is not None and other[kind] is not None:
+                        diffs.append(p[kind] - other[kind])
+                block[f"{kind}_vs_{baseline}"] = _interval(diffs, rng)
+            entry[label] = block
+        finals = [c["curve"][-1] for c in mine]
+        entry["unseen_states_final"] = _interval(
+            [p["unseen_states"] for p in finals if p["unseen_states"] is not None], rng)
+        entry["mean_training_s"] = (float(np.mean([c["training_s"] for c in mine]))
+                                    if mine else None)
+        entry["mean_preparation_s"] = (float(np.mean([c["preparation_s"] for c in mine]))
+                                       if mine else None)
+        entry["mean_wall_s"] = (float(np.mean([c["wall_s"] for c in mine if c["wall_s"]]))
+                                if mine else None)
+        arms[arm] = entry
+    return arms
+
+
+def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, output: Path,
+            start: dict[str, Any] | None) -> dict[str, Any]:
+    """The analysis of whatever phases ``out_dir`` holds."""
+    rng = np.random.default_rng(0)
+    summary: dict[str, Any] = {"config": raw["name"], "baseline": raw["baseline"],
+                               "budget": raw["budget"], "seeds": raw["seeds"],
+                               "distill": settings.model_dump(mode="json"),
+                               "start": start, "complete": False}
+    names = [a["name"] for a in raw["arms"]]
+    for phase in PHASES:
+        results = out_dir / phase / "results.json"
+        if not results.is_file():
+            continue
+        data = json.loads(results.read_text(encoding="utf-8"))
+        cells = [analyze_cell(c, results.parent) for c in data["cells"]]
+        recipe = yaml.safe_load((results.parent / data["config"]["recipe"]).read_text(
+            encoding="utf-8"))
+        every = int(recipe["train"].get("eval_every") or 0)
+        budget = int(raw["budget"]["updates"])
+        updates = sorted({0, budget, *(range(every, budget + 1, every) if every else [])})
+        block: dict[str, Any] = {**provenance(results, data, output), "updates": updates,
+                                 "seconds": settings.wall_clock_s}
+        if phase == "grid":
+            try:
+                block["choice"] = choose_rates(cells, names, settings.lr_grid)[1]
+            except SystemExit as exc:
+                block["choice"] = None
+                block["choice_error"] = str(exc)
+        block["arms"] = compare(cells, data["baseline"], updates, settings.wall_clock_s, rng)
+        block["cells"] = cells
+        summary[phase] = block
+    summary["complete"] = all((summary.get(p) or {}).get("complete") for p in PHASES)
+    return summary
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def iv(entry: dict | None) -> str:
+        if not entry:
+            return "-"
+        return f"{entry['mean']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
+
+    console = Console()
+    start = summary.get("start") or {}
+    warm, teacher = start.get("warm_student"), start.get("teacher")
+    if warm:
+        console.print(f"warm student: T=1 {warm['t1']}, greedy {warm['greedy']} on {warm['split']} "
+                      f"(band {warm['band']}); teacher: {teacher and teacher['t1']} T=1, "
+                      f"{teacher and teacher['greedy']} greedy; margin {start.get('teacher_margin')}")
+    grid = summary.get("grid") or {}
+    for arm, row in (grid.get("choice") or {}).items():
+        console.print(f"grid {arm}: " + ", ".join(
+            f"lr {r['lr']:g}: T=1 {r['t1']}" for r in row["grid"]) + f" -> {row['chosen_lr']:g}")
+    main = summary.get("main")
+    if not main:
+        return
+    base = summary["baseline"]
+    last = f"updates={main['updates'][-1]}"
+    table = Table(title=f"test split after {main['updates'][-1]} updates and at "
+                        f"{main['seconds'][-1]:g} training s, mean over seeds [95% bootstrap]")
+    for col in ("arm", "ok", "T=1", f"Δ vs {base}", "greedy", f"Δ vs {base}",
+                f"T=1 at {main['seconds'][-1]:g} s", "unseen states", "train s"):
+        table.add_column(col)
+    at_s = f"seconds={main['seconds'][-1]:g}"
+    for arm, e in main["arms"].items():
+        table.add_row(arm, f"{e['ok']}/{e['cells']}", iv(e[last]["t1"]),
+                      iv(e[last].get(f"t1_vs_{base}")), iv(e[last]["greedy"]),
+                      iv(e[last].get(f"greedy_vs_{base}")), iv(e[at_s]["t1"]),
+                      iv(e["unseen_states_final"]),
+                      f"{e['mean_training_s']:.1f}" if e["mean_training_s"] is not None else "-")
+    console.print(table)
+
+
+# -- running ----------------------------------------------------------------------------
+
+
+def committed_analysis(name: str) -> Path:
+    """``distill_bench.json`` for the config ``distill``, ``distill_bench_<suffix>.json``
+    for ``distill-<suffix>``."""
+    suffix = str(name).removeprefix("distill").replace("-", "_")
+    return RESULTS.with_name(f"distill_bench{suffix}.json")
+
+
+def output_paths(args: argparse.Namespace, raw: dict[str, Any]) -> tuple[Path, Path]:
+    """The benchmark's output folder and its analysis file; exits 1 with one line before
+    a committed file would be rewritten unasked."""
+    from miniverl.common.errors import ConfigError
+    from miniverl.student.benchmark.outputs import choose_output_dir, refuse_committed
+
+    committed = ROOT / (raw.get("output_dir") or f"benchmarks/results/{raw['name']}")
+    try:
+        out_dir = choose_output_dir(args.output_dir, update_committed=args.update_committed,
+                                    committed=committed,
+                                    fresh=ROOT / "runs" / "benchmarks" / raw["name"])
+        analysis = committed_analysis(raw["name"])
+        if not args.update_committed:
+            analysis = out_dir / analysis.name
+        refuse_committed([analysis, *(out_dir / p / "results.json" for p in PHASES)],
+                         update_committed=args.update_committed)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    return out_dir, analysis
+
+
+def write_phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
+                       config_dir: Path, phase_dir: Path,
+                       chosen: dict[str, float] | None = None) -> Path:
+    phase_dir.mkdir(parents=True, exist_ok=True)
+    data = phase_config(raw, settings, phase, config_dir, phase_dir, chosen)
+    path = phase_dir / "config.yaml"
+    header = (f"# derived by benchmarks/distill_bench.py from {raw['name']}'s config "
+              f"(phase {phase}); do not edit\n")
+    path.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace) -> None:
+    from miniverl.common.errors import ConfigError
+    from miniverl.student.benchmark.run import run_benchmark
+
+    def on_cell(record) -> None:
+        r = record.result
+        print(f"cell {record.arm} seed {record.seed}: {r.status}, T=1 "
+              f"{r.sampled_success_before} -> {r.sampled_success_after}, greedy "
+              f"{r.success_before} -> {r.success_after}, {r.wall_s or 0:.0f} s"
+              + (f", {r.error}" if r.error else ""), flush=True)
+
+    try:
+        run_benchmark(path, resume=args.resume, output_dir=phase_dir,
+                      update_committed=args.update_committed, on_cell=on_cell)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+
+
+def check_kept(out_dir: Path, phases: list[str]) -> None:
+    """--analyze-only: every asked phase's results and kept runs exist, or exit 1."""
+    for phase in phases:
+        results = out_dir / phase / "results.json"
+        if not results.is_file():
+            raise fail(f"--analyze-only re-reads a benchmark's kept runs, and {results.parent} "
+                       "holds no results.json; run the benchmark first (without "
+                       "--analyze-only), or name the folder of an earlier run with --output-dir")
+        missing = missing_runs(results)
+        if missing:
+            raise fail(f"--analyze-only re-reads kept runs, and {len(missing)} of {results} "
+                       f"are missing ({'; '.join(missing[:3])}"
+                       f"{'; ...' if len(missing) > 3 else ''}); run directories are "
+                       "git-ignored, so a fresh clone has none: run the benchmark first "
+                       "(without --analyze-only)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=CONFIG)
+    ap.add_argument("--phase", choices=("grid", "main", "all"), default="all",
+                    help="grid: the learning-rate grid; main: the report's cells at the "
+                         "grid's choice; all: both, in that order")
+    ap.add_argument("--resume", action="store_true", help="continue an interrupted benchmark")
+    ap.add_argument("--analyze-only", action="store_true", help="only re-read the kept runs")
+    ap.add_argument("--output-dir", type=Path, default=None,
+                    help="where to write (default runs/benchmarks/<config name>)")
+    ap.add_argument("--update-committed", action="store_true",
+                    help="rewrite the committed results (the config's output_dir) instead")
+    args = ap.parse_args(argv)
+    raw, settings = load_config(args.config)
+    config_dir = args.config.resolve().parent
+    out_dir, output = output_paths(args, raw)
+    phases = list(PHASES) if args.phase == "all" else [args.phase]
+    start = None
+    if args.analyze_only:
+        check_kept(out_dir, phases)
+        previous = json.loads(output.read_text(encoding="utf-8")) if output.is_file() else {}
+        start = previous.get("start")
+    else:
+        warm, teacher = prepared_records(raw, config_dir)
+        start = start_summary(warm, teacher, settings.warm_start)
+        check_warm_start(warm, settings.warm_start, raw["student_prepare"])
+        print(f"warm student: T=1 {start['warm_student']['t1']:.3f} (band "
+              f"{list(settings.warm_start)}); teacher margin {start['teacher_margin']}",
+              flush=True)
+        for phase in phases:
+            chosen = None
+            if phase == "main":
+                grid_results = out_dir / "grid" / "results.json"
+                if not grid_results.is_file():
+                    raise fail(f"--phase main runs at the rates the grid chose, and "
+                               f"{grid_results} does not exist; run --phase grid first")
+                data = json.loads(grid_results.read_text(encoding="utf-8"))
+                cells = [analyze_cell(c, grid_results.parent) for c in data["cells"]]
+                chosen, _ = choose_rates(cells, [a["name"] for a in raw["arms"]],
+                                         settings.lr_grid)
+            path = write_phase_config(raw, settings, phase, config_dir, out_dir / phase, chosen)
+            run_phase(path, out_dir / phase, args)
+    summary = analyze(out_dir, raw, settings, output, start)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print_table(summary)
+    print(f"wrote {output}")
+    return 0 if all((summary.get(p) or {}).get("complete") for p in phases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The distillation benchmark's script (benchmarks/distill_bench.py, docs/distillbench.md).
+
+A reader of its table trusts four things this file checks: the training seconds at each
+evaluation are the run's own rollout, teacher-wait and update seconds plus the fixed
+set's preparation, never evaluation time; the equal-wall-clock budget reads the last
+evaluation an arm had reached by then; no arm runs from a warm start outside the
+preregistered band (one line naming the figure and the fix); and the grid's choice and
+the phases' configs are what the docs say. A slow test runs the smoke config end to end
+on a fresh clone as the docs write the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import distill_bench as bench  # noqa: E402
+
+SMOKE = "benchmarks/smoke/distill.yaml"
+# Documented command (docs/distillbench.md) -> its smoke form, in this order.
+DISTILL_SMOKE = {
+    "python benchmarks/distill_bench.py --phase grid":
+        f"python benchmarks/distill_bench.py --config {SMOKE} --phase grid",
+    "python benchmarks/distill_bench.py --phase main":
+        f"python benchmarks/distill_bench.py --config {SMOKE} --phase main",
+    "python benchmarks/distill_bench.py --resume":
+        f"python benchmarks/distill_bench.py --config {SMOKE} --resume",
+    "python benchmarks/distill_bench.py --analyze-only":
+        f"python benchmarks/distill_bench.py --config {SMOKE} --analyze-only",
+    "python benchmarks/distill_bench.py": f"python benchmarks/distill_bench.py --config {SMOKE} "
+                                          "--output-dir runs/benchmarks/distill-smoke-again",
+}
+
+
+def _write(run_dir: Path, events: list[dict], rows: list[dict]) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def _eval(version: int, greedy: float, t1: float, unseen: float | None = None) -> dict:
+    e = {"event": "eval", "version": version, "success": greedy, "n": 4,
+         "sampled": {"success": t1}}
+    if unseen is not None:
+        e["coverage"] = {"unseen_share": unseen}
+    return e
+
+
+def _row(step: int, rollout: float, wait: float, update: float) -> dict:
+    return {"step": step, "time_rollout_s": rollout, "time_teacher_wait_s": wait,
+            "time_update_s": update, "wall_s": 1000.0 * step}  # wall_s holds eval time too
+
+
+def test_training_seconds_are_rollout_wait_update_and_preparation_never_evaluation(tmp_path):
+    run = _write(tmp_path / "kd", [
+        _eval(0, 0.1, 0.2),
+        {"event": "teacher_set_played", "time_load_s": 2.0, "time_play_s": 5.0},
+        # offline KD's set event: its sampling time already holds the teacher's playing.
+        {"event": "offline_targets_scored", "time_sample_s": 7.5, "time_teacher_wait_s": 0.5},
+        _eval(2, 0.3, 0.4, unseen=0.5),
+        _eval(4, 0.5, 0.6),
+        _eval(4, 0.5, 0.7, unseen=0.25),  # the final eval of the version evaluated last
+    ], [_row(1, 1.0, 0.5, 0.25), _row(2, 1.0, 0.5, 0.25), _row(3, 2.0, 0.0, 1.0),
+        _row(4, 2.0, 0.0, 1.0)])
+    curve = bench.read_curve(run)
+    assert [p["update"] for p in curve] == [0, 2, 4]
+    assert [p["train_s"] for p in curve] == [0.0, 8.0 + 3.5, 8.0 + 3.5 + 6.0]
+    assert curve[-1]["t1"] == 0.7 and curve[-1]["unseen_states"] == 0.25
+    # SeqKD (sft) has no set event: its teacher's loading and playing are its preparation.
+    seqkd = _write(tmp_path / "seqkd", [
+        _eval(0, 0.1, 0.2),
+        {"event": "teacher_set_played", "time_load_s": 2.0, "time_play_s": 5.0},
+        _eval(1, 0.2, 0.3)], [_row(1, 0.5, 0.0, 0.5)])
+    assert [p["train_s"] for p in bench.read_curve(seqkd)] == [0.0, 8.0]
+    assert bench.preparation_s([]) == 0.0
+
+
+def test_the_wall_clock_budget_reads_the_last_evaluation_reached_by_then():
+    curve = [{"update": 0, "train_s": 0.0}, {"update": 16, "train_s": 50.0},
+             {"update": 32, "train_s": 100.0}]
+    assert bench.at_seconds(curve, 49.9)["update"] == 0
+    assert bench.at_seconds(curve, 50.0)["update"] == 16
+    assert bench.at_seconds(curve, 1e9)["update"] == 32
+    assert bench.at_update(curve, 16)["train_s"] == 50.0 and bench.at_update(curve, 8) is None
+
+
+def _cell(arm: str, seed: int, curve: list[dict]) -> dict:
+    return {"arm": arm, "seed": seed, "status": "ok", "curve": curve,
+            "training_s": curve[-1]["train_s"], "preparation_s": 0.0, "wall_s": 1.0}
+
+
+def _point(update, train_s, greedy, t1):
+    return {"update": update, "train_s": train_s, "greedy": greedy, "t1": t1,
+            "unseen_states": 0.5}
+
+
+def test_both_budgets_pair_every_arm_with_the_baseline_seed_by_seed():
+    import numpy as np
+
+    cells = []
+    for seed in (1, 2, 3):
+        cells.append(_cell("sft", seed, [_point(0, 0, 0.4, 0.4), _point(64, 10, 0.5, 0.5)]))
+        # Slower: by 10 training seconds it had reached update 0 only.
+        cells.append(_cell("opd", seed, [_point(0, 0, 0.4, 0.4),
+                                         _point(64, 40, 0.5 + 0.1 * seed, 0.6)]))
+    arms = bench.compare(cells, "sft", [0, 64], [10.0], np.random.default_rng(0))
+    final = arms["opd"]["updates=64"]
+    assert final["t1"]["mean"] == pytest.approx(0.6)
+    assert final["greedy_vs_sft"]["mean"] == pytest.approx(0.2) and final["greedy_vs_sft"]["n"] == 3
+    assert final["t1_vs_sft"]["low"] == pytest.approx(0.1)
+    at_10 = arms["opd"]["seconds=10"]
+    assert at_10["updates_reached"] == {"1": 0, "2": 0, "3": 0}
+    assert at_10["t1_vs_sft"]["mean"] == pytest.approx(-0.1)
+    assert "t1_vs_sft" not in arms["sft"]["updates=64"]
+
+
+def test_the_warm_start_gate_refuses_a_figure_outside_the_band_in_one_line():
+    record = {"steps": 600, "eval": {"split": "eval", "n": 64, "success": 0.1,
+                                     "sampled": {"success": 0.125}}}
+    with pytest.raises(SystemExit) as info:
+        bench.check_warm_start(record, (0.3, 0.7), "warm_student.yaml")
+    (line,) = str(info.value).splitlines()
+    assert "0.125" in line and "[0.3, 0.7]" in line and "warm_student.yaml's train.cycles" in line
+    assert "new commit before any result" in line
+    assert bench.check_warm_start({**record, "eval": {"sampled": {"success": 0.3}}},
+                                  (0.3, 0.7), "w.yaml") == 0.3
+    with pytest.raises(SystemExit, match="eval.samples unset"):
+        bench.check_warm_start({"eval": {"success": 0.5}}, (0.3, 0.7), "w.yaml")
+    start = bench.start_summary({"eval": {"success": 0.2, "sampled": {"success": 0.4}}},
+                                {"eval": {"success": 0.9, "sampled": {"success": 0.85}}},
+                                (0.3, 0.7))
+    assert start["warm_student"]["in_band"] is True
+    assert start["teacher_margin"] == {"greedy": pytest.approx(0.7), "t1": pytest.approx(0.45)}
+
+
+def test_the_grid_chooses_the_best_t1_rate_and_refuses_an_incomplete_grid():
+    def cell(name, t1, greedy):
+        return {"arm": name, "status": "ok", "curve": [_point(64, 1, greedy, t1)]}
+
+    cells = [cell("sft-lr0", 0.4, 0.5), cell("sft-lr1", 0.5, 0.4), cell("sft-lr2", 0.5, 0.4),
+             cell("opd-lr0", 0.1, 0.1), cell("opd-lr1", 0.1, 0.3), cell("opd-lr2", 0.2, 0.0)]
+    chosen, table = bench.choose_rates(cells, ["sft", "opd"], [3e-4, 1e-3, 3e-3])
+    assert chosen == {"sft": 1e-3, "opd": 3e-3}  # sft: a tie goes to the lower rate
+    assert [r["t1"] for r in table["sft"]["grid"]] == [0.4, 0.5, 0.5]
+    with pytest.raises(SystemExit, match="grid of arm opd is incomplete"):
+        bench.choose_rates(cells[:5], ["sft", "opd"], [3e-4, 1e-3, 3e-3])
+
+
+def test_the_phase_configs_are_valid_benchmarks_with_the_grid_and_the_choice(tmp_path):
+    from miniverl.student.benchmark.config import cell_recipe, load_benchmark_config
+
+    raw, settings = bench.load_config(bench.CONFIG)
+    grid = bench.write_phase_config(raw, settings, "grid", bench.CONFIG.parent, tmp_path / "grid")
+    config, base = load_benchmark_config(grid)
+    assert config.seeds == [settings.grid_seed] and len(config.arms) == 3 * len(raw["arms"])
+    lrs = {a.name: a.overrides["train"]["lr"] for a in config.arms}
+    assert lrs["opd_rkl-lr0"] == 3e-4 and lrs["opd_rkl-lr2"] == 3e-3
+    assert {a.overrides["eval"]["split"] for a in config.arms} == {"eval"}
+    chosen = {a["name"]: 1e-3 for a in raw["arms"]}
+    main = bench.write_phase_config(raw, settings, "main", bench.CONFIG.parent, tmp_path / "main",
+                                    chosen)
+    config, base = load_benchmark_config(main)
+    assert config.seeds == [1, 2, 3, 4, 5] and config.baseline == "sft"
+    assert {a.overrides["eval"]["split"] for a in config.arms} == {"test"}
+    # The offline arms share one targets cache per arm, across seeds and phases.
+    gkd = next(a for a in config.arms if a.name == "gkd")
+    recipe = cell_recipe(config, base, gkd, 3, tmp_path / "main")
+    assert Path(recipe["cache"]["dir"]) == tmp_path / "main" / "../targets/gkd"
+    assert recipe["train"]["lr"] == 1e-3 and recipe["train"]["oracle_tasks"] == 256
+    sft = cell_recipe(config, base, config.arms[0], 3, tmp_path / "main")
+    assert "dir" not in (sft.get("cache") or {})
+    # Every cell recipe is a valid recipe (the teacher-set arms once the benchmark names
+    # the prepared teacher's weights, which only a run makes).
+    from miniverl.common.recipe import Recipe
+
+    for arm in config.arms:
+        if (arm.overrides.get("train") or {}).get("fixed_set") != "teacher":
+            Recipe.model_validate(cell_recipe(config, base, arm, 1, tmp_path / "main"))
+
+
+def test_a_bad_distill_section_is_one_line(tmp_path):
+    data = yaml.safe_load(bench.CONFIG.read_text())
+    data["distill"]["main_split"] = "eval"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SystemExit) as info:
+        bench.load_config(path)
+    (line,) = str(info.value).splitlines()
+    assert "grid_split and main_split are both 'eval'" in line
+
+
+def test_every_documented_distill_command_has_a_smoke_form():
+    text = (ROOT / "docs" / "distillbench.md").read_text(encoding="utf-8")
+    found = set()
+    for block in re.findall(r"^```(?:bash|sh|)\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.splitlines():
+            line = re.split(r"\s+#|\s{3,}", line.strip(), maxsplit=1)[0].strip()
+            if line.startswith("python benchmarks/distill_bench.py"):
+                found.add(" ".join(line.split()))
+    assert found and not found - set(DISTILL_SMOKE), sorted(found - set(DISTILL_SMOKE))
+
+
+def test_the_smoke_config_is_small():
+    raw, settings = bench.load_config(ROOT / SMOKE)
+    assert len(raw["arms"]) == 2 and raw["seeds"] == [1] and raw["budget"]["updates"] == 2
+
+
+@pytest.mark.slow
+def test_the_distill_benchmark_runs_on_a_fresh_clone(tmp_path):
+    from tests.student.benchmark.test_smoke import assert_untouched, fresh_clone, run
+
+    clone = fresh_clone(tmp_path / "clone")
+    for command in DISTILL_SMOKE.values():
+        run(clone, command)
+    summary = json.loads((clone / "runs/benchmarks/distill-smoke/distill_bench_smoke.json")
+                         .read_text())
+    assert summary["complete"] and set(summary["grid"]["choice"]) == {"sft", "gkd"}
+    assert {c["arm"] for c in summary["main"]["cells"]} == {"sft", "gkd"}
+    assert summary["start"]["warm_student"]["t1"] is not None
+    # The committed results' runs are not in a clone: --analyze-only says so, writes nothing.
+    out = run(clone, "python benchmarks/distill_bench.py --analyze-only --update-committed",
+              code=1)
+    assert "holds no results.json" in out and "Traceback" not in out
+    assert_untouched(clone)
