@@ -11,8 +11,9 @@ Three steps, each a pure function (arrays in, arrays out, deterministic):
 * :func:`render_pieces` renders a conversation with each content string replaced by a
   unique placeholder, so the rendered text splits into *pieces*: contents (with their
   provenance: prompt, model, environment) and template scaffolding between them. The
-  real rendering must equal the placeholder rendering with the contents put back (a
-  template that rewrites a content string is refused, naming the message).
+  real rendering must be the placeholder rendering with each content put back whole or
+  trimmed (Qwen3's template drops a reply's leading newlines); bytes one side trimmed
+  are that side's own. A template that rewrites a content otherwise is refused.
 * :func:`token_byte_cuts` tokenizes a text and returns each token's UTF-8 byte span as
   a partition of the text's bytes: the tokenizer's character offsets turned into byte
   offsets, byte-level and byte-fallback tokens that share one character split by their
@@ -64,15 +65,18 @@ _BYTE_FALLBACK_RE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 class Rendering:
     """One side's rendering of an episode: its text and where the contents sit in it.
 
-    ``piece_start_C``/``piece_end_C`` are UTF-8 byte offsets of each content piece in
-    ``text`` (in message order), ``piece_provenance_C`` their provenance and
-    ``piece_text`` their strings; every byte outside the pieces is template.
+    ``piece_start_C``/``piece_end_C`` are UTF-8 byte offsets of what the template
+    wrote of each content piece in ``text`` (in message order): all of it, or the part
+    left after a trim, which starts ``piece_offset_C`` bytes into the content.
+    ``piece_provenance_C`` is each piece's provenance and ``piece_text`` its full string;
+    every byte outside the pieces is template.
     """
 
     text: str
     piece_text: tuple[str, ...]
     piece_start_C: np.ndarray
     piece_end_C: np.ndarray
+    piece_offset_C: np.ndarray
     piece_provenance_C: np.ndarray
 
 
@@ -187,29 +191,54 @@ def render_pieces(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
             "was expected (each once, in message order); cross-tokenizer alignment needs a "
             "template that writes every content verbatim"
         )
-    starts, ends, rebuilt, cursor = [], [], [], 0
-    for k, gap in enumerate(parts[0::2]):
-        rebuilt.append(gap)
-        cursor += len(gap.encode("utf-8"))
-        if k < len(pieces):
-            piece = pieces[k][0]
-            rebuilt.append(piece)
-            starts.append(cursor)
-            cursor += len(piece.encode("utf-8"))
-            ends.append(cursor)
-    if "".join(rebuilt) != text:
-        raise ConfigError(
-            "the chat template changes a content string when it renders it (the rendering "
-            "with contents put back differs from the real one); cross-tokenizer alignment "
-            "needs a template that writes contents verbatim"
-        )
+    starts, ends, offsets = _locate(text, parts[0::2], [p for p, _ in pieces])
     return Rendering(
         text=text,
         piece_text=tuple(p for p, _ in pieces),
         piece_start_C=np.asarray(starts, dtype=np.int64),
         piece_end_C=np.asarray(ends, dtype=np.int64),
+        piece_offset_C=np.asarray(offsets, dtype=np.int64),
         piece_provenance_C=np.asarray([p for _, p in pieces], dtype=np.int64),
     )
+
+
+def _locate(text: str, gaps: list[str], pieces: list[str]) -> tuple[list, list, list]:
+    """Byte spans of each piece in ``text`` = ``gaps[0] piece[0] gaps[1] ... gaps[n]``.
+
+    A template may trim a content (Qwen3's drops an assistant reply's leading newlines):
+    then what it wrote must be one contiguous part of the content, and the span is that
+    part, with its byte offset into the content. Any other rewrite is refused.
+    """
+    starts, ends, offsets = [], [], []
+    cursor = 0  # in characters
+    for k, piece in enumerate(pieces):
+        gap, nxt = gaps[k], gaps[k + 1]
+        if not text.startswith(gap, cursor):
+            raise ConfigError(f"the chat template writes around content {k} differently when "
+                              "it holds the real text; cross-tokenizer alignment needs a "
+                              "template that writes contents verbatim")
+        cursor += len(gap)
+        if text.startswith(piece + nxt, cursor):
+            written = piece
+        else:
+            stop = len(text) - len(nxt) if k == len(pieces) - 1 else text.find(nxt, cursor) if nxt else -1
+            written = text[cursor:stop] if stop >= cursor else None
+            if written is None or piece.find(written) < 0:
+                raise ConfigError(
+                    f"the chat template rewrites content {k} ({piece[:40]!r}) beyond trimming "
+                    "it; cross-tokenizer alignment needs a template that writes contents "
+                    "verbatim"
+                )
+        head = len(text[:cursor].encode("utf-8"))
+        starts.append(head)
+        ends.append(head + len(written.encode("utf-8")))
+        offsets.append(len(piece[:piece.find(written)].encode("utf-8")))
+        cursor += len(written)
+    if text[cursor:] != gaps[-1]:
+        raise ConfigError("the chat template ends the conversation differently when it holds "
+                          "the real text; cross-tokenizer alignment needs a template that "
+                          "writes contents verbatim")
+    return starts, ends, offsets
 
 
 def _is_byte_level(backend: Any) -> bool:
@@ -278,20 +307,36 @@ def token_byte_cuts(backend: Any, text: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(enc.ids, dtype=np.int64), cuts
 
 
-def _side(rendering: Rendering, cuts_T1: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per byte: token index, provenance; and the byte index of each shared content byte."""
+def _shared_bytes(student: Rendering, teacher: Rendering) -> tuple[list, list]:
+    """Per side, ``(piece, byte indices)`` of the content bytes both sides wrote, in order.
+
+    Where one template trimmed a content the other wrote whole, the bytes only one side
+    holds are not shared (they count as that side's template).
+    """
+    s_idx, t_idx = [], []
+    for k in range(len(student.piece_text)):
+        s0, t0 = student.piece_offset_C[k], teacher.piece_offset_C[k]
+        s_len = student.piece_end_C[k] - student.piece_start_C[k]
+        t_len = teacher.piece_end_C[k] - teacher.piece_start_C[k]
+        lo, hi = max(s0, t0), min(s0 + s_len, t0 + t_len)
+        if hi > lo:
+            s_idx.append((k, np.arange(lo, hi) - s0 + student.piece_start_C[k]))
+            t_idx.append((k, np.arange(lo, hi) - t0 + teacher.piece_start_C[k]))
+    return s_idx, t_idx
+
+
+def _side(rendering: Rendering, cuts_T1: np.ndarray, shared: list[tuple[int, np.ndarray]]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per byte: token index and provenance; and the byte index of each shared byte."""
     n_bytes = int(cuts_T1[-1])
     if n_bytes != len(rendering.text.encode("utf-8")):
         raise ConfigError(f"token cuts end at byte {n_bytes} but the rendering has "
                           f"{len(rendering.text.encode('utf-8'))} bytes; tokenize the same text")
     token_B = np.repeat(np.arange(cuts_T1.shape[0] - 1), np.diff(cuts_T1))
     prov_B = np.zeros(n_bytes, dtype=np.int64)
-    shared = []
-    for s, e, p in zip(rendering.piece_start_C, rendering.piece_end_C,
-                       rendering.piece_provenance_C, strict=True):
-        prov_B[s:e] = p
-        shared.append(np.arange(s, e))
-    shared_S = np.concatenate(shared) if shared else np.zeros(0, dtype=np.int64)
+    for k, idx in shared:
+        prov_B[idx] = rendering.piece_provenance_C[k]
+    shared_S = np.concatenate([idx for _, idx in shared]) if shared else np.zeros(0, np.int64)
     return token_B, prov_B, shared_S
 
 
@@ -309,8 +354,9 @@ def align(student: Rendering, student_cuts_T1: np.ndarray,
                      if a != b), min(len(student.piece_text), len(teacher.piece_text)))
         raise ConfigError(f"student and teacher renderings differ at content piece {diff}; "
                           "align renderings of the same messages and tool results")
-    s_token_B, s_prov_B, s_shared_S = _side(student, student_cuts_T1)
-    t_token_B, t_prov_B, t_shared_S = _side(teacher, teacher_cuts_T1)
+    s_idx, t_idx = _shared_bytes(student, teacher)
+    s_token_B, s_prov_B, s_shared_S = _side(student, student_cuts_T1, s_idx)
+    t_token_B, t_prov_B, t_shared_S = _side(teacher, teacher_cuts_T1, t_idx)
     s_tok_S, t_tok_S = s_token_B[s_shared_S], t_token_B[t_shared_S]
     # A shared group closes where both sides start a new token.
     opens_S = np.ones(s_tok_S.shape[0], dtype=bool)

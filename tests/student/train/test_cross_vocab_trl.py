@@ -99,7 +99,8 @@ def trl_run(tmp_path_factory):
 
 def _ours_alignment(s_cuts: np.ndarray, t_cuts: np.ndarray):
     n = int(s_cuts[-1])
-    piece = Rendering("a" * n, ("a" * n,), np.array([0]), np.array([n]), np.array([MODEL]))
+    piece = Rendering("a" * n, ("a" * n,), np.array([0]), np.array([n]), np.array([0]),
+                      np.array([MODEL]))
     return align(piece, s_cuts, piece, t_cuts)
 
 
