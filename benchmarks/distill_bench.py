@@ -407,11 +407,8 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
             continue
         data = json.loads(results.read_text(encoding="utf-8"))
         cells = [analyze_cell(c, results.parent) for c in data["cells"]]
-        recipe = yaml.safe_load((results.parent / data["config"]["recipe"]).read_text(
-            encoding="utf-8"))
-        every = int(recipe["train"].get("eval_every") or 0)
-        budget = int(raw["budget"]["updates"])
-        updates = sorted({0, budget, *(range(every, budget + 1, every) if every else [])})
+        # The equal-update readings: every update count some cell was evaluated at.
+        updates = sorted({p["update"] for c in cells for p in c.get("curve") or []})
         block: dict[str, Any] = {**provenance(results, data, output), "updates": updates,
                                  "seconds": settings.wall_clock_s}
         if phase == "grid":
