@@ -40,6 +40,7 @@ def _env(name="calculator"):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tasks=st.lists(TASKS, min_size=1, max_size=5))
+@pytest.mark.slow
 def test_round_trip_is_lossless(tmp_path_factory, tasks):
     # A user converting to verl and back gets byte-identical task dicts.
     path = tmp_path_factory.mktemp("rt") / "x.parquet"

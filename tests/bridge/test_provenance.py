@@ -39,6 +39,7 @@ def _fetch_lines(bundle: Path, cwd: Path) -> list[str]:
     return [line[len(prefix):] for line in proc.stderr.splitlines() if line.startswith(prefix)]
 
 
+@pytest.mark.slow
 def test_recorded_rebuild_commands_run_through_bash(toy_bundle, tmp_path):
     # The command in base_model.json once lost its JSON quotes in the shell
     # (NameError: name 'heads' is not defined); a user pastes it as written.

@@ -29,6 +29,7 @@ def _help(args) -> str:
     return result.output
 
 
+@pytest.mark.slow
 def test_no_help_screen_shows_a_type_on_a_flag():
     paths = list(_command_paths(typer.main.get_command(app)))
     assert ("teacher", "serve") in paths and ("bridge", "doctor") in paths  # nested too

@@ -77,6 +77,7 @@ def test_an_edited_mask_is_rejected_with_file_and_line(traj_file, tmp_path):
     assert f"{bad}:2" in str(result.exception)
 
 
+@pytest.mark.slow
 def test_inspect_runs_without_torch_and_exits_1_on_bad_input(traj_file, tmp_path):
     path, _, _ = traj_file
     code = (

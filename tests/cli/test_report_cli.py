@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -38,6 +39,7 @@ def test_report_default_path_is_inside_the_run(tmp_path: Path) -> None:
     assert (run / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_report_on_a_missing_run_is_one_line_and_exit_1(tmp_path: Path) -> None:
     # Through the real entry point: a user error prints one line, no traceback.
     proc = subprocess.run(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from miniverl.cli.app import app
@@ -27,6 +28,7 @@ def _flip_verdict(path: Path, line: int = 1) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 def test_inspect_refuses_a_changed_line_in_one_line(tmp_path: Path) -> None:
     run = report_runs.make_run(tmp_path / "run")
     _flip_verdict(run / "trajectories.jsonl")

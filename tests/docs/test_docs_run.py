@@ -33,6 +33,7 @@ def test_every_block_is_marked(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+@pytest.mark.slow
 def test_page_blocks_pass(page, tmp_path):
     failures = page_failures(page, tmp_path)
     assert not failures, "\n\n".join(failures)

@@ -86,6 +86,7 @@ def _run(recipe, toy):
     return result, recorder.calls
 
 
+@pytest.mark.slow
 def test_half_of_each_gkd_batch_is_fresh_and_half_from_the_fixed_set(tmp_path, toy):
     mixed, calls = _run(make_recipe("offline_kd", tmp_path / "mix", cycles=2, fixed_set="oracle",
                                     on_policy_fraction=0.5), toy)
@@ -143,6 +144,7 @@ def _plays(shape, tasks, seeds, recipe):
         return runner.run(tasks, policy_version=0, seeds=seeds)
 
 
+@pytest.mark.slow
 def test_seqkd_trains_on_episodes_the_teachers_weights_play(tmp_path, monkeypatch):
     teacher = {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu"}
     recipe = make_recipe("sft", tmp_path, cycles=2, fixed_set="teacher",
@@ -177,6 +179,7 @@ def test_seqkd_trains_on_episodes_the_teachers_weights_play(tmp_path, monkeypatc
     assert first["wall_s"] > event["time_load_s"] + event["time_play_s"]
 
 
+@pytest.mark.slow
 def test_offline_kd_scores_the_teacher_set_and_counts_its_playing_time(tmp_path, toy):
     fake = toy.fake_client()
     recipe = make_recipe("offline_kd", tmp_path, cycles=1, fixed_set="teacher",
@@ -244,6 +247,7 @@ def test_a_resumed_gkd_run_trains_exactly_what_the_uninterrupted_one_did(tmp_pat
     assert same_parameters(expected, got)
 
 
+@pytest.mark.slow
 def test_seqkd_applies_the_teachers_competence_gate(tmp_path, monkeypatch):
     from miniverl.common import qualification
 

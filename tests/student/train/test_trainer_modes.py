@@ -178,6 +178,7 @@ def test_replay_never_trains_on_targets_older_than_max_lag(tmp_path, toy, max_la
     assert manifest(result.run_dir)["on_policy"] is False
 
 
+@pytest.mark.slow
 def test_sft_warmup_runs_before_the_first_opd_cycle(tmp_path, toy):
     fake = toy.fake_client()
     warmup, cycles = 2, 2
@@ -198,6 +199,7 @@ def test_sft_warmup_runs_before_the_first_opd_cycle(tmp_path, toy):
         (warmup, warmup + cycles - 1)]
 
 
+@pytest.mark.slow
 def test_warmup_cpu_threads_hold_while_the_answered_teacher_idles(tmp_path, toy, monkeypatch):
     # The teacher has answered HELLO before the first warm-up step (an in-process client
     # answers at once): every warm-up step runs on the wider thread count, every

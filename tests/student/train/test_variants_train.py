@@ -9,6 +9,7 @@ test_aggregation_and_reward.py has unequal ones)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -56,6 +57,7 @@ def _close(a: list, b: list) -> bool:
     return all(torch.allclose(x, y, rtol=0, atol=1e-5) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.slow
 def test_micro_batches_do_not_change_the_update(tmp_path, toy):
     def run(accum, **loss):
         recipe = make_recipe("opd", tmp_path / f"{accum}{loss}", cycles=2, grad_accum=accum,
@@ -69,6 +71,7 @@ def test_micro_batches_do_not_change_the_update(tmp_path, toy):
     assert not _close(one, run(1, distillation_loss_coef=1.0))
 
 
+@pytest.mark.slow
 def test_a_group_baseline_finds_each_tasks_episodes_in_the_update(tmp_path, toy):
     # rollout.group_size 2: every task of a batch is played twice, so each episode has a
     # peer for its leave-one-out baseline (an episode without one would stop the run).
@@ -81,6 +84,7 @@ def test_a_group_baseline_finds_each_tasks_episodes_in_the_update(tmp_path, toy)
     assert all(tasks.count(task) == 2 for task in tasks)
 
 
+@pytest.mark.slow
 def test_replay_weighs_its_older_tokens_by_a_ratio_away_from_one(tmp_path, toy, monkeypatch):
     # Replay trains on episodes of older versions: there the weight is not 1, and it
     # never exceeds the cap.
