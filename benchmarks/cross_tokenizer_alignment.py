@@ -38,7 +38,11 @@ from miniverl.student.benchmark.outputs import add_output_options, script_output
 from miniverl.student.environments import get_environment  # noqa: E402
 from miniverl.student.environments.registry import make_tasks  # noqa: E402
 from miniverl.student.rollout.oracle import oracle_trajectory  # noqa: E402
-from miniverl.student.train.cross_vocab import build_vocab_map, exact_groups_G  # noqa: E402
+from miniverl.student.train.cross_vocab import (  # noqa: E402
+    build_vocab_map,
+    exact_groups_G,
+    token_bytes,
+)
 from tests.common.cross_tokenizer_kit import LOADERS, SKIPS  # noqa: E402
 
 COMMITTED = ROOT / "benchmarks" / "results" / "cross_tokenizer_alignment.json"
@@ -62,6 +66,11 @@ def _episodes(n_tasks: int) -> list[dict]:
 def _pair(student_name: str, teacher_name: str, episodes: list[dict]) -> dict:
     student, teacher = LOADERS[student_name](), LOADERS[teacher_name]()
     vmap = build_vocab_map(student, teacher)
+    unmapped = None
+    if len(student) < 1000:  # a small vocabulary: list what the map misses
+        table = token_bytes(student)
+        unmapped = [table[i].decode("utf-8") if table[i].isascii() and len(table[i]) > 1
+                    else table[i].hex() for i in np.flatnonzero(vmap.student_to_teacher_V < 0)]
     totals = {"student_positions": 0, "trainable_positions": 0, "model_positions": 0,
               "model_aligned_positions": 0, "exact_positions": 0,
               "teacher_positions": 0, "groups": 0, "trainable_groups": 0}
@@ -103,6 +112,9 @@ def _pair(student_name: str, teacher_name: str, episodes: list[dict]) -> dict:
         "student": student_name,
         "teacher": teacher_name,
         "vocab_map": vmap.coverage(),
+        # A small student vocabulary's unmapped tokens: text if a multi-byte ASCII string
+        # (a special token), else hex bytes.
+        "unmapped_student_tokens": unmapped,
         "totals": totals,
         "trainable_share": totals["trainable_positions"] / totals["student_positions"],
         "model_aligned_share": totals["model_aligned_positions"] / totals["model_positions"],
