@@ -76,6 +76,17 @@ def _packed(seqs):
     return tokens, cu
 
 
+def test_the_engine_client_implements_the_scoring_seam():
+    from miniverl.protocol.scoring_client import ScoringClient
+    from tests.protocol.test_scoring_client import mismatches
+
+    assert mismatches(EngineTeacherClient) == []
+    client = EngineTeacherClient("http://127.0.0.1:9", flavour="vllm", model="m",
+                                 tokenize=lambda s: [], tokenizer_fp="fp", vocab_size=10)
+    assert isinstance(client, ScoringClient) and client.hello is None
+    client.close()
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_targets_equal_our_teachers_and_requests_pipeline(toy, flavour):
     from miniverl.teacher_server.scoring import score_positions
