@@ -2,12 +2,13 @@
 
 :class:`ScoringClient` is a :class:`typing.Protocol`: the methods the training side calls
 on a teacher client (``student/train/teacher_link.py``, ``student/train/teacher.py``,
-``student/train/trainer.py``). Two classes implement it today: the ZeroMQ client
-(:class:`~miniverl.protocol.sync_client.SyncTeacherClient`, over ``mvl-score/1``) and
-the in-process fake (:class:`~miniverl.testing.fake_teacher.FakeTeacherClient`, no
-sockets); ``tests/protocol/test_scoring_client.py`` checks that both do, method by
-method. Nothing in the signatures names a transport, so a client over another one
-(an HTTP engine teacher) implements the same methods.
+``student/train/trainer.py``). Three classes implement it: the ZeroMQ client
+(:class:`~miniverl.protocol.sync_client.SyncTeacherClient`, over ``mvl-score/1``), the
+HTTP engine-teacher client (:class:`~miniverl.protocol.engine_client.EngineTeacherClient`,
+a vLLM or SGLang server) and the in-process fake
+(:class:`~miniverl.testing.fake_teacher.FakeTeacherClient`, no sockets);
+``tests/protocol/test_scoring_client.py`` and ``tests/protocol/test_engine_client.py``
+check that they do, method by method. Nothing in the signatures names a transport.
 
 What an implementation promises: :meth:`ScoringClient.wait` returns only replies that
 passed the staleness rule (``protocol/pending.py``, :func:`accept_reply`) for the
