@@ -361,78 +361,52 @@ def align(student: Rendering, student_cuts_T1: np.ndarray,
     # A shared group closes where both sides start a new token.
     opens_S = np.ones(s_tok_S.shape[0], dtype=bool)
     opens_S[1:] = (s_tok_S[1:] != s_tok_S[:-1]) & (t_tok_S[1:] != t_tok_S[:-1])
-    gid_S = np.cumsum(opens_S) - 1
-    n_shared = int(gid_S[-1]) + 1 if gid_S.size else 0
+    starts_S = np.flatnonzero(opens_S)
+    ends_S = np.append(starts_S[1:], s_tok_S.shape[0])[:starts_S.shape[0]] - 1
+    # Tokens are monotone in the shared bytes, so a group's first and last tokens are
+    # those of its first and last byte; a token between them (template bytes only) is in it.
+    first = (s_tok_S[starts_S], t_tok_S[starts_S])
+    last = (s_tok_S[ends_S], t_tok_S[ends_S])
+    cuts = (student_cuts_T1, teacher_cuts_T1)
+    counts: list[list[int]] = []  # [student tokens, teacher tokens] per group, in order
+    cursor, latest = [0, 0], [-1, -1]  # per side: next token; latest group holding one
 
-    def labels(n_tokens: int, tok_S: np.ndarray) -> np.ndarray:
-        # Each token's shared group, or -1 for a token holding no shared byte (template
-        # only, or empty).
-        lab = np.full(n_tokens, -1, dtype=np.int64)
-        lab[tok_S] = gid_S
-        lo = np.full(n_shared, n_tokens, dtype=np.int64)
-        hi = np.full(n_shared, -1, dtype=np.int64)
-        np.minimum.at(lo, gid_S, tok_S)
-        np.maximum.at(hi, gid_S, tok_S)
-        for g in range(n_shared):  # a token between two of a group's tokens is in it
-            lab[lo[g]:hi[g] + 1] = g
-        return lab
-
-    s_n, t_n = student_cuts_T1.shape[0] - 1, teacher_cuts_T1.shape[0] - 1
-    s_lab, t_lab = labels(s_n, s_tok_S), labels(t_n, t_tok_S)
-    # Order: each shared group, then the one-sided template tokens after it (student's
-    # first). A template token sits after the number of shared groups that precede it.
-    keys: list[tuple[int, int, int]] = [(2 * g + 1, 0, 0) for g in range(n_shared)]
-    members: list[tuple[list[int], list[int]]] = [([], []) for _ in range(n_shared)]
-    for side, lab, cuts in ((0, s_lab, student_cuts_T1), (1, t_lab, teacher_cuts_T1)):
-        before = np.maximum.accumulate(np.where(lab >= 0, lab + 1, 0)) if lab.size else lab
-        for i in np.flatnonzero(lab < 0):
-            empty = cuts[i + 1] == cuts[i]
-            if empty and (i > 0 or lab.size > 1):
-                continue  # an empty token joins its neighbour's group below
-            keys.append((2 * int(before[i]), side, int(i)))
-            members.append(([int(i)], []) if side == 0 else ([], [int(i)]))
-        for g in range(n_shared):
-            (members[g][side]).extend(int(i) for i in np.flatnonzero(lab == g))
-    # Empty unlabelled tokens join the group of the token before them (the first one
-    # the group of the token after it).
-    for side, lab in ((0, s_lab), (1, t_lab)):
-        owner = np.full(lab.size, -1, dtype=np.int64)
-        for g, m in enumerate(members):
-            owner[m[side]] = g
-        for i in range(lab.size):
-            if owner[i] < 0:
-                nb = owner[i - 1] if i > 0 else next(o for o in owner if o >= 0)
-                owner[i] = nb
-                members[nb][side].append(i)
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-
-    def ranges(side: int) -> tuple[np.ndarray, np.ndarray]:
-        starts, ends = [], []
-        cursor = 0
-        for g in order:
-            m = members[g][side]
-            if m:
-                lo, hi = min(m), max(m) + 1
-                if lo != cursor or hi - lo != len(m):
-                    raise AssertionError(f"alignment groups do not tile side {side} at {lo}")
-                cursor = hi
-                starts.append(lo)
-                ends.append(hi)
+    def one_sided(side: int, stop: int) -> None:
+        """Each side's tokens before ``stop`` that hold no shared byte: a group each,
+        except an empty token, which joins the group of the token before it."""
+        while cursor[side] < stop:
+            i = cursor[side]
+            if cuts[side][i + 1] == cuts[side][i] and latest[side] >= 0:
+                counts[latest[side]][side] += 1  # the groups since have none of this side
             else:
-                starts.append(cursor)
-                ends.append(cursor)
-        return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+                counts.append([1, 0] if side == 0 else [0, 1])
+                latest[side] = len(counts) - 1
+            cursor[side] += 1
 
-    ss, se = ranges(0)
-    ts, te = ranges(1)
-    prov_G = np.empty(len(order), dtype=np.int64)
-    for k in range(len(order)):
-        kinds = np.union1d(
-            np.unique(s_prov_B[student_cuts_T1[ss[k]]:student_cuts_T1[se[k]]]),
-            np.unique(t_prov_B[teacher_cuts_T1[ts[k]]:teacher_cuts_T1[te[k]]]))
-        prov_G[k] = kinds[0] if kinds.size == 1 else MIXED
+    for g in range(starts_S.shape[0]):
+        one_sided(0, int(first[0][g]))
+        one_sided(1, int(first[1][g]))
+        counts.append([int(last[0][g] - first[0][g]) + 1, int(last[1][g] - first[1][g]) + 1])
+        latest[0] = latest[1] = len(counts) - 1
+        cursor[0], cursor[1] = int(last[0][g]) + 1, int(last[1][g]) + 1
+    one_sided(0, student_cuts_T1.shape[0] - 1)
+    one_sided(1, teacher_cuts_T1.shape[0] - 1)
+
+    count_G2 = np.asarray(counts, dtype=np.int64).reshape(-1, 2)
+    se, te = np.cumsum(count_G2[:, 0]), np.cumsum(count_G2[:, 1])
+    ss, ts = se - count_G2[:, 0], te - count_G2[:, 1]
+    # The provenances present in each group's bytes, both sides, from prefix counts.
+    present_G4 = np.zeros((count_G2.shape[0], 4), dtype=bool)
+    for prov_B, c, lo, hi in ((s_prov_B, student_cuts_T1, ss, se),
+                              (t_prov_B, teacher_cuts_T1, ts, te)):
+        prefix_B4 = np.zeros((prov_B.shape[0] + 1, 4), dtype=np.int64)
+        prefix_B4[1:] = np.cumsum(prov_B[:, None] == np.arange(4), axis=0)
+        present_G4 |= (prefix_B4[c[hi]] - prefix_B4[c[lo]]) > 0
+    n_kinds_G = present_G4.sum(1)
+    prov_G = np.where(n_kinds_G == 1, present_G4.argmax(1), TEMPLATE)
+    prov_G = np.where(n_kinds_G > 1, MIXED, prov_G)
     trainable_G = (se > ss) & (te > ts) & (prov_G != TEMPLATE) & (prov_G != MIXED)
-    return Alignment(ss, se, ts, te, prov_G, trainable_G)
+    return Alignment(ss, se, ts, te, prov_G.astype(np.int64), trainable_G)
 
 
 def align_episode(student_tokenizer: Any, teacher_tokenizer: Any,

@@ -12,7 +12,8 @@ cover the same bytes) this module computes three per-group signals
   Logit Distillation Loss"): the L1 distance between the two sides' probability vectors
   sorted in decreasing order, which needs no map; over a multi-token group the
   probabilities are merged as TRL 1.16's GOLD trainer merges them (the distribution at
-  one position times the probabilities of the group's other actual tokens). The hybrid
+  one position times the probabilities of the group's other actual tokens; from a
+  teacher's top-k and its actual tokens' log-probs alike). The hybrid
   of TRL (JSD on the tokens both vocabularies share, sorted L1 on the rest) is here too;
 * **sampled token**: the teacher's log-prob of the bytes of a group (the sum of its
   tokens' log-probs) against the student's, the group-level reverse-KL estimate, given
@@ -244,6 +245,33 @@ def merge_group_probs(probs_T_V: torch.Tensor, token_ids_T: torch.Tensor,
     scale_G = torch.where(ends_G - starts_G > 1, log_scale_G.exp(), torch.ones_like(log_scale_G))
     merged = rows_G_V * scale_G[:, None].to(rows_G_V.dtype)
     return torch.where(empty_G[:, None], torch.zeros_like(merged), merged)
+
+
+def merge_group_topk(topk_probs_T_K: torch.Tensor, actual_logprob_T: torch.Tensor,
+                     starts_G: torch.Tensor, ends_G: torch.Tensor,
+                     strategy: str = "observed") -> torch.Tensor:
+    """``[G, K]``: :func:`merge_group_probs` for a teacher that sent only its top-k.
+
+    The merge needs the full row at one position and the probability of the actual
+    token at the others; a teacher that sends its top-k probabilities and the log-prob
+    of each actual token (``actual_logprob_T``) gives exactly that. With ``K`` the whole
+    vocabulary it is :func:`merge_group_probs`.
+    """
+    if strategy not in ("observed", "bayesian"):
+        raise ConfigError(f"merge strategy {strategy!r} is not one of observed, bayesian")
+    log_actual_T = actual_logprob_T.to(topk_probs_T_K.dtype).clamp_min(float(np.log(PROB_EPS)))
+    csum = torch.cat([log_actual_T.new_zeros(1), log_actual_T.cumsum(0)])
+    starts_G, ends_G = starts_G.long(), ends_G.long()
+    if strategy == "observed":
+        base_G = starts_G
+        log_scale_G = csum[ends_G] - csum[torch.minimum(starts_G + 1, ends_G)]
+    else:
+        base_G = ends_G - 1
+        log_scale_G = csum[torch.maximum(ends_G - 1, starts_G)] - csum[starts_G]
+    rows_G_K = topk_probs_T_K[base_G.clamp(0, max(topk_probs_T_K.shape[0] - 1, 0))]
+    scale_G = torch.where(ends_G - starts_G > 1, log_scale_G.exp(), torch.ones_like(log_scale_G))
+    merged = rows_G_K * scale_G[:, None]
+    return torch.where((ends_G <= starts_G)[:, None], torch.zeros_like(merged), merged)
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:

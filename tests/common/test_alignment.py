@@ -164,3 +164,15 @@ def test_digest_changes_with_the_split():
     whole = align(piece, np.array([0, 2]), piece, np.array([0, 2]))
     split = align(piece, np.array([0, 1, 2]), piece, np.array([0, 2]))
     assert whole.digest() != split.digest()
+
+
+def test_an_empty_token_joins_the_group_before_it():
+    """A token with no bytes (an offset run whose byte lengths did not add up) is kept:
+    in the group of the token before it, so positions still tile."""
+    text = "xab"
+    student = Rendering(text, ("ab",), np.array([1]), np.array([3]), np.array([0]),
+                        np.array([MODEL]))
+    a = align(student, np.array([0, 1, 1, 3]), student, np.array([0, 1, 3]))
+    assert list(zip(a.student_start_G, a.student_end_G, strict=True)) == [(0, 2), (2, 2), (2, 3)]
+    assert list(zip(a.teacher_start_G, a.teacher_end_G, strict=True)) == [(0, 0), (0, 1), (1, 2)]
+    assert a.trainable_G.tolist() == [False, False, True]

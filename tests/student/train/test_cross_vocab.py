@@ -121,6 +121,18 @@ def test_merge_keeps_single_rows_and_multiplies_the_others():
         cv.merge_group_probs(probs, ids, starts, ends, "mean")
 
 
+def test_topk_merge_is_the_full_merge_with_the_whole_vocabulary():
+    """A teacher that sends its top-k and each actual token's log-prob gives the same
+    merged rows as one that sends every probability, when k is the vocabulary."""
+    probs = torch.softmax(torch.randn(5, 6, generator=torch.Generator().manual_seed(7)), -1)
+    ids = torch.tensor([0, 5, 2, 2, 1])
+    starts, ends = torch.tensor([0, 2, 5]), torch.tensor([2, 5, 5])
+    actual = probs.gather(-1, ids[:, None]).squeeze(-1).log()
+    for strategy in ("observed", "bayesian"):
+        torch.testing.assert_close(cv.merge_group_topk(probs, actual, starts, ends, strategy),
+                                   cv.merge_group_probs(probs, ids, starts, ends, strategy))
+
+
 def test_uld_is_zero_for_a_relabelled_vocabulary_and_pads_the_shorter():
     p = torch.softmax(torch.randn(3, 8, generator=torch.Generator().manual_seed(2)), -1)
     perm = torch.randperm(8, generator=torch.Generator().manual_seed(3))
