@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create a separate virtual environment holding TRL 1.16.0 and aiohttp, for
 # tests/teacher_server/test_openai_trl.py: TRL's own VLLMClient.get_sequence_logprobs
-# scoring against `miniverl teacher serve --openai`.
+# scoring against `miniverl teacher serve --openai`, and for
+# tests/student/train/test_cross_vocab_trl.py (TRL's GOLD alignment and ULD losses).
 #
 #   bash tests/teacher_server/setup_trl_venv.sh       # venv at $MINIVERL_TRL_VENV
 #   MINIVERL_TRL_VENV=/tmp/t bash tests/teacher_server/setup_trl_venv.sh
