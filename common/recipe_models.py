@@ -287,6 +287,13 @@ class TeacherConfig(Placement):
         if not engine and (self.api is not None or self.api_key_env is not None):
             raise_issue("api", "api and api_key_env are for an http(s):// endpoint (a vLLM or "
                         "SGLang server); set one or drop them", involves=("api_key_env",))
+        served_here = {"adapter": self.adapter, "prepare": self.prepare,
+                       "scorer": None if self.scorer == "causal_lm" else self.scorer}
+        for name, value in served_here.items():
+            if engine and value is not None:
+                raise_issue(name, f"teacher.{name} {value!r} is applied by `miniverl teacher "
+                            f"serve`, not by an engine server at {self.endpoint!r}; serve "
+                            f"the merged model there and drop {name}", involves=("endpoint",))
         if engine and (self.model.path or self.model.hub_id) is None:
             raise_issue("model", "an engine teacher's model is the served model's name: give it "
                         "as teacher.model.path or teacher.model.hub_id", involves=("endpoint",))

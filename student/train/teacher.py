@@ -112,7 +112,14 @@ def engine_client(state: TrainState, endpoint: str, *,
     or hub id and speaks ``teacher.api``; another one (``miniverl teacher use``) speaks
     the same API and is taken with the one model it serves, gated like any teacher.
     """
-    teacher, policy = state.recipe.teacher, state.policy
+    teacher, policy, loss = state.recipe.teacher, state.policy, state.recipe.loss
+    if state.kind != "topk" or loss.temperature != 1.0:
+        # Refused here, at the handshake: before the warm-up and any rollout.
+        raise ConfigError(
+            f"an engine teacher ({endpoint}) returns top-k prompt log-probs at temperature "
+            f"1 only; this run asks for {state.kind} targets at temperature "
+            f"{loss.temperature}: use a top-k objective with loss.temperature: 1.0, or "
+            "serve the teacher with `miniverl teacher serve`")
     own = endpoint == teacher.endpoint and teacher.api is not None
     tokenizer = policy.tokenizer
     return EngineTeacherClient(

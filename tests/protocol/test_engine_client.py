@@ -440,3 +440,25 @@ def test_a_running_student_moves_to_an_engine_and_back_without_a_restart(tmp_pat
     assert moves[0]["new"]["model"] == "toy-teacher"  # SGLang found by its /get_model_info
     assert len(scored) == 4  # the one cycle scored by the engine
     assert not events(result.run_dir, "teacher_swap_refused")
+
+
+def test_what_only_our_teacher_applies_is_refused_with_an_engine(tmp_path):
+    engine = {"model": {"path": "m"}, "endpoint": "http://127.0.0.1:8000", "api": "vllm"}
+    for extra, name in (({"prepare": "t.yaml"}, "prepare"), ({"adapter": "dir"}, "adapter"),
+                        ({"scorer": "my_scorer"}, "scorer")):
+        with pytest.raises(Exception, match=f"teacher.{name} .* is applied by"):
+            make_recipe("opd", tmp_path, sections={"teacher": {**engine, **extra}})
+
+
+def test_a_temperature_the_engine_cannot_serve_is_refused_before_any_rollout(tmp_path, toy):
+    from miniverl.student.train.trainer import Trainer
+
+    model, tokenizer, _ = toy
+    with FakeEngine(model, tokenizer) as engine:
+        recipe = make_recipe("opd", tmp_path / "run", cycles=1, sections={
+            "teacher": {"model": {"path": engine.model}, "endpoint": engine.url, "api": "vllm"},
+            "loss": {"temperature": 2.0, "allow_temperature_mismatch": True}})
+        trainer = Trainer(recipe, show_progress=False, write_report=False)
+        with pytest.raises(ConfigError, match="temperature 1 only"), trainer:
+            trainer.train()
+        assert not any(r in ("/v1/completions", "/tokenize") for r, _ in engine.requests)
