@@ -36,6 +36,7 @@ from miniverl.common.qualification import (  # noqa: F401  (re-exported for the 
     require_qualified,
     save_record,
 )
+from miniverl.common.toy import cache_root
 
 HELD_OUT = ("eval", "test")
 
@@ -93,8 +94,6 @@ def _stored_dir(model_dir: str | Path) -> str:
     """How a record names the weights: relative to the cache when they are in it (a
     prepared or converted model), else relative to the working directory; never an
     absolute path of this machine (the digest beside it identifies the weights)."""
-    from miniverl.common.toy import cache_root
-
     path, cache = Path(model_dir).expanduser().resolve(), cache_root().resolve()
     return (path.relative_to(cache).as_posix() if path.is_relative_to(cache)
             else Path(os.path.relpath(path)).as_posix())
