@@ -1,8 +1,10 @@
 """The teacher's own episodes as a fixed set (``train.fixed_set: teacher``).
 
 In the arm's preparation (before its first cycle, after the SFT warm-up) the teacher
-plays every training task once, in task order, with episode seeds drawn from the run
-seed (:func:`teacher_set`, :mod:`~miniverl.student.teacher_play`): its weights are
+plays each training task the run will train on once (SeqKD: the tasks of its planned
+cycles; offline KD: every task, or, with ``train.score_fixed_set: drawn``, those its
+planned draws hold), in task order, with episode seeds drawn from the run seed and the
+task's position (:func:`teacher_set`, :mod:`~miniverl.student.teacher_play`): its weights are
 loaded in the student process, sample at the recipe's rollout settings, and are freed
 again. In ``sft`` no teacher server holds a handshake, so the teacher's competence gate
 (``teacher.min_success``, ``min_recovery``) is applied here, before it plays. The set is written to the run's ``trajectories.jsonl`` (``source: teacher``), so
@@ -30,6 +32,8 @@ from pathlib import Path
 
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.teacher_play import play_as_teacher, success_rate
+from miniverl.student.train.batches import fixed_draw
+from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import TrainState, episode_seed, tasks_for
 
 # The teacher set's episode seeds come from this cycle number, far past any real cycle,
@@ -49,9 +53,13 @@ def recorded_teacher_set(path: Path) -> list[Trajectory]:
     return list(kept.values())
 
 
-def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
-    """``(set, seconds, recorded)``: one teacher episode per training task, in task
-    order; ``recorded`` when a resumed run found the set it had played."""
+def teacher_set(state: TrainState,
+                needed: list[int] | None = None) -> tuple[list[Trajectory], float, bool]:
+    """``(set, seconds, recorded)``: one teacher episode per training task (only the
+    tasks at the positions ``needed``, when given: the ones the run will train on), in
+    task order; ``recorded`` when a resumed run found the set it had played. Task ``i``
+    has the same episode seed either way, so a partial set is the whole one's episodes
+    of those tasks."""
     t0 = time.perf_counter()
     recorded = recorded_teacher_set(state.run.trajectories_path)
     if recorded:
@@ -62,6 +70,8 @@ def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
     recipe, policy = state.recipe, state.policy
     tasks = state.train_tasks
     seeds = [episode_seed(recipe.run.seed, TEACHER_SET_CYCLE, i) for i in range(len(tasks))]
+    if needed is not None:
+        tasks, seeds = [tasks[i] for i in needed], [seeds[i] for i in needed]
     # SeqKD has no served teacher whose handshake applies teacher.min_success: gate here
     # (offline_kd's teacher server has passed it by now).
     played = play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
@@ -70,6 +80,23 @@ def teacher_set(state: TrainState) -> tuple[list[Trajectory], float, bool]:
                     success=played.success, time_load_s=played.time_load_s,
                     time_play_s=played.time_play_s)
     return played.trajectories, time.perf_counter() - t0, False
+
+
+def seqkd_positions(state: TrainState) -> list[int]:
+    """The positions (in the training tasks) of every task SeqKD's planned cycles train
+    on: the only ones whose teacher episode it needs."""
+    n = state.recipe.train.rollouts_per_cycle
+    where = {task.id: i for i, task in enumerate(state.train_tasks)}
+    return sorted({where[task.id] for c in range(planned_cycles(state.recipe))
+                   for task in tasks_for(state, c, n)})
+
+
+def drawn_positions(state: TrainState, size: int, count: int) -> list[int]:
+    """The positions of a fixed set of ``size`` that the planned cycles' draws of
+    ``count`` (``batches.fixed_draw``) hold."""
+    everything = list(range(size))
+    return sorted({i for c in range(planned_cycles(state.recipe))
+                   for i in fixed_draw(state.recipe, everything, c, count)})
 
 
 @dataclass
@@ -82,7 +109,7 @@ class TeacherBatches:
         """Play (or read back) the teacher set, once per run, and record it."""
         if self.by_task:
             return
-        trajs, _, recorded = teacher_set(state)
+        trajs, _, recorded = teacher_set(state, needed=seqkd_positions(state))
         if not recorded:
             write_trajectories(state.run.trajectories_path, trajs, append=True)
         self.by_task = {t.task_id: t for t in trajs}

@@ -45,8 +45,8 @@ from miniverl.common.trajectory import Trajectory, read_trajectories, write_traj
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.batches import fixed_draw
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
-from miniverl.student.train.fixed_sets import teacher_set
-from miniverl.student.train.mixing import mixed_cycle
+from miniverl.student.train.fixed_sets import drawn_positions, teacher_set
+from miniverl.student.train.mixing import mixed_cycle, split
 from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import (
     CycleResult,
@@ -65,7 +65,7 @@ class LazyScoredSet:
     first time a batch holds it (bound to the set's version), unless the targets cache
     already holds them, and kept for the rest of the run."""
 
-    trajs: list[Trajectory]
+    trajs: list[Trajectory | None]  # by position; None where no draw of the run falls
     version: int
     scored: dict[str, Scored] = field(default_factory=dict)
 
@@ -77,6 +77,9 @@ class LazyScoredSet:
         """``count`` trajectories drawn for ``cycle`` (``batches.fixed_draw``) with their
         targets; those scored now; and the seconds spent waiting for the teacher."""
         picked = fixed_draw(state.recipe, self.trajs, cycle, count)
+        if any(t is None for t in picked):
+            raise RuntimeError(f"cycle {cycle} drew a fixed-set position the run did not "
+                               "plan to draw; the set was built for other cycles")
         missing = [t for t in picked if t.id not in self.scored]
         if missing:
             self.scored.update(
@@ -134,10 +137,20 @@ def prepare_fixed_set(state: TrainState) -> list[Scored] | LazyScoredSet:
     if recipe.train.fixed_set == "teacher":
         # The teacher's own episodes (fixed_sets.py), bound to version 0 like oracle
         # traces; their playing time is the set's sampling time.
-        played, t_play, recorded = teacher_set(state)
         if recipe.train.score_fixed_set == "drawn":
+            # Only the tasks the planned draws hold are played, each at its position.
+            size, train = len(state.train_tasks), recipe.train
+            count = (split(train.rollouts_per_cycle, train.on_policy_fraction)[1]
+                     if train.on_policy_fraction is not None else train.rollouts_per_cycle)
+            played, t_play, recorded = teacher_set(
+                state, needed=drawn_positions(state, size, count))
+            where = {task.id: i for i, task in enumerate(state.train_tasks)}
+            slots: list[Trajectory | None] = [None] * size
+            for traj in played:
+                slots[where[traj.task_id]] = traj
             return _lazy_set(state, played, source="teacher", t_sample=t_play,
-                             recorded=recorded)
+                             recorded=recorded, slots=slots)
+        played, t_play, recorded = teacher_set(state)
         return _score_uncached(state, played, 0, source="teacher", t_sample=t_play)
     t0 = time.perf_counter()
     if source:
@@ -164,16 +177,19 @@ def prepare_fixed_set(state: TrainState) -> list[Scored] | LazyScoredSet:
 
 
 def _lazy_set(state: TrainState, fixed_set: list[Trajectory], *, source: str,
-              t_sample: float, recorded: bool) -> LazyScoredSet:
+              t_sample: float, recorded: bool,
+              slots: list[Trajectory | None] | None = None) -> LazyScoredSet:
     """The set, recorded (unless a resume or the teacher set's reading found it so) and
-    announced; scored as it is drawn."""
+    announced; scored as it is drawn (``slots``: the set by position, where only some
+    positions were built)."""
     if not recorded:
         write_trajectories(state.run.trajectories_path, fixed_set, append=True)
+    slots = list(fixed_set) if slots is None else slots
     state.run.event("offline_targets_scored", source=source, trajectories=0,
-                    set_size=len(fixed_set), lazy=True, reused_from_cache=0, positions=0,
-                    time_sample_s=t_sample, time_teacher_wait_s=0.0, bytes_sent=0,
-                    bytes_received=0)
-    return LazyScoredSet(fixed_set, 0)
+                    set_size=len(fixed_set), drawn_from=len(slots), lazy=True,
+                    reused_from_cache=0, positions=0, time_sample_s=t_sample,
+                    time_teacher_wait_s=0.0, bytes_sent=0, bytes_received=0)
+    return LazyScoredSet(slots, 0)
 
 
 def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int, *,

@@ -144,3 +144,56 @@ def test_the_new_fields_leave_the_digest_of_a_recipe_without_them_unchanged(tmp_
     assert recipe_digest(make_recipe("offline_kd", tmp_path, oracle_tasks=4)) != recipe_digest(base)
     assert recipe_digest(make_recipe("offline_kd", tmp_path, score_fixed_set="drawn")) \
         != recipe_digest(base)
+
+
+def _teacher_episodes(tasks, seeds, recipe):
+    """What the toy teacher's weights play on ``tasks`` with ``seeds``, all in one go."""
+    from miniverl.common.modeling import load_causal_lm, load_tokenizer
+    from miniverl.common.tokenizer_id import fingerprint_tokenizer
+    from miniverl.student.rollout.runner import RolloutRunner
+    from tests.toy_kit import TEACHER, toy_dir
+
+    model_dir = toy_dir(TEACHER)
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, dtype="float32", device="cpu")
+    runner = RolloutRunner(model, tok, env_name="calculator", rollout=recipe.rollout,
+                           tokenizer_fp=fingerprint_tokenizer(tok))
+    with torch.no_grad():
+        return runner.run(tasks, policy_version=0, seeds=seeds)
+
+
+@pytest.mark.slow
+def test_seqkd_plays_only_the_tasks_its_cycles_train_on(tmp_path):
+    from miniverl.common.trajectory import read_trajectories
+    from miniverl.student.train.fixed_sets import TEACHER_SET_CYCLE
+    from miniverl.student.train.state import episode_seed
+    from tests.toy_kit import TEACHER
+
+    teacher = {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu"}
+    recipe = make_recipe("sft", tmp_path, cycles=1, fixed_set="teacher",
+                         sections={"teacher": teacher})
+    with Trainer(recipe, **OPTS) as trainer:
+        result = trainer.train()
+    played = read_trajectories(result.run_dir / "trajectories.jsonl")
+    (event,) = events(result.run_dir, "teacher_set_played")
+    assert event["episodes"] == 4 == len(played)  # one cycle of 4 of the 8 tasks
+    tasks = make_tasks("calculator", "train", 8, "easy", 0)
+    seeds = [episode_seed(0, TEACHER_SET_CYCLE, i) for i in range(8)]
+    # Each is the whole set's episode of its task: the same seed, the same tokens.
+    whole = {t.task_id: t for t in _teacher_episodes(tasks, seeds, recipe)}
+    assert all(t.tokens == whole[t.task_id].tokens for t in played)
+
+
+@pytest.mark.slow
+def test_kd_on_a_teacher_set_scored_as_drawn_plays_only_what_its_draws_hold(tmp_path, toy):
+    from miniverl.common.trajectory import read_trajectories
+
+    recipe = make_recipe("offline_kd", tmp_path, cycles=1, fixed_set="teacher",
+                         score_fixed_set="drawn", rollouts_per_cycle=2)
+    _, calls, _ = _run(recipe, toy.fake_client())
+    drawn = fixed_draw(recipe, TASKS, 0, 2)
+    assert [s[0].task_id for s in calls[0]["scored"]] == drawn
+    played = read_trajectories(next(tmp_path.glob("t-offline_kd-*")) / "trajectories.jsonl")
+    assert sorted(t.task_id for t in played) == sorted(drawn)
+    (event,) = events(next(tmp_path.glob("t-offline_kd-*")), "offline_targets_scored")
+    assert (event["set_size"], event["drawn_from"]) == (2, 8)
