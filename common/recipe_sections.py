@@ -317,8 +317,9 @@ class TrainConfig(Section):
         None,
         description="offline_kd: when the fixed set's targets are requested. all = every "
         "trajectory before the first update; drawn = each update's draw the first time "
-        "it holds a trajectory (cache hits free), so a run pays for what it trains on; "
-        "the frozen student set is always scored first; null = all.",
+        "it holds a trajectory (cache hits free), and a teacher set is played only for "
+        "the tasks the planned draws hold, so a run pays for what it trains on; the "
+        "frozen student set is always scored first; null = all.",
     )
     oracle_tasks: int | None = Field(
         None, ge=1, le=10_000_000,
