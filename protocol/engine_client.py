@@ -335,7 +335,7 @@ class EngineTeacherClient:
                  tokenizer_name: str = "the student's tokenizer", bos_id: int | None = None,
                  api_key_env: str | None = None, request_timeout_s: float = 60.0,
                  max_retries: int = 3, retry_backoff_s: float = 0.5, max_inflight: int = 8,
-                 max_positions: int = 1 << 20, transport: Any = None, **_ignored: Any):
+                 max_positions: int = 1 << 20, transport: Any = None):
         if flavour not in (*FLAVOURS, "auto"):
             raise ConfigError(f"teacher.api {flavour!r} is not one of {', '.join(FLAVOURS)}")
         if max_inflight < 1 or max_retries < 0:

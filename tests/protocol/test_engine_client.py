@@ -462,3 +462,21 @@ def test_a_temperature_the_engine_cannot_serve_is_refused_before_any_rollout(tmp
         with pytest.raises(ConfigError, match="temperature 1 only"), trainer:
             trainer.train()
         assert not any(r in ("/v1/completions", "/tokenize") for r, _ in engine.requests)
+
+
+def test_retarget_switches_only_to_a_server_that_validates(toy):
+    model, tokenizer, _ = toy
+    tokens, cu = _packed(_sequences(toy, 1))
+    with FakeEngine(model, tokenizer) as first, FakeEngine(model, tokenizer, name="b") as second, \
+            FakeEngine(model, tokenizer, name="c") as alien, _client(first, toy) as client:
+        alien.tokenize = lambda text, special: [t + 1 for t in tokenizer.encode(text)]
+        with pytest.raises(TokenizerMismatch):
+            client.retarget(alien.url)
+        assert client.endpoint == first.url  # refused: still the first server
+        old = client.bind()
+        hello = client.retarget(second.url)
+        assert hello.teacher.model == "b" and client.endpoint == second.url
+        client.set_version(0)
+        assert client.bind() != old
+        client.wait([client.submit(tokens, cu, np.array([1], np.int32), k=K)], timeout_s=10)
+        assert any(r == "/v1/completions" for r, _ in second.requests)
