@@ -12,7 +12,8 @@ re-sends the whole update, so one update never mixes teacher generations.
 were requested for (the version that sampled the trajectory, or 0 for a fixed set).
 
 The client is a :class:`~miniverl.protocol.scoring_client.ScoringClient`: the ZeroMQ
-``SyncTeacherClient``, or the in-process ``FakeTeacherClient`` of ``miniverl.testing``.
+``SyncTeacherClient``, the HTTP ``EngineTeacherClient`` (a vLLM or SGLang server), or
+the in-process ``FakeTeacherClient`` of ``miniverl.testing``.
 Its :meth:`~ScoringClient.wait` returns only replies its staleness rule accepted for the
 version and teacher this update bound, so this module does not check them again.
 
