@@ -424,10 +424,20 @@ def test_a_running_student_moves_to_an_engine_and_back_without_a_restart(tmp_pat
         log = loop.log_cycle
         hops = {1: engine.url, 2: served.endpoint}  # after update 1: to the engine; 2: back
 
+        answers = []
+
         def logging_then_move(state, done):
+            from miniverl.protocol.control_socket import RetargetRequest
+            from miniverl.student.control import ControlServer
+
             log(state, done)
-            if state.step in hops:
-                trainer.request_retarget(hops.pop(state.step))
+            if state.step in hops:  # as `miniverl teacher use RUN ENDPOINT` asks
+                control = ControlServer(trainer)
+                if state.step == 1:
+                    with pytest.raises(ConfigError, match="no path"):
+                        control._handle(RetargetRequest(id=1, endpoint=f"{engine.url}/v1"))
+                answers.append(control._handle(RetargetRequest(id=2,
+                                                               endpoint=hops.pop(state.step))))
 
         monkeypatch.setattr(loop, "log_cycle", logging_then_move)
         with trainer:
@@ -440,6 +450,7 @@ def test_a_running_student_moves_to_an_engine_and_back_without_a_restart(tmp_pat
     assert moves[0]["new"]["model"] == "toy-teacher"  # SGLang found by its /get_model_info
     assert len(scored) == 4  # the one cycle scored by the engine
     assert not events(result.run_dir, "teacher_swap_refused")
+    assert [a.endpoint for a in answers] == [engine.url, served.endpoint]
 
 
 def test_what_only_our_teacher_applies_is_refused_with_an_engine(tmp_path):
