@@ -70,6 +70,9 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     assert data["eval"].pop("samples") is None and data["eval"].pop("temperature") is None
     # The loss variants (docs/losses.md).
     assert all(data["loss"].pop(name) is None for name in LOSS_VARIANT_FIELDS)
+    # Scarce demonstrations and lazy fixed-set scoring (docs/distillbench.md).
+    assert data["train"].pop("oracle_tasks") is None
+    assert data["train"].pop("score_fixed_set") is None
     del data["train"]["fixed_set"], data["teacher"]["min_recovery"]
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]
