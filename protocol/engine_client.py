@@ -63,7 +63,7 @@ from miniverl.protocol.checks import validate_score
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import HelloOk, ParkOk, Score, ScoreOk, TeacherState, WakeOk
 from miniverl.protocol.pending import PendingTable
-from miniverl.protocol.scoring_client import Identity, ScoreResult
+from miniverl.protocol.scoring_client import Identity, ScoreResult, as_async, connected
 
 Flavour = Literal["vllm", "sglang"]
 FLAVOURS: tuple[str, ...] = ("vllm", "sglang")
@@ -522,7 +522,7 @@ class EngineTeacherClient:
         return self._start().start_task_soon(self._connect, timeout_s)
 
     def set_version(self, version: int, allowed_lag: int = 0) -> None:
-        self._run(_as_async(self._start_table().set_version), version, allowed_lag)
+        self._run(as_async(self._start_table().set_version), version, allowed_lag)
 
     def _start_table(self) -> PendingTable:
         self._start()
@@ -691,15 +691,11 @@ class EngineTeacherClient:
             await self._http.aclose()
 
     def __enter__(self) -> EngineTeacherClient:
-        try:
-            self.connect()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return connected(self)
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
 
 
 def _api_key(env: str) -> str:
@@ -721,10 +717,3 @@ def _message(reply: Any) -> str:
         return str(error.get("message", error))[:200]
     return str(body.get("message", body) if isinstance(body, dict) else body)[:200]
 
-
-def _as_async(fn: Any) -> Any:
-    @functools.wraps(fn)
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return call

@@ -22,7 +22,8 @@ the errors it raises; it sends nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -125,3 +126,24 @@ class ScoringClient(Protocol):
 
     def close(self) -> None:
         """Release the connection (idempotent)."""
+
+
+def connected(client: Any) -> Any:
+    """``client`` after ``client.connect()``, closed again if the connect fails: what
+    ``with client:`` does for every blocking client here (their ``__enter__``)."""
+    try:
+        client.connect()
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def as_async(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a coroutine function, to run a plain call on a client's event loop."""
+
+    @functools.wraps(fn)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return call

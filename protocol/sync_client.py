@@ -26,7 +26,7 @@ from miniverl.protocol.messages import (
     ShutdownOk,
     WakeOk,
 )
-from miniverl.protocol.scoring_client import Identity, ScoreResult
+from miniverl.protocol.scoring_client import Identity, ScoreResult, as_async, connected
 
 
 class SyncTeacherClient:
@@ -72,13 +72,13 @@ class SyncTeacherClient:
         if self._portal is None:
             self._core.set_version(version, allowed_lag)
         else:
-            self._run(_as_async(self._core.set_version), version, allowed_lag)
+            self._run(as_async(self._core.set_version), version, allowed_lag)
 
     def bind(self) -> Identity:
         return self._run(self._core.bind)
 
     def unbind(self) -> None:
-        self._run(_as_async(self._core.unbind))
+        self._run(as_async(self._core.unbind))
 
     def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, *,
                kind: str = "topk", k: int = 16, temperature: float = 1.0,
@@ -127,20 +127,7 @@ class SyncTeacherClient:
             portal_cm.__exit__(None, None, None)
 
     def __enter__(self) -> SyncTeacherClient:
-        try:
-            self.connect()
-        except BaseException:
-            self.close()
-            raise
-        return self
+        return connected(self)
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-
-def _as_async(fn: Any) -> Any:
-    @functools.wraps(fn)
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return call
