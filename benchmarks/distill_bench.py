@@ -59,8 +59,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
-from real_model_learning import missing_runs, provenance, run_path  # noqa: E402
+from real_model_learning import (  # noqa: E402
+    benchmark_arguments,
+    missing_runs,
+    provenance,
+    run_path,
+)
 from recovery_bench import seed_interval  # noqa: E402
+
+from miniverl.student.benchmark.config import merge_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "distill" / "config.yaml"
@@ -120,15 +127,6 @@ def load_config(path: Path) -> tuple[dict[str, Any], DistillSettings]:
     return raw, settings
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
 
 def _arm_overrides(arm: dict[str, Any], lr: float, split: str) -> dict[str, Any]:
     over = {"train": {"lr": lr}, "eval": {"split": split}}
@@ -136,7 +134,7 @@ def _arm_overrides(arm: dict[str, Any], lr: float, split: str) -> dict[str, Any]
         # One targets cache per arm for every seed, rate and phase: a set one cell
         # scored is free for the others (a relative cache.dir is under the phase folder).
         over["cache"] = {"dir": f"../targets/{arm['name']}"}
-    return _merge(arm.get("overrides") or {}, over)
+    return merge_overrides(arm.get("overrides") or {}, over)
 
 
 def phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
@@ -279,7 +277,7 @@ def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict 
                          what="student_prepare", model_field="the base recipe's model")
     teacher = None
     for arm in raw["arms"]:
-        recipe = _merge(base, arm.get("overrides") or {})
+        recipe = merge_overrides(base, arm.get("overrides") or {})
         section = recipe.get("teacher") or {}
         seqkd = (recipe.get("train") or {}).get("fixed_set") == "teacher"
         if (arm["mode"] in TEACHER_MODES or seqkd) and section.get("prepare"):
@@ -543,17 +541,10 @@ def check_kept(out_dir: Path, phases: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=CONFIG)
+    ap = benchmark_arguments(__doc__, CONFIG)
     ap.add_argument("--phase", choices=("grid", "main", "all"), default="all",
                     help="grid: the learning-rate grid; main: the report's cells at the "
                          "grid's choice; all: both, in that order")
-    ap.add_argument("--resume", action="store_true", help="continue an interrupted benchmark")
-    ap.add_argument("--analyze-only", action="store_true", help="only re-read the kept runs")
-    ap.add_argument("--output-dir", type=Path, default=None,
-                    help="where to write (default runs/benchmarks/<config name>)")
-    ap.add_argument("--update-committed", action="store_true",
-                    help="rewrite the committed results (the config's output_dir) instead")
     args = ap.parse_args(argv)
     raw, settings = load_config(args.config)
     config_dir = args.config.resolve().parent

@@ -168,11 +168,12 @@ def load_benchmark_config(path: str | Path) -> tuple[BenchmarkConfig, dict[str, 
     return config, base
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge_overrides(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in, nested mappings key by key (an arm's overrides)."""
     out = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_overrides(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -187,7 +188,7 @@ def cell_recipe(
     cells that give the same one (an arm's seeds) share one targets cache, so a fixed
     set one of them scored is free for the others.
     """
-    recipe = _merge(base, arm.overrides)
+    recipe = merge_overrides(base, arm.overrides)
     cache = recipe.get("cache")
     if isinstance(cache, dict) and cache.get("dir") and not Path(cache["dir"]).is_absolute():
         cache["dir"] = str(out_dir / cache["dir"])
