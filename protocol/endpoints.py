@@ -37,7 +37,9 @@ def ipc_endpoint(run_dir: str | os.PathLike) -> str:
     return f"ipc://{Path(run_dir).resolve() / 'teacher.sock'}"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an address, or an address in brackets) is this machine's
+    loopback: the one bind that needs no key, on the ZeroMQ and the HTTP side alike."""
     host = host.strip("[]")
     if host == "localhost":
         return True
@@ -88,7 +90,7 @@ def check_bind_endpoint(endpoint: str, curve_configured: bool) -> str:
             os.chmod(parent, 0o700)
     elif scheme == "tcp":
         host = rest.rpartition(":")[0]
-        if not _is_loopback(host) and not curve_configured:
+        if not is_loopback(host) and not curve_configured:
             raise ConfigError(
                 f"refusing to bind {endpoint}: {host!r} is not a loopback address and CURVE is "
                 "not configured; bind tcp://127.0.0.1:PORT or pass a server secret key and an "

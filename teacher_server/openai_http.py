@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import itertools
 import json
 import time
@@ -52,6 +51,7 @@ import numpy as np
 from miniverl.common.errors import ConfigError, require
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import decode, decode_header_only
+from miniverl.protocol.endpoints import is_loopback
 from miniverl.protocol.messages import ErrorCode, TeacherState
 from miniverl.teacher_server.server import _on_score
 from miniverl.teacher_server.server_state import ServerState, log
@@ -98,14 +98,6 @@ def parse_bind(text: str) -> tuple[str, int]:
                           "pass the address and port to serve HTTP on")
     return host, int(port)
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def openai_config(bind: str, token_file: str | None) -> OpenAIConfig:
