@@ -214,6 +214,26 @@ def exact_forward_kl_P(student_logits_P_V: torch.Tensor, student_ids_PK: torch.T
 # ---------------------------------------------------------------- ULD
 
 
+def _group_rows(rows_T_X: torch.Tensor, log_actual_T: torch.Tensor, starts_G: torch.Tensor,
+                ends_G: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row each group of positions ``[s, e)`` keeps and the factor it is scaled by:
+    ``observed``: row ``s`` and the actual tokens' probabilities at ``s+1 .. e-1``;
+    ``bayesian``: row ``e-1`` and those at ``s .. e-2``."""
+    if strategy not in ("observed", "bayesian"):
+        raise ConfigError(f"merge strategy {strategy!r} is not one of observed, bayesian")
+    csum = torch.cat([log_actual_T.new_zeros(1), log_actual_T.cumsum(0)])
+    if strategy == "observed":
+        base_G = starts_G
+        log_scale_G = csum[ends_G] - csum[torch.minimum(starts_G + 1, ends_G)]
+    else:
+        base_G = ends_G - 1
+        log_scale_G = csum[torch.maximum(ends_G - 1, starts_G)] - csum[starts_G]
+    rows_G_X = rows_T_X[base_G.clamp(0, max(rows_T_X.shape[0] - 1, 0))]
+    # A one-token group keeps its row exactly (a product of no factors, not exp(0.0)).
+    scale_G = torch.where(ends_G - starts_G > 1, log_scale_G.exp(), torch.ones_like(log_scale_G))
+    return rows_G_X, scale_G
+
+
 def merge_group_probs(probs_T_V: torch.Tensor, token_ids_T: torch.Tensor,
                       starts_G: torch.Tensor, ends_G: torch.Tensor,
                       strategy: str = "observed") -> torch.Tensor:
@@ -226,23 +246,10 @@ def merge_group_probs(probs_T_V: torch.Tensor, token_ids_T: torch.Tensor,
     both as TRL 1.16's ``ULDLoss._merge_probabilities_with_alignment_groups``. An empty
     group is a zero row.
     """
-    if strategy not in ("observed", "bayesian"):
-        raise ConfigError(f"merge strategy {strategy!r} is not one of observed, bayesian")
-    n_t = probs_T_V.shape[0]
     actual_T = probs_T_V.gather(-1, token_ids_T[:, None].long()).squeeze(-1).clamp_min(PROB_EPS)
-    log_actual_T = actual_T.log()
-    csum = torch.cat([log_actual_T.new_zeros(1), log_actual_T.cumsum(0)])
     starts_G, ends_G = starts_G.long(), ends_G.long()
     empty_G = ends_G <= starts_G
-    if strategy == "observed":
-        base_G = starts_G
-        log_scale_G = csum[ends_G] - csum[torch.minimum(starts_G + 1, ends_G)]
-    else:
-        base_G = ends_G - 1
-        log_scale_G = csum[torch.maximum(ends_G - 1, starts_G)] - csum[starts_G]
-    rows_G_V = probs_T_V[base_G.clamp(0, max(n_t - 1, 0))]
-    # A one-token group keeps its row exactly (a product of no factors, not exp(0.0)).
-    scale_G = torch.where(ends_G - starts_G > 1, log_scale_G.exp(), torch.ones_like(log_scale_G))
+    rows_G_V, scale_G = _group_rows(probs_T_V, actual_T.log(), starts_G, ends_G, strategy)
     merged = rows_G_V * scale_G[:, None].to(rows_G_V.dtype)
     return torch.where(empty_G[:, None], torch.zeros_like(merged), merged)
 
@@ -257,19 +264,9 @@ def merge_group_topk(topk_probs_T_K: torch.Tensor, actual_logprob_T: torch.Tenso
     of each actual token (``actual_logprob_T``) gives exactly that. With ``K`` the whole
     vocabulary it is :func:`merge_group_probs`.
     """
-    if strategy not in ("observed", "bayesian"):
-        raise ConfigError(f"merge strategy {strategy!r} is not one of observed, bayesian")
     log_actual_T = actual_logprob_T.to(topk_probs_T_K.dtype).clamp_min(float(np.log(PROB_EPS)))
-    csum = torch.cat([log_actual_T.new_zeros(1), log_actual_T.cumsum(0)])
     starts_G, ends_G = starts_G.long(), ends_G.long()
-    if strategy == "observed":
-        base_G = starts_G
-        log_scale_G = csum[ends_G] - csum[torch.minimum(starts_G + 1, ends_G)]
-    else:
-        base_G = ends_G - 1
-        log_scale_G = csum[torch.maximum(ends_G - 1, starts_G)] - csum[starts_G]
-    rows_G_K = topk_probs_T_K[base_G.clamp(0, max(topk_probs_T_K.shape[0] - 1, 0))]
-    scale_G = torch.where(ends_G - starts_G > 1, log_scale_G.exp(), torch.ones_like(log_scale_G))
+    rows_G_K, scale_G = _group_rows(topk_probs_T_K, log_actual_T, starts_G, ends_G, strategy)
     merged = rows_G_K * scale_G[:, None]
     return torch.where((ends_G <= starts_G)[:, None], torch.zeros_like(merged), merged)
 
