@@ -302,9 +302,7 @@ def plan_lines(recipe: Any) -> list[str]:
             f"warm-up      up to {train.sft_warmup_steps} SFT steps on oracle traces at lr "
             f"{warm_lr:g}{until}"
         )
-    batches = _batch_variants(recipe)
-    if batches:
-        lines.append(f"batches      {'; '.join(batches)} (docs/training.md)")
+    _list_line(lines, "batches", _batch_variants(recipe), "docs/training.md")
     ev = recipe.eval
     if ev.samples is not None:
         temperature = 1.0 if ev.temperature is None else ev.temperature
@@ -323,10 +321,14 @@ def plan_lines(recipe: Any) -> list[str]:
             f"objective    {loss.divergence} over {loss.objective} ({shape}), positions "
             f"{loss.positions}"
         )
-        variants = _loss_variants(loss)
-        if variants:
-            lines.append(f"variants     {'; '.join(variants)} (docs/losses.md)")
+        _list_line(lines, "variants", _loss_variants(loss), "docs/losses.md")
     return lines
+
+
+def _list_line(lines: list[str], label: str, items: list[str], page: str) -> None:
+    """A plan line naming what a recipe turns on, with the page that explains it."""
+    if items:
+        lines.append(f"{label:<12} {'; '.join(items)} ({page})")
 
 
 def _batch_variants(recipe) -> list[str]:
