@@ -148,18 +148,10 @@ def test_the_new_fields_leave_the_digest_of_a_recipe_without_them_unchanged(tmp_
 
 def _teacher_episodes(tasks, seeds, recipe):
     """What the toy teacher's weights play on ``tasks`` with ``seeds``, all in one go."""
-    from miniverl.common.modeling import load_causal_lm, load_tokenizer
-    from miniverl.common.tokenizer_id import fingerprint_tokenizer
-    from miniverl.student.rollout.runner import RolloutRunner
-    from tests.toy_kit import TEACHER, toy_dir
+    from tests.student.train.test_batch_variants import _plays
+    from tests.toy_kit import TEACHER
 
-    model_dir = toy_dir(TEACHER)
-    tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, dtype="float32", device="cpu")
-    runner = RolloutRunner(model, tok, env_name="calculator", rollout=recipe.rollout,
-                           tokenizer_fp=fingerprint_tokenizer(tok))
-    with torch.no_grad():
-        return runner.run(tasks, policy_version=0, seeds=seeds)
+    return _plays(TEACHER, tasks, seeds, recipe)
 
 
 @pytest.mark.slow
