@@ -384,6 +384,11 @@ class EvalConfig(Section):
         None, gt=0.0, le=5.0,
         description="Sampling temperature of the eval.samples episodes; null = 1.0.",
     )
+    before: bool | None = Field(
+        None,
+        description="Evaluate the starting version before the first update (null = true); "
+        "false skips it: a benchmark whose cells all start from one measured checkpoint.",
+    )
 
     @model_validator(mode="after")
     def _sampled(self) -> EvalConfig:

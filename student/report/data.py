@@ -114,6 +114,8 @@ class ReportData:
             (e for e in self.evals if e.get("split", "eval") == split),
             key=lambda e: e.get("version") if isinstance(e.get("version"), int) else -1,
         )
+        if any(e.get("event") == "eval_before_skipped" for e in self.events):
+            return None, rows[-1]  # eval.before: false: no eval measured the start
         return rows[0], (rows[-1] if len(rows) > 1 else None)
 
     def teacher_identities(self) -> list[str]:

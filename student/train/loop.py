@@ -77,7 +77,11 @@ def run(state: TrainState, *, resumed: bool, show_progress: bool):
         mode.resume(state)  # replay reloads its buffer
     state.run.event("run_started", mode=recipe.run.mode, on_policy=recipe.on_policy,
                     version=state.version, resumed=resumed)
-    eval_before = None if resumed else evaluate_now(state).to_dict()
+    eval_before = None
+    if recipe.eval.before is False and not resumed:
+        state.run.event("eval_before_skipped", version=state.version)
+    elif not resumed:
+        eval_before = evaluate_now(state).to_dict()
     try:
         status = train_cycles(state, mode, show_progress=show_progress)
     except TEACHER_FAILURES:
@@ -86,7 +90,13 @@ def run(state: TrainState, *, resumed: bool, show_progress: bool):
         if state.step > 0:
             save_checkpoint(state)
         raise
-    eval_after = evaluate_now(state).to_dict() if status == "completed" else None
+    eval_after = None
+    if status == "completed":
+        # The last periodic eval already measured this version (eval_every divides the
+        # cycles): one evaluation per version, not the same one twice.
+        done = state.last_eval
+        eval_after = (done[1] if done is not None and done[0] == state.version
+                      else evaluate_now(state)).to_dict()
     save_checkpoint(state)  # a stop request also checkpoints, at an update boundary
     # Distinct steps: a run resumed from an earlier checkpoint logs some steps twice.
     on_policy = len({row.get("step") for row in state.run.metrics()
@@ -230,4 +240,5 @@ def evaluate_now(state: TrainState) -> EvalSummary:
     state.run.event("eval", version=state.version, split=summary.split,
                     success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
                     stop_reasons=summary.stop_reasons, **optional)
+    state.last_eval = (state.version, summary)
     return summary

@@ -75,6 +75,9 @@ class TrainState:
     warmup_end: int | None = None
     warmup_losses: list[float] = field(default_factory=list)
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    # The latest evaluation and the version it measured: the final eval of a run whose
+    # train.eval_every divides its cycles reuses the periodic one made at that version.
+    last_eval: tuple[int, Any] | None = None
 
     def wall(self) -> float:
         """Seconds since the trainer was made."""

@@ -68,6 +68,7 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     assert data["rollout"].pop("group_size") is None
     assert data["train"].pop("on_policy_fraction") is None
     assert data["eval"].pop("samples") is None and data["eval"].pop("temperature") is None
+    assert data["eval"].pop("before") is None  # the benchmark's shared start eval
     # The loss variants (docs/losses.md).
     assert all(data["loss"].pop(name) is None for name in LOSS_VARIANT_FIELDS)
     # Scarce demonstrations and lazy fixed-set scoring (docs/distillbench.md).

@@ -297,3 +297,45 @@ class _NoEval:
 
     def to_dict(self):
         return {"split": "eval", "success": 0.0, "n": 0}
+
+
+@pytest.mark.slow
+def test_a_version_is_evaluated_once_when_eval_every_divides_the_cycles(tmp_path, monkeypatch):
+    from miniverl.student.train import loop
+
+    calls = []
+    real = loop.evaluate_now
+
+    def counting(state):
+        calls.append(state.version)
+        return real(state)
+
+    monkeypatch.setattr(loop, "evaluate_now", counting)
+    recipe_d = recipe_dict("sft", tmp_path, cycles=2)
+    recipe_d["train"]["eval_every"] = 2
+    with Trainer(Recipe.model_validate(recipe_d), show_progress=False,
+                 write_report=False) as trainer:
+        result = trainer.train()
+    assert calls == [0, 2]  # before, and the periodic eval at the end, reused as the final
+    evals = events(result.run_dir, "eval")
+    assert [e["version"] for e in evals] == [0, 2]
+    assert result.eval["success"] == evals[-1]["success"]
+
+
+@pytest.mark.slow
+def test_eval_before_false_skips_the_start_and_reports_no_before(tmp_path, monkeypatch):
+    from miniverl.student.benchmark.results import cell_result_from_run
+    from miniverl.student.train import loop
+
+    calls = []
+    real = loop.evaluate_now
+    monkeypatch.setattr(loop, "evaluate_now",
+                        lambda state: calls.append(state.version) or real(state))
+    recipe_d = recipe_dict("sft", tmp_path, cycles=2)
+    recipe_d["eval"] = {"before": False}
+    with Trainer(Recipe.model_validate(recipe_d), show_progress=False,
+                 write_report=False) as trainer:
+        result = trainer.train()
+    assert calls == [2] and result.eval_before is None
+    cell = cell_result_from_run(result.run_dir)
+    assert cell.success_before is None and cell.success_after == result.eval["success"]
