@@ -73,6 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "distill" / "config.yaml"
 RESULTS = ROOT / "benchmarks" / "results" / "distill_bench.json"
 PHASES = ("grid", "main")
+START_EVALS = "start_evals.json"  # the prepared models' evals on each split (start_evals)
 READINGS = ("greedy", "t1")  # greedy success; mean success at T=1 over eval.samples episodes
 
 
@@ -186,12 +187,13 @@ def preparation_s(events: list[dict[str, Any]]) -> float:
                for e in played)
 
 
-def read_curve(run_dir: Path) -> list[dict[str, Any]]:
+def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every evaluation of a run, by update: greedy and T=1 success, the unseen-state
     share, and the training seconds spent up to that update (the fixed set's
     preparation, then rollout + teacher wait + update of each metrics row; evaluation
-    time in none). A version evaluated twice (the last periodic eval and the final one)
-    keeps its last."""
+    time in none). A version evaluated twice keeps its last. A run that did not evaluate
+    its start (``eval.before: false``) starts from ``start``, the warm student's eval on
+    the same split (:func:`start_evals`), at 0 s."""
     events = _jsonl(run_dir / "events.jsonl")
     rows = _jsonl(run_dir / "metrics.jsonl")
     prep = preparation_s(events)
@@ -200,6 +202,10 @@ def read_curve(run_dir: Path) -> list[dict[str, Any]]:
         if e.get("event") == "eval":
             evals[int(e["version"])] = e
     curve = []
+    if 0 not in evals and start is not None:
+        curve.append({"update": 0, "train_s": 0.0, "greedy": start.get("greedy"),
+                      "t1": start.get("t1"), "unseen_states": start.get("unseen_states"),
+                      "n": start.get("n"), "start": "warm student, measured once"})
     for update in sorted(evals):
         e = evals[update]
         spent = sum(float(r.get("time_rollout_s") or 0.0) + float(r.get("time_teacher_wait_s")
@@ -228,14 +234,15 @@ def at_seconds(curve: list[dict[str, Any]], seconds: float) -> dict[str, Any] | 
     return reached[-1] if reached else None
 
 
-def analyze_cell(cell: dict[str, Any], results_dir: Path) -> dict[str, Any]:
+def analyze_cell(cell: dict[str, Any], results_dir: Path,
+                 start: dict[str, Any] | None = None) -> dict[str, Any]:
     result = cell["result"]
     out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
            **{k: result.get(k) for k in ("error", "updates", "wall_s", "run_dir")}}
     if out["status"] != "ok" or not out["run_dir"]:
         return out
     run_dir = run_path(results_dir, out["run_dir"])
-    out["curve"] = read_curve(run_dir)
+    out["curve"] = read_curve(run_dir, start)
     out["preparation_s"] = round(preparation_s(_jsonl(run_dir / "events.jsonl")), 3)
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
     return out
@@ -262,30 +269,103 @@ def check_warm_start(record: dict[str, Any], band: tuple[float, float], prep: st
     return float(t1)
 
 
-def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict | None]:
-    """The warm student's and the teacher's preparation records (each prepared, or
-    found cached, now), as the cells will use them: the student of the base recipe,
-    the teacher of the first arm that needs one (its overrides applied)."""
-    from miniverl.common.recipe import TEACHER_MODES
+def _prepare(prep: str, model: dict[str, Any], what: str, model_field: str) -> dict[str, Any]:
+    """One preparation's record (trained now or found cached); run in its own process."""
     from miniverl.common.recipe_models import ModelSource
     from miniverl.student.teacher_prep import prepare_model
 
+    prepared = prepare_model(prep, ModelSource.model_validate(model), what=what,
+                             model_field=model_field, show_progress=False)
+    return {**prepared.record, "model_dir": str(prepared.model_dir)}
+
+
+def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict | None]:
+    """The warm student's and the teacher's preparation records (each prepared, or
+    found cached, now), as the cells will use them: the student of the base recipe,
+    the teacher of the first arm that needs one (its overrides applied). The two
+    preparations train side by side, one process (and one thread) each."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from miniverl.common.errors import ConfigError
+    from miniverl.common.recipe import TEACHER_MODES
+
     recipe_path = config_dir / raw["recipe"]
     base = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
-    warm = prepare_model(config_dir / raw["student_prepare"],
-                         ModelSource.model_validate(base["student"]["model"]),
-                         what="student_prepare", model_field="the base recipe's model")
-    teacher = None
+    jobs = {"warm": (str(config_dir / raw["student_prepare"]), base["student"]["model"],
+                     "student_prepare", "the base recipe's model")}
     for arm in raw["arms"]:
         recipe = merge_overrides(base, arm.get("overrides") or {})
         section = recipe.get("teacher") or {}
         seqkd = (recipe.get("train") or {}).get("fixed_set") == "teacher"
         if (arm["mode"] in TEACHER_MODES or seqkd) and section.get("prepare"):
-            teacher = prepare_model(recipe_path.parent / section["prepare"],
-                                    ModelSource.model_validate(section["model"]),
-                                    what="teacher.prepare", model_field="teacher.model").record
+            jobs["teacher"] = (str(recipe_path.parent / section["prepare"]), section["model"],
+                               "teacher.prepare", "teacher.model")
             break
-    return warm.record, teacher
+    print(f"preparing (or finding cached): {', '.join(jobs)}", flush=True)
+    with ProcessPoolExecutor(max_workers=len(jobs), mp_context=get_context("spawn")) as pool:
+        futures = {name: pool.submit(_prepare, *job) for name, job in jobs.items()}
+        try:
+            records = {name: f.result() for name, f in futures.items()}
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
+    return records["warm"], records.get("teacher")
+
+
+def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], split: str,
+                cache: Path) -> dict[str, Any]:
+    """Each prepared model's eval on ``split`` (greedy and ``eval.samples`` at T=1), made
+    once with the base recipe's rollout and eval settings and kept in ``cache``: every
+    cell starts from the warm student (``eval.before: false`` in the cells), so this is
+    every cell's update 0, and the teacher's row is its margin on the same tasks."""
+    import time
+
+    import torch
+
+    from transformers import AutoTokenizer
+
+    from miniverl.common.modeling import load_causal_lm
+    from miniverl.common.recipe import Recipe
+    from miniverl.student.eval import evaluate
+
+    known = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
+    # The baseline arm's recipe: its environment, rollout and eval are every cell's.
+    arm = next(a for a in raw["arms"] if a["name"] == raw["baseline"])
+    base = merge_overrides(yaml.safe_load((config_dir / raw["recipe"]).read_text(encoding="utf-8")),
+                           arm.get("overrides") or {})
+    for name, model_dir in models.items():
+        key = f"{name}:{split}"
+        if known.get(key, {}).get("model") == Path(model_dir).name:
+            continue
+        data = copy.deepcopy(base)
+        data.pop("teacher", None)
+        data.pop("loss", None)
+        data["run"] = {**data["run"], "mode": "sft", "seed": 0}
+        data["student"] = {**data["student"], "model": {"path": model_dir}}
+        data["eval"] = {**data["eval"], "split": split}
+        data["train"] = {k: v for k, v in data["train"].items()
+                         if k not in ("pipelining", "max_lag")}
+        recipe = Recipe.model_validate(data)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            model = load_causal_lm(model_dir, dtype="float32", device="cpu")
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                summary = evaluate(model, tokenizer, recipe, policy_version=0).to_dict()
+        finally:
+            torch.set_num_threads(threads)
+        known[key] = {"model": Path(model_dir).name, "split": split, "eval_s": time.perf_counter() - t0,
+                      "greedy": summary.get("success"), "n": summary.get("n"),
+                      "t1": (summary.get("sampled") or {}).get("success"),
+                      "unseen_states": ((summary.get("sampled") or {}).get("coverage")
+                                        or {}).get("unseen_share")}
+        print(f"{name} on {split}: greedy {known[key]['greedy']}, T=1 {known[key]['t1']} "
+              f"({known[key]['eval_s']:.0f} s)", flush=True)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(known, indent=2) + "\n", encoding="utf-8")
+    return {name: known[f"{name}:{split}"] for name in models}
 
 
 def start_summary(warm: dict[str, Any], teacher: dict[str, Any] | None,
@@ -399,12 +479,17 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
                                "distill": settings.model_dump(mode="json"),
                                "start": start, "complete": False}
     names = [a["name"] for a in raw["arms"]]
+    starts = out_dir / START_EVALS
+    known_starts = json.loads(starts.read_text(encoding="utf-8")) if starts.is_file() else {}
+    summary["start_evals"] = known_starts
     for phase in PHASES:
         results = out_dir / phase / "results.json"
         if not results.is_file():
             continue
         data = json.loads(results.read_text(encoding="utf-8"))
-        cells = [analyze_cell(c, results.parent) for c in data["cells"]]
+        split = settings.grid_split if phase == "grid" else settings.main_split
+        start0 = known_starts.get(f"warm:{split}")
+        cells = [analyze_cell(c, results.parent, start0) for c in data["cells"]]
         # The equal-update readings: every update count some cell was evaluated at.
         updates = sorted({p["update"] for c in cells for p in c.get("curve") or []})
         block: dict[str, Any] = {**provenance(results, data, output), "updates": updates,
@@ -562,6 +647,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warm student: T=1 {start['warm_student']['t1']:.3f} (band "
               f"{list(settings.warm_start)}); teacher margin {start['teacher_margin']}",
               flush=True)
+        models = {"warm": warm["model_dir"]}
+        start_evals(raw, config_dir, models, settings.grid_split, out_dir / START_EVALS)
+        if teacher is not None:
+            models["teacher"] = teacher["model_dir"]
+        start_evals(raw, config_dir, models, settings.main_split, out_dir / START_EVALS)
         for phase in phases:
             chosen = None
             if phase == "main":
