@@ -11,7 +11,8 @@ on each side, where docs/protocol.md ("Where each check runs") says:
   ids, and that every position predicts a token of its own sequence. The teacher runs
   it once when it receives one (``teacher_server/server.py``); the client runs
   :func:`validate_score` (the codec's array and size rules, then :func:`check_score`)
-  once before it sends (``client.py``).
+  once before it sends (``client.py``). An ``xvocab`` SCORE has its own rules
+  (``xvocab.py``: the episode, the student's cuts and pieces), which both call.
 - :func:`nonfinite_report` is the finite-targets rule: every float of a reply is
   finite, except ``tail_logmass = -inf`` when ``k = V``. The teacher runs it once before
   it sends, whichever backend computed the reply (``teacher_server/batcher.py``); the
@@ -19,7 +20,8 @@ on each side, where docs/protocol.md ("Where each check runs") says:
 - :func:`reply_problem` is everything the client checks in a SCORE_OK that passed the
   staleness rule: it answers the request it names (kind, ``k``, positions, width),
   holds finite targets, and names no token id outside the vocabulary. The pending
-  table runs it once per reply (``pending.py``, :meth:`PendingTable.on_score_ok`).
+  table runs it once per reply (``pending.py``, :meth:`PendingTable.on_score_ok`);
+  :func:`xvocab_reply_problem` is its twin for an xvocab reply.
 
 This module does not parse headers (``messages.py``), touch bytes (``codec.py``) or
 decide staleness (``pending.py``).
@@ -34,11 +36,18 @@ import numpy as np
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import (
     SCORE_ARRAYS,
+    XVOCAB_SCORE_ARRAYS,
     ErrorCode,
     Message,
     ProtocolViolation,
     Score,
     ScoreOk,
+)
+from miniverl.protocol.xvocab import (
+    alignment_of_groups,
+    check_xvocab_sizes,
+    parse_xvocab_score,
+    tiles,
 )
 
 
@@ -49,7 +58,9 @@ def check_limits(msg: Message, arrays: dict[str, np.ndarray], limits: Limits) ->
     def too_large(text: str) -> ProtocolViolation:
         return ProtocolViolation(text, ErrorCode.TOO_LARGE, rid)
 
-    if msg.t == "SCORE":
+    if msg.t in ("SCORE", "SCORE_OK") and msg.kind == "xvocab":
+        check_xvocab_sizes(msg, arrays, limits)
+    elif msg.t == "SCORE":
         check_sequence_lengths(arrays["cu_seqlens"], limits, rid)
         _score_sizes(msg, arrays, limits)
     elif msg.t == "SCORE_OK":
@@ -115,13 +126,17 @@ def validate_score(msg: Score, arrays: dict[str, np.ndarray], vocab_size: int,
     :class:`ProtocolViolation` with ``ref_id = msg.id``.
     """
     limits = limits or Limits()
-    for name, (dtype, ndim) in SCORE_ARRAYS.items():
+    xvocab = msg.kind == "xvocab"
+    for name, (dtype, ndim) in (XVOCAB_SCORE_ARRAYS if xvocab else SCORE_ARRAYS).items():
         arr = arrays.get(name)
         if arr is None or arr.ndim != ndim or arr.dtype != np.dtype("<" + dtype):
             raise ProtocolViolation(
                 f"SCORE needs array {name!r} as {dtype}[{'N' if ndim == 1 else '...'}]",
                 ErrorCode.BAD_REQUEST, msg.id)
-    _score_sizes(msg, arrays, limits)
+    if xvocab:
+        check_xvocab_sizes(msg, arrays, limits)
+    else:
+        _score_sizes(msg, arrays, limits)
     check_score(msg, arrays, vocab_size, limits)
 
 
@@ -139,6 +154,9 @@ def check_score(msg: Score, arrays: dict[str, np.ndarray], vocab_size: int,
     """
     limits = limits or Limits()
     rid = msg.id
+    if msg.kind == "xvocab":  # no ids of the teacher's vocabulary: the episode's rules
+        parse_xvocab_score(msg, arrays)
+        return
 
     def bad(text: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> ProtocolViolation:
         return ProtocolViolation(text, code, rid)
@@ -250,4 +268,45 @@ def reply_problem(
                 f"teacher sent token ids outside [0, {vocab_size}) for SCORE {msg.id} (e.g. "
                 f"{int(bad.flat[0])}); the reply was dropped; check the teacher's vocabulary "
                 "and top-k"))
+    return None
+
+
+def xvocab_reply_problem(msg: ScoreOk, arrays: dict[str, np.ndarray], *, k: int,
+                         request_sha256: str, student_tokens: int,
+                         vocab_size: int) -> ReplyProblem | None:
+    """None when an xvocab reply (``xvocab.py``) may be trained on, else the problem.
+
+    A reply for another request (``episode_sha256`` not the digest of what was sent) is
+    ``stale_dropped`` and the request stays open, as a reply for another version is. A
+    reply whose groups do not tile the student's ``student_tokens`` positions and the
+    teacher's tokens, whose ``alignment_sha256`` is not its groups' digest, or of another
+    ``k`` is ``malformed`` (open); scored positions outside the teacher's tokens, ids
+    outside ``[0, vocab_size)`` (the teacher's vocabulary) or non-finite floats end it.
+    """
+    if msg.kind != "xvocab" or msg.k != k:
+        return ReplyProblem("malformed", None)
+    if msg.episode_sha256 != request_sha256:
+        return ReplyProblem("stale_dropped", None)
+    groups = arrays["groups"].astype(np.int64)
+    n_teacher = int(arrays["teacher_ids"].shape[0])
+    if not (tiles(groups[:, 0], groups[:, 1], student_tokens)
+            and tiles(groups[:, 2], groups[:, 3], n_teacher)):
+        return ReplyProblem("malformed", None)
+    if alignment_of_groups(groups).digest() != msg.alignment_sha256:
+        return ReplyProblem("malformed", None)
+    if problem := nonfinite_report(arrays, kind="topk", k=msg.k, vocab_size=vocab_size):
+        return ReplyProblem("nonfinite_replies", (
+            f"teacher sent non-finite targets for SCORE {msg.id} ({problem}); the reply was "
+            "dropped; check the teacher's weights, dtype and temperature"))
+    positions = arrays["positions"].astype(np.int64)
+    if positions.size and (positions.min() < 0 or positions.max() >= n_teacher - 1):
+        return ReplyProblem("malformed", (
+            f"teacher scored positions outside its {n_teacher} tokens for SCORE {msg.id}; "
+            "the reply was dropped"))
+    for name in ("ids", "teacher_ids"):
+        ids = arrays[name]
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            return ReplyProblem("malformed", (
+                f"teacher sent {name} outside [0, {vocab_size}) for SCORE {msg.id}; the "
+                "reply was dropped; check the teacher's vocabulary"))
     return None

@@ -55,6 +55,7 @@ from miniverl.protocol.messages import Status as StatusMsg
 from miniverl.protocol.messages import Wake as WakeMsg
 from miniverl.protocol.pending import PendingTable
 from miniverl.protocol.scoring_client import Identity, ScoreResult, ScoreTimeout, TeacherChanged
+from miniverl.protocol.xvocab import request_digest
 
 __all__ = ["ScoreResult", "ScoreTimeout", "TeacherChanged", "TeacherClient"]
 
@@ -153,6 +154,9 @@ class TeacherClient:
         link.raise_fatal()
         if link.tokenizer_fp is None:
             raise ProtocolError("this client has no tokenizer_fp (admin only); it cannot SCORE")
+        if kind == "xvocab":
+            raise ProtocolError("an xvocab SCORE carries an episode, not token ids; "
+                                "use submit_xvocab")
         if not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
             raise ProtocolError(f"temperature={temperature} is outside [{TEMPERATURE_MIN}, "
                                 f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
@@ -171,9 +175,53 @@ class TeacherClient:
             deadline_ms=deadline_ms,
             deterministic=deterministic,
         )
+        hello = link.hello
+        if hello is not None and (hello.tokenizer_fp, hello.vocab_size) != (
+                link.tokenizer_fp, link.vocab_size):
+            raise ProtocolError(
+                f"the teacher's tokenizer {hello.tokenizer_fp} is not this client's "
+                f"{link.tokenizer_fp}: its {kind} targets would index another vocabulary; "
+                "ask for kind='xvocab' (submit_xvocab)")
         validate_score(msg, arrays, link.vocab_size, link.limits)
         self._table.file_score(encode(msg, arrays), rid=rid, kind=msg.kind, k=msg.k,
                                positions=len(arrays["positions"]))
+        await link.pump()
+        return rid
+
+    async def submit_xvocab(self, episode: Any, student_cuts: Any, student_pieces: Any, *,
+                            k: int = 16, temperature: float = 1.0,
+                            deadline_ms: int | None = None,
+                            deterministic: bool = False) -> int:
+        """Queue one xvocab SCORE (docs/protocol.md, "xvocab"); returns its id.
+
+        ``episode`` is ``xvocab.episode_bytes(messages, tools, text)`` (``u1``),
+        ``student_cuts`` the byte cuts ``[T+1]`` of the student's tokens over ``text``,
+        ``student_pieces`` ``[C, 3]`` (start, end, offset) of each content in it
+        (``common/alignment.py``'s ``Rendering``). The connection must have negotiated
+        the kind (``LinkSettings.xvocab`` and the teacher's HELLO_OK).
+        """
+        link = self._link
+        link.require_started()
+        link.raise_fatal()
+        if not link.settings.xvocab:
+            raise ProtocolError("this client did not announce xvocab in HELLO; make it with "
+                                "xvocab=True")
+        if not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+            raise ProtocolError(f"temperature={temperature} is outside [{TEMPERATURE_MIN}, "
+                                f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
+        arrays = {
+            "episode": np.ascontiguousarray(episode, dtype=np.uint8).reshape(-1),
+            "student_cuts": _int32(student_cuts, "student_cuts"),
+            "student_pieces": np.asarray(student_pieces, dtype=np.int32).reshape(-1, 3),
+        }
+        rid = self._table.new_id()
+        msg = Score(id=rid, student_version=self._table.version, kind="xvocab", k=k,
+                    temperature=temperature, deadline_ms=deadline_ms,
+                    deterministic=deterministic)
+        validate_score(msg, arrays, link.vocab_size, link.limits)
+        self._table.file_score(encode(msg, arrays), rid=rid, kind="xvocab", k=k,
+                               positions=len(arrays["student_cuts"]) - 1,
+                               digest=request_digest(arrays))
         await link.pump()
         return rid
 

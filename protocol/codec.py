@@ -9,7 +9,8 @@ arrays are read-only views of the received frames) after checking every size aga
 ``limits`` (``checks.check_limits``). Every malformed input raises :class:`ProtocolViolation` (a
 ``ProtocolError``) and nothing else; no msgpack ext types, no pickle.
 
-dtypes: ``i4`` int32, ``i8`` int64, ``f4`` float32, ``f2`` float16, ``bf16``. numpy has
+dtypes: ``u1`` bytes (an xvocab episode's UTF-8), ``i4`` int32, ``i8`` int64, ``f4``
+float32, ``f2`` float16, ``bf16``. numpy has
 no bfloat16, so bf16 travels as raw 16-bit words and is represented here by
 :data:`BF16`, a one-field structured dtype over ``<u2``: :func:`bf16_from_float32`
 and :func:`bf16_to_float32` convert, :func:`bf16_words` gives the ``uint16`` view
@@ -44,13 +45,15 @@ BF16 = np.dtype([("bf16", "<u2")])
 """bfloat16 as raw little-endian 16-bit words (numpy has no native bfloat16)."""
 
 WIRE_DTYPES: dict[str, np.dtype] = {
+    "u1": np.dtype("u1"),
     "i4": np.dtype("<i4"),
     "i8": np.dtype("<i8"),
     "f4": np.dtype("<f4"),
     "f2": np.dtype("<f2"),
     "bf16": BF16,
 }
-_KIND_TO_CODE = {("i", 4): "i4", ("i", 8): "i8", ("f", 4): "f4", ("f", 2): "f2"}
+_KIND_TO_CODE = {("u", 1): "u1", ("i", 4): "i4", ("i", 8): "i8", ("f", 4): "f4",
+                 ("f", 2): "f2"}
 _DEFAULT_LIMITS = Limits()
 
 

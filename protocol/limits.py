@@ -56,6 +56,9 @@ class Limits(BaseModel):
     max_exact_vocab: int = Field(
         262144, ge=1, description="Largest vocabulary an exact [P, V] reply may carry."
     )
+    max_episode_bytes: int = Field(
+        1 << 20, ge=1, description="Largest episode (UTF-8 JSON) an xvocab SCORE may carry."
+    )
 
     @classmethod
     def from_hello(cls, hello: Any, base: Limits | None = None) -> Limits:
@@ -73,6 +76,10 @@ class Limits(BaseModel):
         fields["max_k"] = min(base.max_k, hello.kinds.topk.k_max)
         if hello.kinds.exact is not None:
             fields["max_exact_vocab"] = min(base.max_exact_vocab, hello.kinds.exact.max_vocab)
+        xvocab = getattr(hello.kinds, "xvocab", None)
+        if xvocab is not None:
+            fields["max_k"] = min(base.max_k, max(hello.kinds.topk.k_max, xvocab.k_max))
+            fields["max_episode_bytes"] = min(base.max_episode_bytes, xvocab.max_episode_bytes)
         return cls(**fields)
 
     def for_context(self, context: int | None) -> Limits:

@@ -2,7 +2,8 @@
 
 :class:`Link` keeps one DEALER (through a ``transport.py`` factory) up and talking:
 HELLO on connect and a check of ``HELLO_OK`` (tokenizer fingerprint and vocabulary
-must match — :class:`TokenizerMismatch` is fatal), a PING whenever the teacher has
+must match — :class:`TokenizerMismatch` is fatal — unless the client announced
+``xvocab`` and the teacher advertises it), a PING whenever the teacher has
 been silent for ``heartbeat_ms`` (three misses: close, reconnect with backoff, HELLO
 again), a resend of the same id after ``request_timeout_s`` or a retryable ERROR,
 NEED_HELLO and a new ``instance`` answered by a fresh handshake and a resend of what
@@ -69,6 +70,9 @@ class LinkSettings:
     keys go to the default ZeroMQ transport; ``transport_factory`` replaces it
     (tests). ``limits`` are this side's before ``HELLO_OK`` tightens them.
     ``admin_token``/``admin_token_file``: the ``auth`` of admin calls (client.py).
+    ``xvocab``: announce in HELLO that this client reads xvocab replies
+    (docs/protocol.md, "xvocab"); a teacher with another tokenizer is then accepted
+    when its HELLO_OK advertises the kind. False: HELLO is what it always was.
     """
 
     endpoint: str
@@ -83,6 +87,7 @@ class LinkSettings:
     limits: Limits | None = None
     admin_token: str | None = None
     admin_token_file: str | None = None
+    xvocab: bool = False
 
 
 class Link:
@@ -394,11 +399,14 @@ class Link:
             await anyio.sleep(min(BACKOFF_MAX_S, max(self.tick, self.heartbeat_s)))
             if self._state != "hello":
                 return False
-        if reply.tokenizer_fp != self.tokenizer_fp or reply.vocab_size != self.vocab_size:
+        other = reply.tokenizer_fp != self.tokenizer_fp or reply.vocab_size != self.vocab_size
+        if other and not (self.settings.xvocab and reply.kinds.xvocab is not None):
             raise TokenizerMismatch(
                 f"student tokenizer {self.tokenizer_fp} (vocab {self.vocab_size}) differs from "
                 f"teacher tokenizer {reply.tokenizer_fp} (vocab {reply.vocab_size}); "
                 "cross-tokenizer distillation is refused: use a teacher with the same tokenizer"
+                + ("" if not self.settings.xvocab else
+                   " (this teacher's HELLO_OK does not advertise xvocab)")
             )
         self.hello = reply
         self.limits = Limits.from_hello(reply, self._base_limits)
@@ -412,6 +420,7 @@ class Link:
             client=self.settings.client_name,
             tokenizer_fp=self.tokenizer_fp,
             vocab_size=self.vocab_size,
+            understands=["xvocab"] if self.settings.xvocab else None,
         )
         req = Request(id=hello.id, t="HELLO", frames=encode(hello))
         self.table.file(req)
@@ -471,7 +480,8 @@ class Link:
             return
         self.table.count("received")
         if isinstance(msg, ScoreOk):
-            self.table.on_score_ok(msg, arrays, self.vocab_size)
+            teacher_vocab = self.hello.vocab_size if self.hello is not None else None
+            self.table.on_score_ok(msg, arrays, self.vocab_size, teacher_vocab)
             self._observe(msg.instance, msg.gen)
         elif isinstance(msg, ErrorReply):
             self._on_error(msg)

@@ -85,8 +85,13 @@ Count = Annotated[int, Field(ge=0, le=MAX_ID)]
 Name = Annotated[str, Field(max_length=1024)]
 Code = Annotated[ErrorCode, Field(strict=False)]
 State = Annotated[TeacherState, Field(strict=False)]
-Kind = Literal["topk", "exact"]
+Kind = Literal["topk", "exact", "xvocab"]
 Mode = Literal["drain", "abort"]
+# Target kinds a client may announce in HELLO (``understands``): kinds an old client
+# does not know, advertised in HELLO_OK only to a client that named them.
+Negotiated = Literal["xvocab"]
+# The largest ``episode`` (UTF-8 JSON bytes) an xvocab SCORE may carry by default.
+MAX_EPISODE_BYTES = 1 << 20
 
 
 class _Wire(BaseModel):
@@ -110,11 +115,32 @@ class ExactKind(_Wire):
     max_vocab: int = Field(ge=1, le=MAX_ID)
 
 
+class XvocabKind(_Wire):
+    """Cross-tokenizer targets (docs/protocol.md, "xvocab"): the teacher tokenizes the
+    episode itself; ``k_max`` bounds its top-k, ``max_episode_bytes`` the episode."""
+
+    k_max: int = Field(ge=1, le=MAX_ID)
+    max_episode_bytes: int = Field(ge=1, le=MAX_ID)
+
+
 class Kinds(_Wire):
-    """Scoring kinds a teacher serves; ``exact`` is None when it serves top-k only."""
+    """Scoring kinds a teacher serves; ``exact`` is None when it serves top-k only.
+
+    ``xvocab`` is sent only to a client that announced it understands it (HELLO
+    ``understands``) and is left off the wire otherwise, so an old client's HELLO_OK
+    is byte for byte what it was before the kind existed.
+    """
 
     topk: TopkKind
     exact: ExactKind | None = None
+    xvocab: XvocabKind | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_xvocab(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("xvocab") is None:
+            data.pop("xvocab", None)
+        return data
 
 
 class ServerLimits(_Wire):
@@ -155,10 +181,22 @@ class Message(_Wire):
 
 
 class Hello(Message):
+    """``understands`` (optional, off the wire when None, so an old client's HELLO is
+    unchanged): target kinds beyond ``topk``/``exact`` this client can read. A client
+    that names ``xvocab`` may have another tokenizer than the teacher."""
+
     t: Literal["HELLO"] = "HELLO"
     client: Name
     tokenizer_fp: Name
     vocab_size: int = Field(ge=1, le=2**31 - 1)
+    understands: Annotated[list[Negotiated], Field(min_length=1, max_length=8)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_understands(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("understands") is None:
+            data.pop("understands", None)
+        return data
 
 
 class HelloOk(Message):
@@ -184,6 +222,9 @@ class Score(Message):
 
     ``deterministic`` (optional; off the wire when false, so an older teacher still
     parses the header): score it alone, bit-identical however requests arrive.
+    ``kind="xvocab"`` carries other arrays (:data:`XVOCAB_SCORE_ARRAYS`): the episode
+    the teacher renders with its own tokenizer and chat template (docs/protocol.md,
+    "xvocab").
     """
 
     t: Literal["SCORE"] = "SCORE"
@@ -204,8 +245,8 @@ class Score(Message):
 
     @model_validator(mode="after")
     def _k_matches_kind(self) -> Score:
-        if self.kind == "topk" and self.k < 1:
-            raise ValueError(f"k={self.k} but a topk SCORE needs k >= 1")
+        if self.kind in ("topk", "xvocab") and self.k < 1:
+            raise ValueError(f"k={self.k} but a {self.kind} SCORE needs k >= 1")
         return self
 
     @model_serializer(mode="wrap")
@@ -217,6 +258,10 @@ class Score(Message):
 
 
 class ScoreOk(Message):
+    """``episode_sha256`` and ``alignment_sha256``: an xvocab reply's digests of the
+    request it scored and of the alignment it used (both required there, off the wire
+    for the other kinds)."""
+
     t: Literal["SCORE_OK"] = "SCORE_OK"
     student_version: Count
     instance: Name
@@ -224,6 +269,24 @@ class ScoreOk(Message):
     kind: Kind
     k: int = Field(ge=0, le=2**31 - 1)
     timing: Timing
+    episode_sha256: Name | None = None
+    alignment_sha256: Name | None = None
+
+    @model_validator(mode="after")
+    def _digests_match_kind(self) -> ScoreOk:
+        has = (self.episode_sha256 is not None, self.alignment_sha256 is not None)
+        if has != ((self.kind == "xvocab"),) * 2:
+            raise ValueError("an xvocab SCORE_OK carries episode_sha256 and alignment_sha256 "
+                             f"and no other kind does; got kind={self.kind!r}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_digests(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in ("episode_sha256", "alignment_sha256"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class ErrorReply(Message):
@@ -350,14 +413,30 @@ TOPK_ARRAYS: dict[str, ArraySpec] = {
     "target_logprobs": ("f4", 1),
 }
 EXACT_ARRAYS: dict[str, ArraySpec] = {"logprobs": ("f4", 2), "target_logprobs": ("f4", 1)}
+# xvocab (docs/protocol.md, "xvocab"): the episode as UTF-8 JSON bytes, the student's
+# token cuts over its own rendering and where each content sits in that rendering,
+# [C, 3] rows of (start, end, offset) in bytes.
+XVOCAB_SCORE_ARRAYS: dict[str, ArraySpec] = {
+    "episode": ("u1", 1),
+    "student_cuts": ("i4", 1),
+    "student_pieces": ("i4", 2),
+}
+# The teacher's tokens, the alignment groups ([G, 6]: student start, end, teacher
+# start, end, provenance, trainable) and top-k targets at its scored positions.
+XVOCAB_ARRAYS: dict[str, ArraySpec] = {
+    "teacher_ids": ("i4", 1),
+    "groups": ("i4", 2),
+    "positions": ("i4", 1),
+    **TOPK_ARRAYS,
+}
 
 
 def expected_arrays(msg: Message) -> dict[str, ArraySpec]:
     """The arrays ``msg`` must carry, exactly: name -> (dtype code, ndim)."""
     if isinstance(msg, Score):
-        return SCORE_ARRAYS
+        return XVOCAB_SCORE_ARRAYS if msg.kind == "xvocab" else SCORE_ARRAYS
     if isinstance(msg, ScoreOk):
-        return TOPK_ARRAYS if msg.kind == "topk" else EXACT_ARRAYS
+        return {"topk": TOPK_ARRAYS, "exact": EXACT_ARRAYS, "xvocab": XVOCAB_ARRAYS}[msg.kind]
     return {}
 
 

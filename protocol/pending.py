@@ -36,7 +36,7 @@ import anyio
 import numpy as np
 
 from miniverl.common.errors import StaleTargetError, TeacherError, TokenizerMismatch
-from miniverl.protocol.checks import reply_problem
+from miniverl.protocol.checks import reply_problem, xvocab_reply_problem
 from miniverl.protocol.messages import (
     ErrorCode,
     ErrorReply,
@@ -104,7 +104,8 @@ class Request:
     binding: Identity | None = None  # the teacher the update was bound to; None: any
     kind: str = ""
     k: int = 0
-    positions: int = 0
+    positions: int = 0  # xvocab: the student's tokens the groups must tile
+    digest: str | None = None  # xvocab: the request digest a reply must name
     result: Any = None
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -202,10 +203,12 @@ class PendingTable:
         self._rows[req.id] = req
 
     def file_score(self, frames: list[Any], *, rid: int, kind: str, k: int,
-                   positions: int) -> None:
-        """File a SCORE encoded for :attr:`version` and sent under :attr:`bound`."""
+                   positions: int, digest: str | None = None) -> None:
+        """File a SCORE encoded for :attr:`version` and sent under :attr:`bound`
+        (``digest``: an xvocab request's, ``xvocab.request_digest``)."""
         self.file(Request(id=rid, t="SCORE", frames=frames, student_version=self.version,
-                          binding=self.bound, kind=kind, k=k, positions=positions))
+                          binding=self.bound, kind=kind, k=k, positions=positions,
+                          digest=digest))
 
     def take(self, rid: int) -> None:
         """Forget a row whose caller has its answer (or gave up)."""
@@ -297,8 +300,11 @@ class PendingTable:
                 self._counts["retries"] += 1
 
     # ----------------------------------------------------------------- receiving
-    def on_score_ok(self, msg: ScoreOk, arrays: dict[str, np.ndarray], vocab_size: int) -> None:
-        """Accept a SCORE_OK (the staleness rule, then ``checks.reply_problem``) or drop it."""
+    def on_score_ok(self, msg: ScoreOk, arrays: dict[str, np.ndarray], vocab_size: int,
+                    teacher_vocab_size: int | None = None) -> None:
+        """Accept a SCORE_OK (the staleness rule, then ``checks.reply_problem``, or for
+        an xvocab request ``xvocab.xvocab_reply_problem`` against the teacher's
+        vocabulary ``teacher_vocab_size``) or drop it."""
         req = self._rows.get(msg.id)
         reason = accept_reply(req.pending if req is not None else None, msg,
                               current_version=self.version, max_lag=self.allowed_lag,
@@ -308,8 +314,13 @@ class PendingTable:
             if reason == "lag":
                 self._drop(req, StaleTargetError(f"reply {msg.id} is outside the allowed lag"))
             return
-        problem = reply_problem(msg, arrays, kind=req.kind, k=req.k, positions=req.positions,
-                                vocab_size=vocab_size)
+        if req.kind == "xvocab":
+            problem = xvocab_reply_problem(msg, arrays, k=req.k, request_sha256=req.digest,
+                                           student_tokens=req.positions,
+                                           vocab_size=teacher_vocab_size or vocab_size)
+        else:
+            problem = reply_problem(msg, arrays, kind=req.kind, k=req.k,
+                                    positions=req.positions, vocab_size=vocab_size)
         if problem is None:
             req.finish(result=ScoreResult.from_reply(msg, arrays))
             return

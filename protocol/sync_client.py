@@ -87,6 +87,14 @@ class SyncTeacherClient:
                          k=k, temperature=temperature, deadline_ms=deadline_ms,
                          deterministic=deterministic)
 
+    def submit_xvocab(self, episode: Any, student_cuts: Any, student_pieces: Any, *,
+                      k: int = 16, temperature: float = 1.0, deadline_ms: int | None = None,
+                      deterministic: bool = False) -> int:
+        """:meth:`TeacherClient.submit_xvocab` (docs/protocol.md, "xvocab")."""
+        return self._run(self._core.submit_xvocab, episode, student_cuts, student_pieces, k=k,
+                         temperature=temperature, deadline_ms=deadline_ms,
+                         deterministic=deterministic)
+
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
         return self._run(self._core.wait, list(ids), timeout_s)
 

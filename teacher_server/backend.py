@@ -52,6 +52,9 @@ class ScoreJob:
     deadline: float | None = None
     aborted: bool = False
     deterministic: bool = False
+    # An xvocab request (teacher_server/xvocab.py): the plan its reply is sent with; the
+    # backend scores it as the top-k job it is over the teacher's own tokens.
+    xvocab: Any = None
 
 
 class Backend(Protocol):

@@ -148,19 +148,26 @@ async def run_batch(srv: ServerState, batch: list[ScoreJob]) -> None:
                 retryable=result.retryable, cache=True,
             )
             continue
+        plan = job.xvocab  # an xvocab request: the backend scored its top-k job
         header = m.ScoreOk(
             id=job.id,
             student_version=job.student_version,
             instance=srv.instance,
             gen=gen,
-            kind=job.kind,
+            kind="xvocab" if plan is not None else job.kind,
             k=job.k,
             timing=m.Timing(
                 queue_ms=round(1000 * (now - job.received), 3), compute_ms=round(compute_ms, 3)
             ),
+            **({"episode_sha256": plan.episode_sha256,
+                "alignment_sha256": plan.alignment_sha256} if plan is not None else {}),
         )
         names = m.TOPK_ARRAYS if job.kind == "topk" else m.EXACT_ARRAYS
-        frames = encode(header, {name: result[name] for name in names})
+        out = {name: result[name] for name in names}
+        if plan is not None:
+            out = {"teacher_ids": plan.teacher_ids, "groups": plan.groups,
+                   "positions": plan.positions, **out}
+        frames = encode(header, out)
         srv.counters["positions"] += int(job.positions_P.shape[0])
         remember(srv, (job.client, job.id), frames)
         await send(srv, job.client, frames)

@@ -7,7 +7,9 @@ loads, reads every message on an asyncio loop, and admits or refuses it (docs/pr
   ``VERSION_MISMATCH``, ``TOO_LARGE``...) or is dropped when no header parses; the
   loop body is wrapped so nothing a client sends can stop the loop;
 - ``HELLO`` waits for the model while ``LOADING``; another tokenizer fingerprint or
-  vocabulary → ``TOKENIZER_MISMATCH`` naming both;
+  vocabulary → ``TOKENIZER_MISMATCH`` naming both, unless the client announced
+  ``xvocab`` and the backend has a tokenizer (``xvocab.py``): then ``HELLO_OK``
+  advertises the kind, and that connection may ask for xvocab alone;
 - ``SCORE`` while loading → retryable ``RELOADING``; before ``HELLO`` (to this
   instance) → ``NEED_HELLO``; per client at most ``max_inflight`` open requests
   (``OVERLOADED``); a resent id that is still open is not computed twice, a resent id
@@ -32,10 +34,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
-from miniverl.common.errors import MiniverlError
+from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.protocol import messages as m
 from miniverl.protocol.checks import check_score
 from miniverl.protocol.codec import decode, decode_header_only, encode
@@ -47,6 +50,7 @@ from miniverl.protocol.endpoints import (
 )
 from miniverl.protocol.messages import ErrorCode, ProtocolViolation, TeacherState
 from miniverl.protocol.socket_files import bound_file, remove_bound_file
+from miniverl.protocol.xvocab import parse_xvocab_score
 from miniverl.teacher_server import lifecycle, roles
 from miniverl.teacher_server.backend import Loader, ScoreJob
 from miniverl.teacher_server.batcher import dispatch_loop
@@ -61,6 +65,7 @@ from miniverl.teacher_server.server_state import (
     send_error,
     spawn,
 )
+from miniverl.teacher_server.xvocab import plan_xvocab, serves_xvocab
 
 
 class TeacherServer:
@@ -241,7 +246,9 @@ async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = 
     if backend is None:  # still loading: answer once the model is there
         srv.held_hellos.append((ident, msg))
         return
-    if msg.tokenizer_fp != backend.tokenizer_fp or msg.vocab_size != backend.vocab_size:
+    other = msg.tokenizer_fp != backend.tokenizer_fp or msg.vocab_size != backend.vocab_size
+    xvocab = "xvocab" in (msg.understands or ()) and serves_xvocab(backend)
+    if other and not xvocab:
         await send_error(
             srv,
             ident,
@@ -249,10 +256,16 @@ async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = 
             ErrorCode.TOKENIZER_MISMATCH,
             f"tokenizer mismatch: client {msg.client!r} has {msg.tokenizer_fp} "
             f"(V={msg.vocab_size}), teacher has {backend.tokenizer_fp} "
-            f"(V={backend.vocab_size}); cross-tokenizer distillation is refused",
+            f"(V={backend.vocab_size}); cross-tokenizer distillation is refused unless the "
+            "client announces xvocab to a teacher that serves it (recipe teacher.tokenizer: "
+            "other; docs/cross-tokenizer.md)",
         )
         return
     srv.hello[ident] = msg.client
+    if xvocab:
+        srv.xvocab[ident] = other
+    else:
+        srv.xvocab.pop(ident, None)
     lim = srv.limits
     exact = (
         m.ExactKind(max_vocab=lim.max_exact_vocab)
@@ -266,7 +279,11 @@ async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = 
         gen=srv.gen,
         tokenizer_fp=backend.tokenizer_fp,
         vocab_size=backend.vocab_size,
-        kinds=m.Kinds(topk=m.TopkKind(k_max=min(lim.max_k, backend.vocab_size)), exact=exact),
+        kinds=m.Kinds(
+            topk=m.TopkKind(k_max=min(lim.max_k, backend.vocab_size)), exact=exact,
+            xvocab=m.XvocabKind(k_max=min(lim.max_k, backend.vocab_size),
+                                max_episode_bytes=lim.max_episode_bytes) if xvocab else None,
+        ),
         limits=m.ServerLimits(
             max_tokens=lim.max_tokens,
             max_positions=lim.max_positions,
@@ -299,11 +316,18 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         code, message = refusal
         await send_error(srv, ident, msg.id, code, message, retryable=True)
         return
+    refusal = _kind_refusal(srv, ident, msg.kind)
+    if refusal is not None:
+        await send_error(srv, ident, msg.id, ErrorCode.UNSUPPORTED, refusal)
+        return
     lim, vocab_size = srv.limits, srv.backend.vocab_size
     try:
         check_score(msg, arrays, vocab_size, lim)  # decode applied the size limits
     except ProtocolViolation as exc:
         await send_error(srv, ident, msg.id, exc.code, str(exc))
+        return
+    if msg.kind == "xvocab":
+        await _on_xvocab(srv, ident, msg, arrays)
         return
     n_pos = int(arrays["positions"].shape[0])
     if msg.kind == "exact" and 4 * n_pos * vocab_size > lim.max_array_bytes:
@@ -329,6 +353,52 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
     srv.per_client[ident] += 1
     srv.queue.append(job)
     srv.work.set()
+
+
+async def _on_xvocab(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) -> None:
+    """Plan an xvocab SCORE (teacher_server/xvocab.py) and queue it as the top-k job over
+    the teacher's own tokens it is; an episode that cannot be aligned is BAD_REQUEST."""
+    lim = srv.limits
+    try:
+        plan = plan_xvocab(srv.backend.tokenizer, parse_xvocab_score(msg, arrays), arrays)
+    except ConfigError as exc:
+        await send_error(srv, ident, msg.id, ErrorCode.BAD_REQUEST,
+                         f"the xvocab episode cannot be aligned: {exc}")
+        return
+    n = int(plan.teacher_ids.shape[0])
+    longest = min(lim.max_tokens, lim.max_seq_len or lim.max_tokens)
+    if n > longest or plan.positions.shape[0] > lim.max_positions:
+        await send_error(srv, ident, msg.id, ErrorCode.TOO_LARGE,
+                         f"the teacher's rendering of the episode has {n} tokens "
+                         f"({plan.positions.shape[0]} to score); the limits are "
+                         f"{longest} tokens and {lim.max_positions} positions; send a "
+                         "shorter episode")
+        return
+    now = time.monotonic()
+    job = ScoreJob(
+        tokens_N=plan.teacher_ids, cu_seqlens_B1=np.array([0, n], np.int32),
+        positions_P=plan.positions, kind="topk", k=msg.k, temperature=msg.temperature,
+        client=ident, id=msg.id, student_version=msg.student_version, received=now,
+        deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
+        deterministic=msg.deterministic, xvocab=plan,
+    )
+    srv.counters["requests"] += 1
+    srv.inflight[(ident, msg.id)] = job
+    srv.per_client[ident] += 1
+    srv.queue.append(job)
+    srv.work.set()
+
+
+def _kind_refusal(srv: ServerState, ident: bytes, kind: str) -> str | None:
+    """Why this connection may not ask for ``kind`` (``UNSUPPORTED``): xvocab it did not
+    negotiate, or token-id targets for a student with another tokenizer."""
+    if kind == "xvocab" and ident not in srv.xvocab:
+        return ("kind 'xvocab' was not negotiated on this connection: say HELLO with "
+                "understands: [xvocab] to a teacher whose HELLO_OK advertises it")
+    if kind != "xvocab" and srv.xvocab.get(ident):
+        return (f"this client's tokenizer is not the teacher's: {kind} targets would index "
+                "the teacher's vocabulary; ask for kind 'xvocab'")
+    return None
 
 
 def _score_refusal(srv: ServerState, ident: bytes) -> tuple[ErrorCode, str] | None:

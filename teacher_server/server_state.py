@@ -105,6 +105,9 @@ class ServerState:
     )
     answered_bytes: int = 0
     hello: dict[bytes, str] = field(default_factory=dict)  # clients that said HELLO
+    # Clients that negotiated xvocab (docs/protocol.md, "xvocab"): True when their
+    # tokenizer is another than the teacher's (then xvocab is all they may ask for).
+    xvocab: dict[bytes, bool] = field(default_factory=dict)
     held_hellos: list[tuple[bytes, m.Hello]] = field(default_factory=list)  # while LOADING
     last_progress: float = field(default_factory=time.monotonic)
     work: asyncio.Event = field(default_factory=asyncio.Event)

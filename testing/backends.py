@@ -87,7 +87,9 @@ class FakeBackend:
       behind a busy teacher; ``gate`` may also be passed as a ``threading.Event``;
     - ``fail(job)`` may return a :class:`BackendError` for a job (a per-request failure);
     - ``calls`` records ``park``, ``wake`` and ``close``; ``parked`` the current state;
-    - ``context_len`` (optional) bounds sequences as a model's context does.
+    - ``context_len`` (optional) bounds sequences as a model's context does;
+    - ``tokenizer`` (optional): a fast tokenizer with a chat template, which makes it
+      serve ``xvocab`` (docs/protocol.md, "xvocab") over that tokenizer's ids.
     """
 
     context_len: int | None = None
@@ -101,6 +103,7 @@ class FakeBackend:
         context_len: int | None = None,
         gate: threading.Event | None = None,
         fail: Callable[[ScoreJob], BackendError | None] | None = None,
+        tokenizer: Any = None,
     ):
         self.info: dict[str, Any] = {"name": name, "model": name, "revision": None,
                                      "adapter_sha256": None}
@@ -110,6 +113,7 @@ class FakeBackend:
             self.context_len = context_len
         self.gate = gate
         self.fail = fail
+        self.tokenizer = tokenizer
         self.batches: list[list[int]] = []
         self.entered = threading.Event()
         self.parked = False
