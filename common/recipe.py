@@ -468,7 +468,7 @@ HASHED_ONLY_WHEN_SET = (
     "runtime.warmup_cpu_threads", "rollout.view",
     *(f"loss.{name}" for name in LOSS_VARIANT_FIELDS),
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
-    "train.oracle_tasks", "train.score_fixed_set", "eval.before",
+    "train.oracle_tasks", "train.score_fixed_set", "eval.before", "teacher.tokenizer",
 )
 
 

@@ -238,6 +238,16 @@ class TeacherConfig(Placement):
     memory: Literal["resident", "swap", "auto"] = Field(
         "auto", description="resident: stays on GPU; swap: parked during updates; auto: measured."
     )
+    # Added after recipes were hashed: null (= same) is left out of the digest
+    # (common/recipe.py, HASHED_ONLY_WHEN_SET); "same" is stored as null.
+    tokenizer: Literal["same", "other"] | None = Field(
+        None,
+        description=(
+            "same (null): the teacher must have the student's tokenizer, checked at the "
+            "handshake; other: the student announces the xvocab kind and accepts a teacher "
+            "with another tokenizer (docs/cross-tokenizer.md)."
+        ),
+    )
     min_success: float | None = Field(
         None, ge=0.0, le=1.0, description="Refuse a teacher whose eval success is below this."
     )
@@ -273,6 +283,11 @@ class TeacherConfig(Placement):
     def _adapter_not_a_url(cls, value: str | None) -> str | None:
         return refuse_url(value)
 
+    @field_validator("tokenizer")
+    @classmethod
+    def _same_is_the_default(cls, value: str | None) -> str | None:
+        return None if value == "same" else value
+
     @model_validator(mode="after")
     def _adapter_revision(self) -> TeacherConfig:
         if self.adapter_revision is not None and self.adapter is None:
@@ -294,6 +309,16 @@ class TeacherConfig(Placement):
                 raise_issue(name, f"teacher.{name} {value!r} is applied by `miniverl teacher "
                             f"serve`, not by an engine server at {self.endpoint!r}; serve "
                             f"the merged model there and drop {name}", involves=("endpoint",))
+        if self.tokenizer == "other" and engine:
+            raise_issue("tokenizer", f"tokenizer: other needs a teacher that serves xvocab "
+                        f"targets (`miniverl teacher serve`); the engine server at "
+                        f"{self.endpoint!r} returns token ids of its own vocabulary only; "
+                        "serve the teacher with miniverl or use one with the student's "
+                        "tokenizer", involves=("endpoint",))
+        if self.tokenizer == "other" and self.mode == "privileged_context":
+            raise_issue("tokenizer", "tokenizer: other cannot go with mode: privileged_context "
+                        "(its view maps token positions of one tokenizer); use mode: standard "
+                        "or a teacher with the student's tokenizer", involves=("mode",))
         if engine and (self.model.path or self.model.hub_id) is None:
             raise_issue("model", "an engine teacher's model is the served model's name: give it "
                         "as teacher.model.path or teacher.model.hub_id", involves=("endpoint",))

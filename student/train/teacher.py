@@ -100,6 +100,8 @@ def new_client(state: TrainState, endpoint: str | None = None, *,
         heartbeat_ms=rt.heartbeat_ms,
         request_timeout_s=timeout_s or rt.request_timeout_s,
         unavailable_timeout_s=max(timeout_s or 0.0, rt.unavailable_timeout_s),
+        # teacher.tokenizer: other announces xvocab in HELLO (docs/cross-tokenizer.md).
+        xvocab=state.recipe.teacher is not None and state.recipe.teacher.tokenizer == "other",
         **client_proof(state),
     )
 
@@ -171,6 +173,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
         wait_for([handshake.future])  # bounded by its own timeout
         check_handshake(state, handshake)
     side.client.connect(recipe.runtime.teacher_startup_timeout_s)
+    refuse_other_tokenizer(state)
     identity = teacher_identity(side.client)
     if handshake is None or handshake.checked != identity:
         check_qualified(state, identity)
@@ -188,6 +191,22 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
                     endpoint=side.endpoint)
     record_teacher(state.run, state.version, identity, how="connect")
     side.memory = choose_memory(state)
+
+
+def refuse_other_tokenizer(state: TrainState) -> None:
+    """A teacher with another tokenizer (accepted at the handshake by teacher.tokenizer:
+    other) sends xvocab targets only, which no objective of student/train/objectives/
+    reads yet: stop before any rollout, naming both tokenizers."""
+    hello, policy = state.teacher.client.hello, state.policy
+    if hello is None or (hello.tokenizer_fp, hello.vocab_size) == (policy.tokenizer_fp,
+                                                                   policy.vocab_size):
+        return
+    raise ConfigError(
+        f"teacher {hello.teacher.name!r} has tokenizer {hello.tokenizer_fp} (vocab "
+        f"{hello.vocab_size}), the student {policy.tokenizer_fp} (vocab {policy.vocab_size}): "
+        "the wire serves it xvocab targets (teacher.tokenizer: other), but no training "
+        "objective reads them yet (docs/cross-tokenizer.md); use a teacher with the "
+        "student's tokenizer")
 
 
 def client_proof(state: TrainState) -> dict[str, Any]:
