@@ -204,6 +204,25 @@ class Recipe(BaseModel):
         raise_issues(issues)
         return loss
 
+    @field_validator("loss")
+    @classmethod
+    def _cross_tokenizer_loss(cls, loss: LossConfig, info: ValidationInfo):
+        run, teacher = info.data.get("run"), info.data.get("teacher")
+        if run is None or teacher is None or teacher.tokenizer != "other":
+            return loss
+        if run.mode != "opd":
+            raise_issues([((), f"teacher.tokenizer: other trains by on-policy distillation "
+                                f"(xvocab targets per fresh episode), not run.mode "
+                                f"{run.mode!r}; set run.mode: opd or teacher.tokenizer: same")])
+        variants = [f"loss.{name}" for name in LOSS_VARIANT_FIELDS
+                    if getattr(loss, name) is not None]
+        if loss.estimator != "sampled_token" or loss.divergence != "reverse_kl" or variants:
+            raise_issues([(("estimator",), "teacher.tokenizer: other trains with the group "
+                           "sampled-token estimator (docs/cross-tokenizer.md): set "
+                           "loss.estimator: sampled_token and divergence: reverse_kl"
+                           + (f", and drop {', '.join(variants)}" if variants else ""))])
+        return loss
+
     @field_validator("train")
     @classmethod
     def _student_set_temperature(cls, train: TrainConfig, info: ValidationInfo):

@@ -41,6 +41,17 @@ class TorchTeacher:
         self.max_batch_tokens = max_batch_tokens
         self.prefix_cache = PrefixCache()  # make_loader sizes it (--prefix-cache-tokens)
         self.parked = False
+        self._tokenizer: Any = loaded.extra.get("tokenizer")
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model directory's tokenizer, loaded on first use (``xvocab`` renders and
+        tokenizes episodes with it, teacher_server/xvocab.py); None without a directory."""
+        if self._tokenizer is None and self.loaded.model_dir is not None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.loaded.model_dir))
+        return self._tokenizer
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict | BackendError]:
         # A deterministic job comes alone (batcher.take_batch) and skips the prefix cache:

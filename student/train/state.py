@@ -58,7 +58,7 @@ class TrainState:
     autocast: Any  # a torch.autocast context for low-precision CUDA weights, else None
     runner: RolloutRunner
     train_tasks: list[Any]
-    kind: str  # the targets asked for: "topk" or "exact"
+    kind: str  # the targets asked for: "topk", "exact" or "xvocab"
     cache: TargetsCache | None
     teacher: TeacherSide
     stop_event: threading.Event
@@ -190,7 +190,9 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     )
     update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
                     vocab_size=policy.vocab_size)
-    kind = request_kind(recipe.loss)
+    # teacher.tokenizer: other asks for xvocab targets (docs/cross-tokenizer.md).
+    other = recipe.teacher is not None and recipe.teacher.tokenizer == "other"
+    kind = "xvocab" if other else request_kind(recipe.loss)
     state = TrainState(
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
         autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind,

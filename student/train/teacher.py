@@ -55,6 +55,7 @@ from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher_link import TeacherLink, teacher_identity
+from miniverl.student.train.xvocab_targets import XvocabRequests
 
 # The student's update needs roughly this many times its weight bytes free
 # (weights + grads + AdamW moments + activations) to keep the teacher resident.
@@ -173,7 +174,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
         wait_for([handshake.future])  # bounded by its own timeout
         check_handshake(state, handshake)
     side.client.connect(recipe.runtime.teacher_startup_timeout_s)
-    refuse_other_tokenizer(state)
+    require_xvocab(state)
     identity = teacher_identity(side.client)
     if handshake is None or handshake.checked != identity:
         check_qualified(state, identity)
@@ -185,6 +186,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
         side.client, kind=state.kind, k=recipe.loss.top_k,
         temperature=recipe.loss.temperature, on_teacher_changed=changed,
         view=teacher_view(state), deterministic=recipe.run.deterministic,
+        xvocab=XvocabRequests(state.policy.tokenizer) if state.kind == "xvocab" else None,
     )
     side.identity = identity
     state.run.event("teacher_connected", teacher=identity, version=state.version,
@@ -193,20 +195,17 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     side.memory = choose_memory(state)
 
 
-def refuse_other_tokenizer(state: TrainState) -> None:
-    """A teacher with another tokenizer (accepted at the handshake by teacher.tokenizer:
-    other) sends xvocab targets only, which no objective of student/train/objectives/
-    reads yet: stop before any rollout, naming both tokenizers."""
-    hello, policy = state.teacher.client.hello, state.policy
-    if hello is None or (hello.tokenizer_fp, hello.vocab_size) == (policy.tokenizer_fp,
-                                                                   policy.vocab_size):
+def require_xvocab(state: TrainState) -> None:
+    """teacher.tokenizer: other asks for xvocab targets: stop before any rollout when the
+    teacher's HELLO_OK does not advertise the kind (docs/cross-tokenizer.md)."""
+    hello = state.teacher.client.hello
+    if state.kind != "xvocab" or hello is None or hello.kinds.xvocab is not None:
         return
     raise ConfigError(
-        f"teacher {hello.teacher.name!r} has tokenizer {hello.tokenizer_fp} (vocab "
-        f"{hello.vocab_size}), the student {policy.tokenizer_fp} (vocab {policy.vocab_size}): "
-        "the wire serves it xvocab targets (teacher.tokenizer: other), but no training "
-        "objective reads them yet (docs/cross-tokenizer.md); use a teacher with the "
-        "student's tokenizer")
+        f"teacher.tokenizer: other asks for xvocab targets, but teacher {hello.teacher.name!r} "
+        "does not serve them (its HELLO_OK has no kinds.xvocab): serve it with `miniverl "
+        "teacher serve` from a model directory with a tokenizer and chat template, or use "
+        "teacher.tokenizer: same")
 
 
 def client_proof(state: TrainState) -> dict[str, Any]:

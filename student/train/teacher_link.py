@@ -32,6 +32,7 @@ import numpy as np
 
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import Identity, ScoringClient, TeacherChanged
+from miniverl.student.train.xvocab_targets import empty_targets, student_targets
 
 
 @dataclass
@@ -101,6 +102,10 @@ class TeacherLink:
     # it sends instead (teacher.mode: privileged_context, rollout/privileged.py). Reply
     # rows follow the request's positions, so they stay aligned with positions_P.
     view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    # kind "xvocab" (teacher.tokenizer: other): builds a trajectory's request with the
+    # student's tokenizer (xvocab_targets.XvocabRequests); replies become per-position
+    # targets of the selected positions (xvocab_targets.student_targets).
+    xvocab: Callable[[Trajectory], dict[str, Any] | None] | None = None
     version: int = 0
     binding: Identity | None = None
     wait_s: float = 0.0
@@ -129,6 +134,17 @@ class TeacherLink:
     def _send(self, job: _Job) -> None:
         if len(job.positions_P) == 0:
             job.request_id = None
+            return
+        if self.kind == "xvocab":
+            req = self.xvocab(job.traj)
+            if req is None:  # its rendering is not its tokens: nothing to align
+                job.request_id = None
+                return
+            job.request_id = self.client.submit_xvocab(
+                req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
+                temperature=self.temperature,
+                **({"deterministic": True} if self.deterministic else {}),
+            )
             return
         tokens_N = np.asarray(job.traj.tokens, dtype=np.int32)
         positions_P = job.positions_P
@@ -163,19 +179,26 @@ class TeacherLink:
         identity = teacher_identity(self.client)
         out: list[Scored] = []
         for job in self._jobs:
+            positions_P = job.positions_P
             if job.request_id is None:
                 arrays = empty_arrays(self.kind, self.k)
                 version = self.version
+                if self.kind == "xvocab":  # not sent (unaligned): trained on nowhere
+                    positions_P = positions_P[:0]
             else:
                 reply = replies[job.request_id]  # accepted once, by the client
                 arrays, version = reply.arrays, reply.student_version
-            out.append(Scored(job.traj, job.positions_P, arrays, version, identity))
+                if self.kind == "xvocab":  # over the teacher's positions: onto ours
+                    positions_P, arrays = student_targets(job.traj, positions_P, arrays)
+            out.append(Scored(job.traj, positions_P, arrays, version, identity))
         self._jobs = []
         return out
 
 
 def empty_arrays(kind: str, k: int) -> dict[str, np.ndarray]:
     """The arrays of a reply with no positions (a trajectory with nothing to score)."""
+    if kind == "xvocab":
+        return empty_targets()
     if kind == "topk":
         return {
             "ids": np.zeros((0, k), np.int32),

@@ -28,10 +28,10 @@ from miniverl.student.quant import check_trainable_grads
 from miniverl.student.train.objectives import (
     LossSettings,
     TeacherTargets,
-    objective_for,
     sft_loss,
 )
 from miniverl.student.train.objectives.step_inputs import step_inputs, with_step_inputs
+from miniverl.student.train.objectives.table import objective_for_kind
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.teacher_link import Scored
 
@@ -212,13 +212,14 @@ def distill_step(
     early: EarlyForward | None = None,
 ) -> StepStats:
     """Distillation on the scored positions of every trajectory in ``scored``, with the
-    objective the recipe's ``loss`` section picks (``objectives.objective_for``).
+    objective the recipe's ``loss`` section picks for the target ``kind``
+    (``objectives.table.objective_for_kind``).
 
     ``early``, when it covers the first micro-batch exactly, is used as its forward.
     """
     total = int(sum(len(s.positions_P) for s in scored))
     settings = LossSettings.of(loss_config)
-    objective = objective_for(settings)
+    objective = objective_for_kind(settings, kind)
     # Weights and baselines read the whole step, not one micro-batch.
     extra = step_inputs([s.traj for s in scored], [s.positions_P for s in scored], settings)
     pending = early

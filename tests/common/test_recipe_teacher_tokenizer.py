@@ -10,9 +10,12 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, recipe_digest
 
 
-def _recipe(**teacher):
-    return {"run": {"name": "t", "mode": "opd"}, "student": {"model": {"toy": {}}},
-            "teacher": {"model": {"toy": {}}, **teacher}}
+SAMPLED = {"estimator": "sampled_token", "divergence": "reverse_kl"}
+
+
+def _recipe(run_mode="opd", loss=None, **teacher):
+    return {"run": {"name": "t", "mode": run_mode}, "student": {"model": {"toy": {}}},
+            "teacher": {"model": {"toy": {}}, **teacher}, "loss": dict(SAMPLED, **(loss or {}))}
 
 
 def _digest(data):
@@ -35,6 +38,17 @@ def test_combinations_that_cannot_work_are_refused(teacher, words):
     with pytest.raises((ConfigError, ValueError), match=words) as info:
         Recipe.model_validate(_recipe(tokenizer="other", **teacher))
     assert "tokenizer" in str(info.value)
+
+
+@pytest.mark.parametrize(("mode", "loss", "words"), [
+    ("offline_kd", {}, "not run.mode 'offline_kd'"),
+    ("opd", {"estimator": "full", "divergence": "forward_kl"}, "estimator: sampled_token"),
+    ("opd", {"importance_ratio_cap": 2.0}, "drop loss.importance_ratio_cap"),
+])
+def test_other_trains_by_opd_with_the_group_estimator(mode, loss, words):
+    with pytest.raises((ConfigError, ValueError), match=words):
+        Recipe.model_validate(_recipe(run_mode=mode, loss=loss, tokenizer="other"))
+    Recipe.model_validate(_recipe(run_mode=mode, loss=loss))  # fine with the same tokenizer
 
 
 def test_an_unknown_value_is_refused():

@@ -82,6 +82,7 @@ WIRE_NAMES = {
     "sampling_logprobs_P": "the student's sampling-time log-prob of the sampled token [P]",
     "weight_P": "the aggregation weight of each position [P]",
     "advantage_P": "the task-reward advantage of each position's episode [P]",
+    "group_first_P": "group_first [P] (xvocab: the position starts a byte group)",
 }
 # The fields that are not the teacher's: the step fills them (``step_inputs.py``).
 STEP_FIELDS = ("sampling_logprobs_P", "weight_P", "advantage_P")
@@ -107,6 +108,9 @@ class TeacherTargets:
     topk_logprobs_P_K: torch.Tensor | None = None
     tail_logmass_P: torch.Tensor | None = None
     logprobs_P_V: torch.Tensor | None = None
+    # xvocab (student/train/xvocab_targets.py): 1 where a position starts a byte group;
+    # target_logprobs_P then holds the teacher's log-prob of the group's bytes.
+    group_first_P: torch.Tensor | None = None
     # Not the teacher's: filled per step by ``step_inputs.py`` when a variant reads them.
     sampling_logprobs_P: torch.Tensor | None = None
     weight_P: torch.Tensor | None = None
@@ -138,7 +142,10 @@ class TeacherTargets:
             )
         if kind == "exact":
             return cls(sampled, target_logprobs_P=t("target_logprobs"), logprobs_P_V=t("logprobs"))
-        raise ConfigError(f"target kind {kind!r} is not 'topk' or 'exact'")
+        if kind == "xvocab":
+            return cls(sampled, target_logprobs_P=t("target_logprobs"),
+                       group_first_P=t("group_first"))
+        raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
 
 
 @dataclass(frozen=True)

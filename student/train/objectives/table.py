@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from miniverl.common.errors import ConfigError
+from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
 from miniverl.student.train.objectives.objective import LossSettings, Objective, TeacherTargets
 from miniverl.student.train.objectives.per_position import (
     DIVERGENCES,
@@ -32,7 +33,7 @@ from miniverl.student.train.objectives.per_position import (
     exact_divergence_P,
     sampled_token_reverse_kl_P,
 )
-from miniverl.student.train.objectives.variants import with_variants
+from miniverl.student.train.objectives.variants import uses_variants, with_variants
 
 TARGETS = ("exact_full_vocab", "bucketed_topk_tail")  # the values of loss.objective
 ESTIMATORS = ("full", "sampled_token")
@@ -112,6 +113,23 @@ def objective_for(config: Any) -> Objective:
         f"no objective for loss ({s.estimator}, {s.objective}, {s.divergence}); "
         "add a row to OBJECTIVES"
     )
+
+
+def objective_for_kind(config: Any, kind: str) -> Objective:
+    """The objective for targets of ``kind``: :func:`objective_for` for ``topk`` and
+    ``exact``; for ``xvocab`` (a teacher with another tokenizer) the group sampled-token
+    estimator (``group_sampled_token.py``), which reads the sampled token only, so the
+    recipe's loss must be the sampled-token estimator without variants."""
+    if kind != "xvocab":
+        return objective_for(config)
+    s = LossSettings.of(config)
+    if s.estimator != "sampled_token" or s.divergence != "reverse_kl" or uses_variants(s):
+        raise ConfigError(
+            f"teacher.tokenizer: other trains with the group sampled-token estimator; "
+            f"loss.estimator={s.estimator!r}, divergence={s.divergence!r}"
+            f"{' with variants' if uses_variants(s) else ''}: set estimator: sampled_token, "
+            "divergence: reverse_kl and no loss variants")
+    return GROUP_SAMPLED_TOKEN
 
 
 def request_kind(config: Any) -> str:

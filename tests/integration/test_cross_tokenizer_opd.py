@@ -1,0 +1,101 @@
+"""OPD from a teacher with another tokenizer, over a real ZeroMQ socket (xvocab).
+
+The student is the toy (byte tokenizer); the teacher a toy-shaped Qwen3 model over the
+byte-fallback BPE of ``tests/common/cross_tokenizer_kit.py`` (another vocabulary, another
+fingerprint, the same chat template), served by the real ``TeacherServer`` bound to an
+ipc socket in this process. The recipe opts in with ``teacher.tokenizer: other``; the
+trainer announces xvocab, sends each trajectory's episode, and trains with the group
+sampled-token estimator (docs/cross-tokenizer.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from miniverl.common.tokenizer_id import fingerprint_tokenizer
+from tests.common.cross_tokenizer_kit import byte_fallback_tokenizer
+from tests.student.train.trainer_kit import LossRecorder
+from tests.toy_kit import TEACHER, bare_qwen3, make_recipe, metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def other_teacher(tmp_path):
+    """The endpoint of a real server around a teacher with the byte-fallback tokenizer."""
+    from miniverl.teacher_server.loader import LoadedTeacher
+    from miniverl.teacher_server.server import TeacherServer
+    from miniverl.teacher_server.server_state import ServerConfig
+    from miniverl.teacher_server.torch_backend import TorchTeacher
+
+    tok = byte_fallback_tokenizer()
+    torch.manual_seed(1)
+    model = bare_qwen3(TEACHER, vocab=len(tok), max_positions=2048).eval()
+    loaded = LoadedTeacher(model, None, fingerprint_tokenizer(tok), len(tok),
+                           {"name": "byte-fallback-teacher", "model": "byte-fallback-teacher"},
+                           "cpu", "float32", extra={"tokenizer": tok})
+    backend = TorchTeacher(loaded, exact_max_vocab=1 << 20, max_batch_tokens=8192)
+    server = TeacherServer(ServerConfig(endpoint=f"ipc://{tmp_path}/teacher.sock"),
+                           lambda request: backend)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while server.endpoint is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.endpoint is not None
+    yield server.endpoint, fingerprint_tokenizer(tok)
+    server.shutdown_threadsafe("abort")
+    thread.join(10)
+
+
+def test_opd_from_a_teacher_with_another_tokenizer(tmp_path, other_teacher, monkeypatch):
+    from miniverl.student.train.trainer import Trainer
+
+    endpoint, teacher_fp = other_teacher
+    # A few SFT steps on oracle traces first: a random byte-level student writes bytes
+    # that are not UTF-8, which no rendering holds, so nothing of it could be aligned.
+    recipe = make_recipe("opd", tmp_path / "run", cycles=3, sft_warmup_steps=60,
+                         sft_warmup_lr=1e-2, sections={
+        "teacher": {"tokenizer": "other"},
+        "loss": {"estimator": "sampled_token", "divergence": "reverse_kl"},
+    })
+    trainer = Trainer(recipe, teacher_endpoint=endpoint, show_progress=False,
+                      write_report=False)
+    recorder = LossRecorder(trainer).install(monkeypatch)
+    import miniverl.student.train.steps as steps_module
+
+    recorded, moved = steps_module.distill_step, []
+
+    def snapshot(policy, *args, **kw):  # did each OPD update move the weights?
+        before = [p.detach().clone() for p in policy.model.parameters()]
+        out = recorded(policy, *args, **kw)
+        moved.append(any(not torch.equal(a, p) for a, p in zip(before, policy.model.parameters(),
+                                                                 strict=True)))
+        return out
+
+    monkeypatch.setattr(steps_module, "distill_step", snapshot)
+    with trainer:
+        result = trainer.train()
+        requests = trainer.state.teacher.link.xvocab
+    assert result.status == "completed" and len(recorder.calls) == 3  # the OPD updates
+    assert trainer.state.teacher.identity["name"] == "byte-fallback-teacher"
+    assert trainer.state.teacher.client.hello.tokenizer_fp == teacher_fp
+    assert requests.sent > 0
+    trained = [(traj, pos, arrays) for call in recorder.calls
+               for traj, pos, arrays, _, _ in call["scored"] if len(pos)]
+    assert trained, f"no aligned positions ({requests.sent} sent, {requests.unaligned} not)"
+    for _traj, positions, arrays in trained:
+        assert arrays["target_logprobs"].shape == positions.shape
+        assert np.isfinite(arrays["target_logprobs"]).all() and arrays["group_first"][0] == 1
+    rows = metrics(result.run_dir)  # the warm-up's SFT steps, then the OPD updates
+    assert len(rows) >= 3 and all(np.isfinite(r["loss"]) for r in rows)
+    assert all(r["stale_dropped"] == 0 for r in rows)
+    assert moved == [True, True, True]
