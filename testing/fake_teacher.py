@@ -6,7 +6,9 @@ teacher does — ``HELLO`` (checking the tokenizer), ``SCORE`` (``NEED_HELLO`` b
 ``SHUTDOWN`` — with every message encoded and decoded by the real codec, so the client
 under test runs exactly its production code. What it does with each ``SCORE`` is
 scripted with the steps of ``script.py`` (late, failing, lost, held, duplicated, stale
-or foreign replies); between requests a test may :meth:`~FakeTeacher.restart` it (a
+or foreign replies); given a ``tokenizer``, it serves ``xvocab`` to a client that
+announces it, planned as the server plans it (``teacher_server/xvocab.py``). Between
+requests a test may :meth:`~FakeTeacher.restart` it (a
 new process at the same endpoint), :meth:`~FakeTeacher.reload` it, or make it
 ``silent`` (a hung teacher: nothing is answered, ``PING`` included).
 
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from miniverl.common.errors import ConfigError, ProtocolError
 from miniverl.protocol import messages as m
 from miniverl.protocol.checks import check_score
 from miniverl.protocol.client import TeacherClient
@@ -45,8 +48,10 @@ from miniverl.protocol.limits import Limits
 from miniverl.protocol.pending import RETRYABLE_CODES, Pending, accept_reply
 from miniverl.protocol.scoring_client import Identity, ScoreResult, TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
+from miniverl.protocol.xvocab import parse_xvocab_score
 from miniverl.teacher_server.backend import BackendError, ScoreJob
 from miniverl.teacher_server.scoring import score_positions
+from miniverl.teacher_server.xvocab import plan_xvocab
 from miniverl.testing.backends import FAKE_TOKENIZER_FP, FAKE_VOCAB, job_targets
 from miniverl.testing.memory import MemoryTransport
 from miniverl.testing.script import Received, Step, answer
@@ -89,8 +94,12 @@ class FakeTeacher:
         heartbeat_ms: int = 1000,
         admin_token: str | None = None,
         endpoint: str = "inproc://fake-teacher",
+        tokenizer: Any = None,
     ):
         self.tokenizer_fp, self.vocab_size = tokenizer_fp, vocab_size
+        # A fast tokenizer with a chat template: the teacher then serves xvocab
+        # (docs/protocol.md, "xvocab") to a client that announces it, over its ids.
+        self.tokenizer = tokenizer
         self.instance, self.gen, self.name, self.model = instance, 0, name, model
         self.scorer = scorer
         # Advertised in HELLO_OK; the size limits are enforced on SCORE, as a teacher does.
@@ -111,6 +120,7 @@ class FakeTeacher:
         self.held: list[Received] = []
         self.transports: list[MemoryTransport] = []
         self._known: set[int] = set()  # id() of connections that said HELLO to this instance
+        self._xvocab: dict[int, bool] = {}  # negotiated xvocab: id(conn) -> other tokenizer
         self._script: deque[Step] = deque()
         self._lock = threading.RLock()
 
@@ -186,14 +196,29 @@ class FakeTeacher:
         conn.deliver(frames, delay_s)
 
     def targets(self, request: Received, scorer: Scorer | None = None) -> dict | BackendError:
-        """The arrays an honest reply to ``request`` carries (or the scorer's error)."""
+        """The arrays an honest reply to ``request`` carries (or the scorer's error); an
+        xvocab request is planned as the server plans it (``teacher_server/xvocab.py``)
+        and scored as the top-k job over the teacher's own tokens it becomes."""
         msg, arrays = request.msg, request.arrays
+        plan = None
+        if msg.kind == "xvocab":
+            plan = plan_xvocab(self.tokenizer, parse_xvocab_score(msg, arrays), arrays)
+            n = plan.teacher_ids.shape[0]
+            arrays = {"tokens": plan.teacher_ids, "cu_seqlens": np.array([0, n], np.int32),
+                      "positions": plan.positions}
         job = ScoreJob(tokens_N=arrays["tokens"], cu_seqlens_B1=arrays["cu_seqlens"],
-                       positions_P=arrays["positions"], kind=msg.kind, k=msg.k,
+                       positions_P=arrays["positions"],
+                       kind="topk" if plan is not None else msg.kind, k=msg.k,
                        temperature=msg.temperature, id=msg.id,
-                       student_version=msg.student_version, deterministic=msg.deterministic)
+                       student_version=msg.student_version, deterministic=msg.deterministic,
+                       xvocab=plan)
         scorer = scorer or self.scorer
-        return scorer(job) if scorer is not None else job_targets(job, self.vocab_size)
+        out = scorer(job) if scorer is not None else job_targets(job, self.vocab_size)
+        if plan is None or isinstance(out, BackendError):
+            return out
+        return {"teacher_ids": plan.teacher_ids, "groups": plan.groups,
+                "positions": plan.positions, **{name: out[name] for name in m.TOPK_ARRAYS},
+                "episode_sha256": plan.episode_sha256, "alignment_sha256": plan.alignment_sha256}
 
     def reply(self, request: Received, scorer: Scorer | None = None, **header: Any) -> list:
         """The frames of the honest ``SCORE_OK`` to ``request`` (``header`` overrides fields)."""
@@ -204,8 +229,12 @@ class FakeTeacher:
         fields = dict(id=msg.id, student_version=msg.student_version, instance=self.instance,
                       gen=self.gen, kind=msg.kind, k=msg.k,
                       timing={"queue_ms": 0.0, "compute_ms": 0.0})
+        if msg.kind == "xvocab":
+            fields.update(episode_sha256=out.pop("episode_sha256"),
+                          alignment_sha256=out.pop("alignment_sha256"))
         fields.update(header)
-        names = m.TOPK_ARRAYS if msg.kind == "topk" else m.EXACT_ARRAYS
+        names = {"topk": m.TOPK_ARRAYS, "exact": m.EXACT_ARRAYS,
+                 "xvocab": m.XVOCAB_ARRAYS}[msg.kind]
         return encode(m.ScoreOk(**fields), {name: out[name] for name in names})
 
     def error(self, rid: int | None, code: m.ErrorCode | str, *, retryable: bool | None = None,
@@ -226,20 +255,24 @@ class FakeTeacher:
         return dict(instance=self.instance, gen=self.gen, state=self.state, inflight=len(self.held),
                     queue_depth=0, last_progress_ms=0.0)
 
-    def hello_ok(self, rid: int) -> list:
+    def hello_ok(self, rid: int, xvocab: bool = False) -> list:
         return encode(m.HelloOk(id=rid, teacher=self.teacher_info(), instance=self.instance,
                                 gen=self.gen, tokenizer_fp=self.tokenizer_fp,
-                                vocab_size=self.vocab_size, kinds=self._kinds(),
+                                vocab_size=self.vocab_size, kinds=self._kinds(xvocab),
                                 limits={"max_tokens": self.limits.max_tokens,
                                         "max_positions": self.limits.max_positions,
                                         "max_inflight": self.limits.max_inflight},
                                 heartbeat_ms=self.heartbeat_ms, server_version="fake-teacher/1"))
 
-    def _kinds(self) -> dict[str, Any]:
+    def _kinds(self, xvocab: bool = False) -> dict[str, Any]:
         lim = self.limits
         served = self.vocab_size <= lim.max_exact_vocab
         exact = {"max_vocab": lim.max_exact_vocab} if served else None
-        return {"topk": {"k_max": min(lim.max_k, self.vocab_size)}, "exact": exact}
+        kinds = {"topk": {"k_max": min(lim.max_k, self.vocab_size)}, "exact": exact}
+        if xvocab:
+            kinds["xvocab"] = {"k_max": min(lim.max_k, self.vocab_size),
+                               "max_episode_bytes": lim.max_episode_bytes}
+        return kinds
 
     # ----------------------------------------------------------------- receiving
     def receive(self, conn: MemoryTransport, frames: list[bytes]) -> None:
@@ -263,19 +296,25 @@ class FakeTeacher:
     def disconnect(self, conn: MemoryTransport) -> None:
         with self._lock:
             self._known.discard(id(conn))
+            self._xvocab.pop(id(conn), None)
 
     def _answer(self, conn: MemoryTransport, msg: m.Message, arrays: dict) -> None:
         if isinstance(msg, m.Hello):
+            other = (msg.tokenizer_fp, msg.vocab_size) != (self.tokenizer_fp, self.vocab_size)
+            xvocab = "xvocab" in (msg.understands or ()) and self.tokenizer is not None
             if self.hello_error is not None:
                 self.send(conn, self.error(msg.id, self.hello_error))
-            elif self.checks_tokenizer and (msg.tokenizer_fp, msg.vocab_size) != (
-                    self.tokenizer_fp, self.vocab_size):
+            elif self.checks_tokenizer and other and not xvocab:
                 self.send(conn, self.error(msg.id, m.ErrorCode.TOKENIZER_MISMATCH, message=(
                     f"tokenizer mismatch: client has {msg.tokenizer_fp} (V={msg.vocab_size}), "
                     f"teacher has {self.tokenizer_fp} (V={self.vocab_size})")))
             else:
                 self._known.add(id(conn))
-                self.send(conn, self.hello_ok(msg.id))
+                if xvocab:
+                    self._xvocab[id(conn)] = other
+                else:
+                    self._xvocab.pop(id(conn), None)
+                self.send(conn, self.hello_ok(msg.id, xvocab))
         elif isinstance(msg, m.Score):
             self._on_score(conn, msg, arrays)
         elif isinstance(msg, m.Ping):
@@ -294,10 +333,25 @@ class FakeTeacher:
         if id(conn) not in self._known:
             self.send(conn, self.error(msg.id, m.ErrorCode.NEED_HELLO))
             return
+        if msg.kind == "xvocab" and id(conn) not in self._xvocab:
+            self.send(conn, self.error(msg.id, m.ErrorCode.UNSUPPORTED, message=(
+                "kind 'xvocab' was not negotiated on this connection")))
+            return
+        if msg.kind != "xvocab" and self._xvocab.get(id(conn)):
+            self.send(conn, self.error(msg.id, m.ErrorCode.UNSUPPORTED, message=(
+                f"this client's tokenizer is not the teacher's; ask for kind 'xvocab', not "
+                f"{msg.kind}")))
+            return
         try:
             check_score(msg, arrays, self.vocab_size, self.limits)  # decode did the sizes
+            if msg.kind == "xvocab":  # what the server checks before it queues one
+                plan_xvocab(self.tokenizer, parse_xvocab_score(msg, arrays), arrays)
         except m.ProtocolViolation as exc:
             self.send(conn, self.error(msg.id, exc.code, message=str(exc)))
+            return
+        except ConfigError as exc:
+            self.send(conn, self.error(msg.id, m.ErrorCode.BAD_REQUEST, message=(
+                f"the xvocab episode cannot be aligned: {exc}")))
             return
         step = self._script.popleft() if self._script else self.default
         step(self, Received(conn, msg, arrays))
@@ -357,8 +411,12 @@ class FakeTeacherClient:
     scored_versions: list[int] = field(default_factory=list)
     reload_before_next_wait: bool = False
     injected: list[ScoreResult] = field(default_factory=list)
+    # The teacher's fast tokenizer with a chat template: it then serves xvocab
+    # (:meth:`submit_xvocab`) to a student with another tokenizer.
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
+        self._kind_of: dict[int, str] = {}
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[int, Identity, dict[str, np.ndarray]]] = {}
         self._version = 0
@@ -371,7 +429,9 @@ class FakeTeacherClient:
             id=0, teacher={"name": self.name, "model": "toy"}, instance=self.instance,
             gen=self.gen, tokenizer_fp=self.tokenizer_fp, vocab_size=self.vocab_size,
             kinds={"topk": {"k_max": self.vocab_size},
-                   "exact": {"max_vocab": self.exact_max_vocab}},
+                   "exact": {"max_vocab": self.exact_max_vocab},
+                   **({"xvocab": {"k_max": self.vocab_size, "max_episode_bytes": 1 << 20}}
+                      if self.tokenizer is not None else {})},
             limits={"max_tokens": 1 << 20, "max_positions": 1 << 20, "max_inflight": 64},
             heartbeat_ms=1000, server_version="fake/1",
         )
@@ -407,6 +467,33 @@ class FakeTeacherClient:
         self.scored_versions.append(self._version)
         return rid
 
+    def submit_xvocab(self, episode: Any, student_cuts: Any, student_pieces: Any, *,
+                      k: int = 16, temperature: float = 1.0, deadline_ms: int | None = None,
+                      deterministic: bool = False) -> int:
+        """An xvocab request (docs/protocol.md, "xvocab"), planned as the teacher server
+        plans it and scored with ``score_positions`` over the teacher's own tokens."""
+        if self.tokenizer is None:
+            raise ProtocolError("this FakeTeacherClient has no tokenizer: it serves no xvocab")
+        request = {"episode": np.ascontiguousarray(episode, dtype=np.uint8).reshape(-1),
+                   "student_cuts": np.asarray(student_cuts, dtype=np.int32),
+                   "student_pieces": np.asarray(student_pieces, dtype=np.int32).reshape(-1, 3)}
+        header = m.Score(id=0, student_version=self._version, kind="xvocab", k=k,
+                         temperature=temperature)
+        plan = plan_xvocab(self.tokenizer, parse_xvocab_score(header, request), request)
+        n = plan.teacher_ids.shape[0]
+        scored = score_positions(self.model, plan.teacher_ids, np.array([0, n], np.int32),
+                                 plan.positions, kind="topk", k=k, temperature=temperature,
+                                 exact_max_vocab=self.exact_max_vocab)
+        arrays = {"teacher_ids": plan.teacher_ids, "groups": plan.groups,
+                  "positions": plan.positions, **scored}
+        rid = next(self._ids)
+        self._pending[rid] = (self._version, (self.instance, self.gen), arrays)
+        self._kind_of[rid] = "xvocab"
+        self.counters["sent"] += 1
+        self.counters["bytes_sent"] += sum(a.nbytes for a in request.values())
+        self.scored_versions.append(self._version)
+        return rid
+
     def _accepted(self, rid: int, result: ScoreResult) -> bool:
         """The real client's rule, applied to this fake's pending requests."""
         version, identity, _ = self._pending.get(rid, (None, None, None))
@@ -428,8 +515,9 @@ class FakeTeacherClient:
         out = {}
         for rid in ids:
             version, identity, arrays = self._pending[rid]
+            kind = self._kind_of.pop(rid, "topk" if "ids" in arrays else "exact")
             result = ScoreResult(id=rid, student_version=version, instance=identity[0],
-                                 gen=identity[1], kind="topk" if "ids" in arrays else "exact",
+                                 gen=identity[1], kind=kind,
                                  k=arrays["ids"].shape[1] if "ids" in arrays else 0,
                                  arrays=arrays, timing={})
             if not self._accepted(rid, result):
