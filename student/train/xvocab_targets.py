@@ -34,6 +34,7 @@ import torch
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.xvocab import alignment_of_groups, xvocab_request
+from miniverl.student.environments import get_environment
 from miniverl.student.train.cross_vocab import group_logprob_G
 
 ARRAYS = ("target_logprobs", "group_first")
@@ -51,8 +52,6 @@ class XvocabRequests:
 
     def tools(self, environment: str) -> list[dict[str, Any]]:
         if environment not in self._tools:
-            from miniverl.student.environments import get_environment
-
             self._tools[environment] = list(get_environment(environment).tool_specs())
         return self._tools[environment]
 
