@@ -320,14 +320,14 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
     if refusal is not None:
         await send_error(srv, ident, msg.id, ErrorCode.UNSUPPORTED, refusal)
         return
+    if msg.kind == "xvocab":  # its content rules run once, there
+        await _on_xvocab(srv, ident, msg, arrays)
+        return
     lim, vocab_size = srv.limits, srv.backend.vocab_size
     try:
         check_score(msg, arrays, vocab_size, lim)  # decode applied the size limits
     except ProtocolViolation as exc:
         await send_error(srv, ident, msg.id, exc.code, str(exc))
-        return
-    if msg.kind == "xvocab":
-        await _on_xvocab(srv, ident, msg, arrays)
         return
     n_pos = int(arrays["positions"].shape[0])
     if msg.kind == "exact" and 4 * n_pos * vocab_size > lim.max_array_bytes:
@@ -360,7 +360,12 @@ async def _on_xvocab(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict)
     the teacher's own tokens it is; an episode that cannot be aligned is BAD_REQUEST."""
     lim = srv.limits
     try:
-        plan = plan_xvocab(srv.backend.tokenizer, parse_xvocab_score(msg, arrays), arrays)
+        episode = parse_xvocab_score(msg, arrays)  # checks.check_score's xvocab branch
+    except ProtocolViolation as exc:
+        await send_error(srv, ident, msg.id, exc.code, str(exc))
+        return
+    try:
+        plan = plan_xvocab(srv.backend.tokenizer, episode, arrays)
     except ConfigError as exc:
         await send_error(srv, ident, msg.id, ErrorCode.BAD_REQUEST,
                          f"the xvocab episode cannot be aligned: {exc}")

@@ -27,6 +27,8 @@ from miniverl.protocol.xvocab import (
 )
 from miniverl.testing import FAKE_TOKENIZER_FP, FAKE_VOCAB, FakeBackend, TeacherHarness
 from tests.common.cross_tokenizer_kit import (
+    LOADERS,
+    SKIPS,
     TOOLS,
     byte_fallback_tokenizer,
     hostile_episode,
@@ -148,9 +150,13 @@ def test_token_id_targets_are_refused_for_a_student_with_another_tokenizer(serve
     assert "ask for kind 'xvocab'" in reply.message
 
 
-def test_xvocab_round_trip_matches_the_local_alignment(served):
-    h = served(_teacher_backend())
-    teacher_tok = byte_fallback_tokenizer()
+@pytest.mark.parametrize("teacher_name", ["byte_fallback", "qwen3"])
+def test_xvocab_round_trip_matches_the_local_alignment(served, teacher_name):
+    teacher_tok = LOADERS[teacher_name]()
+    if teacher_tok is None:
+        pytest.skip(SKIPS[teacher_name])  # Qwen3's: tests/extras.py names the install
+    h = served(FakeBackend(tokenizer=teacher_tok, tokenizer_fp=TEACHER_FP,
+                           vocab_size=len(teacher_tok)))
     messages = hostile_episode("Café 👍🏽 done.")
     req, arrays = _episode_arrays()
     with h.client(tokenizer_fp=FAKE_TOKENIZER_FP, vocab_size=FAKE_VOCAB, xvocab=True) as client:
