@@ -81,8 +81,15 @@ class TeacherSide:
     pending_endpoint: str | None = None
 
     def counters(self) -> dict[str, Any]:
-        """The client's counters (sent, stale_dropped, bytes, ...); empty without one."""
-        return dict(self.client.counters) if self.client is not None else {}
+        """The client's counters (sent, stale_dropped, bytes, ...); empty without one.
+        With xvocab targets, also how many trajectories were sent (``xvocab_sent``) and
+        how many could not be aligned and were trained on nowhere (``xvocab_unaligned``,
+        student/train/xvocab_targets.py)."""
+        out = dict(self.client.counters) if self.client is not None else {}
+        requests = getattr(self.link, "xvocab", None)
+        if requests is not None:
+            out.update(xvocab_sent=requests.sent, xvocab_unaligned=requests.unaligned)
+        return out
 
 
 @dataclass

@@ -89,6 +89,8 @@ def test_opd_from_a_teacher_with_another_tokenizer(tmp_path, other_teacher, monk
     assert trainer.state.teacher.identity["name"] == "byte-fallback-teacher"
     assert trainer.state.teacher.client.hello.tokenizer_fp == teacher_fp
     assert requests.sent > 0
+    assert (result.counters["xvocab_sent"], result.counters["xvocab_unaligned"]) == (
+        requests.sent, requests.unaligned)
     trained = [(traj, pos, arrays) for call in recorder.calls
                for traj, pos, arrays, _, _ in call["scored"] if len(pos)]
     assert trained, f"no aligned positions ({requests.sent} sent, {requests.unaligned} not)"
