@@ -400,6 +400,9 @@ def _kind_refusal(srv: ServerState, ident: bytes, kind: str) -> str | None:
     if kind == "xvocab" and ident not in srv.xvocab:
         return ("kind 'xvocab' was not negotiated on this connection: say HELLO with "
                 "understands: [xvocab] to a teacher whose HELLO_OK advertises it")
+    if kind == "xvocab" and not serves_xvocab(srv.backend):  # a reload since the HELLO
+        return ("this teacher's model has no tokenizer with a chat template since its last "
+                "reload: it serves no xvocab; say HELLO again")
     if kind != "xvocab" and srv.xvocab.get(ident):
         return (f"this client's tokenizer is not the teacher's: {kind} targets would index "
                 "the teacher's vocabulary; ask for kind 'xvocab'")
