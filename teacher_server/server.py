@@ -38,7 +38,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from miniverl.common.errors import ConfigError, MiniverlError
+from miniverl.common.errors import MiniverlError
 from miniverl.protocol import messages as m
 from miniverl.protocol.checks import check_score
 from miniverl.protocol.codec import decode, decode_header_only, encode
@@ -366,9 +366,9 @@ async def _on_xvocab(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict)
         return
     try:
         plan = plan_xvocab(srv.backend.tokenizer, episode, arrays)
-    except ConfigError as exc:
+    except Exception as exc:  # a template's own error too (jinja's raise_exception)
         await send_error(srv, ident, msg.id, ErrorCode.BAD_REQUEST,
-                         f"the xvocab episode cannot be aligned: {exc}")
+                         f"the xvocab episode cannot be aligned: {describe(exc)}"[:2000])
         return
     n = int(plan.teacher_ids.shape[0])
     longest = min(lim.max_tokens, lim.max_seq_len or lim.max_tokens)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from miniverl.common.errors import ConfigError, ProtocolError
+from miniverl.common.errors import ProtocolError
 from miniverl.protocol import messages as m
 from miniverl.protocol.checks import check_score
 from miniverl.protocol.client import TeacherClient
@@ -349,9 +349,9 @@ class FakeTeacher:
         except m.ProtocolViolation as exc:
             self.send(conn, self.error(msg.id, exc.code, message=str(exc)))
             return
-        except ConfigError as exc:
+        except Exception as exc:  # as the server: a template's own error too
             self.send(conn, self.error(msg.id, m.ErrorCode.BAD_REQUEST, message=(
-                f"the xvocab episode cannot be aligned: {exc}")))
+                f"the xvocab episode cannot be aligned: {exc}"[:2000])))
             return
         step = self._script.popleft() if self._script else self.default
         step(self, Received(conn, msg, arrays))

@@ -200,6 +200,21 @@ def test_an_episode_the_student_pieces_do_not_hold_is_bad_request(served):
     assert "not UTF-8 JSON" in reply.message
 
 
+def test_an_episode_the_template_cannot_render_is_bad_request_not_silence(served):
+    h = served(_teacher_backend())
+    conn = h.raw()
+    assert _raw_hello(conn, understands=["xvocab"]).t == "HELLO_OK"
+    episode = {"messages": [{"role": "assistant", "content": "x", "tool_calls": ["oops"]}],
+               "tools": None, "text": "x"}
+    arrays = {"episode": np.frombuffer(json.dumps(episode).encode(), np.uint8),
+              "student_cuts": np.array([0, 1], np.int32),
+              "student_pieces": np.array([[0, 1, 0]], np.int32)}
+    reply, _ = conn.call({"v": 1, "t": "SCORE", "id": 5, "student_version": 0,
+                          "kind": "xvocab", "k": 4, "temperature": 1.0}, arrays)
+    assert reply.t == "ERROR" and reply.code == m.ErrorCode.BAD_REQUEST
+    assert "cannot be aligned" in reply.message
+
+
 def _reply_for(digest: str, groups: np.ndarray, n_teacher: int, rid: int = 7):
     alignment = alignment_of_groups(groups)
     msg = m.ScoreOk(id=rid, student_version=0, instance="i", gen=0, kind="xvocab", k=2,
