@@ -5,6 +5,7 @@ over a torch model."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from miniverl.common.alignment import align_episode
@@ -47,6 +48,7 @@ def test_fake_teacher_serves_xvocab_and_a_reply_for_another_episode_is_stale():
     assert teacher.count("SCORE") == 2  # the request and its resend
 
 
+@pytest.mark.slow  # builds a torch model: over tests/tiers.py's SLOW_S alone
 def test_fake_teacher_client_scores_xvocab_with_its_model():
     tok = byte_fallback_tokenizer()
     from tests.toy_kit import TEACHER, bare_qwen3
