@@ -50,6 +50,7 @@ import copy
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,11 @@ def load_config(path: Path) -> tuple[dict[str, Any], DistillSettings]:
 
 
 
-def _arm_overrides(arm: dict[str, Any], lr: float, split: str) -> dict[str, Any]:
-    over = {"train": {"lr": lr}, "eval": {"split": split}}
+def _arm_overrides(arm: dict[str, Any], lr: float, split: str,
+                   eval_every: int | None = None) -> dict[str, Any]:
+    over: dict[str, Any] = {"train": {"lr": lr}, "eval": {"split": split}}
+    if eval_every is not None:  # the grid reads the last evaluation only
+        over["train"]["eval_every"] = eval_every
     if arm["mode"] == "offline_kd":
         # One targets cache per arm for every seed, rate and phase: a set one cell
         # scored is free for the others (a relative cache.dir is under the phase folder).
@@ -152,8 +156,9 @@ def phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
     out["output_dir"] = f"{raw.get('output_dir') or 'benchmarks/results/' + raw['name']}/{phase}"
     if phase == "grid":
         out["seeds"] = [settings.grid_seed]
+        last = raw["budget"].get("updates")  # one evaluation, after the budget
         out["arms"] = [{**arm, "name": f"{arm['name']}-lr{i}",
-                        "overrides": _arm_overrides(arm, lr, settings.grid_split)}
+                        "overrides": _arm_overrides(arm, lr, settings.grid_split, last)}
                        for arm in raw["arms"] for i, lr in enumerate(settings.lr_grid)]
         out["baseline"] = f"{raw['baseline']}-lr0"
     else:
@@ -318,10 +323,7 @@ def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], s
     once with the base recipe's rollout and eval settings and kept in ``cache``: every
     cell starts from the warm student (``eval.before: false`` in the cells), so this is
     every cell's update 0, and the teacher's row is its margin on the same tasks."""
-    import time
-
     import torch
-
     from transformers import AutoTokenizer
 
     from miniverl.common.modeling import load_causal_lm
@@ -590,7 +592,12 @@ def write_phase_config(raw: dict[str, Any], settings: DistillSettings, phase: st
     return path
 
 
-def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace) -> None:
+class PartEnded(Exception):
+    """``--part-minutes`` ran out after a cell: the results hold every finished cell."""
+
+
+def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace,
+              deadline: float | None = None) -> None:
     from miniverl.common.errors import ConfigError
     from miniverl.student.benchmark.run import run_benchmark
 
@@ -600,6 +607,8 @@ def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace) -> None:
               f"{r.sampled_success_before} -> {r.sampled_success_after}, greedy "
               f"{r.success_before} -> {r.success_after}, {r.wall_s or 0:.0f} s"
               + (f", {r.error}" if r.error else ""), flush=True)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise PartEnded  # after the cell is written: --resume starts at the next
 
     try:
         run_benchmark(path, resume=args.resume, output_dir=phase_dir,
@@ -630,12 +639,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", choices=("grid", "main", "all"), default="all",
                     help="grid: the learning-rate grid; main: the report's cells at the "
                          "grid's choice; all: both, in that order")
+    ap.add_argument("--part-minutes", type=float, default=None,
+                    help="start no cell after this many minutes; exit 3, to be continued "
+                         "with --resume (a run in parts)")
     args = ap.parse_args(argv)
+    if args.part_minutes is not None and not args.part_minutes > 0:
+        raise fail(f"--part-minutes {args.part_minutes:g} must be positive; give the minutes "
+                   "after which no new cell starts")
     raw, settings = load_config(args.config)
     config_dir = args.config.resolve().parent
     out_dir, output = output_paths(args, raw)
     phases = list(PHASES) if args.phase == "all" else [args.phase]
     start = None
+    deadline = (time.monotonic() + 60.0 * args.part_minutes
+                if args.part_minutes is not None else None)
     if args.analyze_only:
         check_kept(out_dir, phases)
         previous = json.loads(output.read_text(encoding="utf-8")) if output.is_file() else {}
@@ -664,7 +681,15 @@ def main(argv: list[str] | None = None) -> int:
                 chosen, _ = choose_rates(cells, [a["name"] for a in raw["arms"]],
                                          settings.lr_grid)
             path = write_phase_config(raw, settings, phase, config_dir, out_dir / phase, chosen)
-            run_phase(path, out_dir / phase, args)
+            try:
+                run_phase(path, out_dir / phase, args, deadline)
+            except PartEnded:
+                summary = analyze(out_dir, raw, settings, output, start)
+                output.parent.mkdir(parents=True, exist_ok=True)
+                output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+                print(f"part ended after {args.part_minutes:g} minutes at a cell boundary "
+                      f"(phase {phase}); wrote {output}; continue with --resume", flush=True)
+                return 3
     summary = analyze(out_dir, raw, settings, output, start)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -84,6 +84,19 @@ def test_training_seconds_are_rollout_wait_update_and_preparation_never_evaluati
     assert bench.preparation_s([]) == 0.0
 
 
+def test_a_run_without_its_start_eval_starts_from_the_warm_students_measured_once(tmp_path):
+    # eval.before: false in every cell: update 0 is the warm student's one eval on the
+    # same split (start_evals), at 0 training seconds; a run with its own keeps its own.
+    run = _write(tmp_path / "sft", [_eval(2, 0.3, 0.4)], [_row(1, 1.0, 0.0, 0.5),
+                                                         _row(2, 1.0, 0.0, 0.5)])
+    start = {"greedy": 0.8, "t1": 0.6, "unseen_states": 0.2, "n": 128}
+    curve = bench.read_curve(run, start)
+    assert [(p["update"], p["train_s"], p["t1"]) for p in curve] == [(0, 0.0, 0.6), (2, 3.0, 0.4)]
+    assert [p["update"] for p in bench.read_curve(run)] == [2]
+    own = _write(tmp_path / "own", [_eval(0, 0.1, 0.2)], [])
+    assert bench.read_curve(own, start)[0]["t1"] == 0.2
+
+
 def test_the_wall_clock_budget_reads_the_last_evaluation_reached_by_then():
     curve = [{"update": 0, "train_s": 0.0}, {"update": 16, "train_s": 50.0},
              {"update": 32, "train_s": 100.0}]
@@ -175,7 +188,7 @@ def test_the_phase_configs_are_valid_benchmarks_with_the_grid_and_the_choice(tmp
     gkd = next(a for a in config.arms if a.name == "gkd")
     recipe = cell_recipe(config, base, gkd, 3, tmp_path / "main")
     assert Path(recipe["cache"]["dir"]) == tmp_path / "main" / "../targets/gkd"
-    assert recipe["train"]["lr"] == 1e-3 and recipe["train"]["oracle_tasks"] == 256
+    assert recipe["train"]["lr"] == 1e-3 and recipe["train"]["oracle_tasks"] == 2048
     sft = cell_recipe(config, base, config.arms[0], 3, tmp_path / "main")
     assert "dir" not in (sft.get("cache") or {})
     # Every cell recipe is a valid recipe (the teacher-set arms once the benchmark names
@@ -233,3 +246,18 @@ def test_the_distill_benchmark_runs_on_a_fresh_clone(tmp_path):
               code=1)
     assert "holds no results.json" in out and "Traceback" not in out
     assert_untouched(clone)
+
+
+@pytest.mark.slow
+def test_a_run_in_parts_stops_at_a_cell_boundary_and_resumes(tmp_path):
+    out = tmp_path / "parts"
+    common = ["--config", str(ROOT / SMOKE), "--output-dir", str(out), "--phase", "grid"]
+    assert bench.main([*common, "--part-minutes", "0.0001"]) == 3  # after its first cell
+    first = json.loads((out / "grid" / "results.json").read_text())
+    assert len(first["cells"]) == 1
+    assert bench.main([*common, "--resume"]) == 0
+    done = json.loads((out / "grid" / "results.json").read_text())
+    assert len(done["cells"]) == 4 and done["cells"][0] == first["cells"][0]
+    with pytest.raises(SystemExit) as info:
+        bench.main([*common, "--part-minutes", "0"])
+    assert "--part-minutes 0 must be positive" in str(info.value)
