@@ -174,7 +174,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
         wait_for([handshake.future])  # bounded by its own timeout
         check_handshake(state, handshake)
     side.client.connect(recipe.runtime.teacher_startup_timeout_s)
-    require_xvocab(state)
+    require_xvocab(state, side.client)
     identity = teacher_identity(side.client)
     if handshake is None or handshake.checked != identity:
         check_qualified(state, identity)
@@ -195,13 +195,14 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     side.memory = choose_memory(state)
 
 
-def require_xvocab(state: TrainState) -> None:
-    """teacher.tokenizer: other asks for xvocab targets: stop before any rollout when the
-    teacher's HELLO_OK does not advertise the kind (docs/cross-tokenizer.md)."""
-    hello = state.teacher.client.hello
+def require_xvocab(state: TrainState, client: ScoringClient) -> None:
+    """teacher.tokenizer: other asks for xvocab targets: refuse a teacher whose HELLO_OK
+    does not advertise the kind (at connect, before any rollout; and a RETARGET to one),
+    as a teacher with another tokenizer is refused (docs/cross-tokenizer.md)."""
+    hello = client.hello
     if state.kind != "xvocab" or hello is None or hello.kinds.xvocab is not None:
         return
-    raise ConfigError(
+    raise TokenizerMismatch(
         f"teacher.tokenizer: other asks for xvocab targets, but teacher {hello.teacher.name!r} "
         "does not serve them (its HELLO_OK has no kinds.xvocab): serve it with `miniverl "
         "teacher serve` from a model directory with a tokenizer and chat template, or use "
@@ -290,13 +291,15 @@ def vet_endpoint(state: TrainState, endpoint: str, timeout_s: float) -> dict[str
     """The identity of the teacher at ``endpoint`` if this run would accept it.
 
     Handshakes on a throwaway client (the run's tokenizer and proof) and applies the
-    gate; raises ``TokenizerMismatch``, ``TeacherNotQualified`` or
+    gate; raises ``TokenizerMismatch`` (also for a teacher without the xvocab kind the
+    run asks for), ``TeacherNotQualified`` or
     ``TeacherUnavailable`` (no handshake within ``timeout_s``). Safe off the training
     thread: it touches nothing the loop uses.
     """
     probe = new_client(state, endpoint, timeout_s=timeout_s, suffix=":vet")
     try:
         probe.connect(timeout_s)
+        require_xvocab(state, probe)
         identity = teacher_identity(probe)
     finally:
         probe.close()

@@ -5,6 +5,7 @@ estimator against closed forms."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from miniverl.common.alignment import MODEL, TEMPLATE, Alignment
@@ -81,3 +82,19 @@ def test_a_group_gets_the_advantage_of_its_bytes_even_across_chunks():
     assert abs(metrics["divergence_sum"] - float(-adv.sum())) < 1e-5
     loss.backward()  # the gradient flows through every position of the group
     assert hidden.grad is not None and bool((hidden.grad.abs().sum(-1) > 0).all())
+
+
+@pytest.mark.slow  # starts a trainer
+def test_a_teacher_that_does_not_serve_xvocab_is_refused_before_any_rollout(tmp_path, toy):
+    from miniverl.common.errors import TokenizerMismatch
+    from miniverl.student.train.trainer import Trainer
+    from tests.toy_kit import make_recipe
+
+    recipe = make_recipe("opd", tmp_path, cycles=1, sections={
+        "teacher": {"tokenizer": "other"},
+        "loss": {"estimator": "sampled_token", "divergence": "reverse_kl"}})
+    trainer = Trainer(recipe, client=toy.fake_client(), show_progress=False,
+                      write_report=False, checkpoints=False)
+    with trainer, pytest.raises(TokenizerMismatch, match="does not serve them"):
+        trainer.train()
+    assert trainer.state.cycle == 0 and trainer.version == 0
