@@ -90,8 +90,6 @@ Mode = Literal["drain", "abort"]
 # Target kinds a client may announce in HELLO (``understands``): kinds an old client
 # does not know, advertised in HELLO_OK only to a client that named them.
 Negotiated = Literal["xvocab"]
-# The largest ``episode`` (UTF-8 JSON bytes) an xvocab SCORE may carry by default.
-MAX_EPISODE_BYTES = 1 << 20
 
 
 class _Wire(BaseModel):
