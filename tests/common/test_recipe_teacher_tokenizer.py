@@ -9,7 +9,6 @@ import pytest
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, recipe_digest
 
-
 SAMPLED = {"estimator": "sampled_token", "divergence": "reverse_kl"}
 
 
