@@ -1,0 +1,72 @@
+"""The cross-tokenizer cost benchmark's script (benchmarks/xvocab_cost.py,
+docs/cross-tokenizer.md, "Cost per position").
+
+Its smoke form runs end to end through the two real teacher servers and writes a record
+whose fields the page describes, consistent with each other; a bad value is one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "benchmarks" / "xvocab_cost.py"
+SPREAD_KEYS = {"median", "min", "max"}
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _spread_ok(row: dict) -> bool:
+    return (set(row) == SPREAD_KEYS and all(math.isfinite(v) and v > 0 for v in row.values())
+            and row["min"] <= row["median"] <= row["max"])
+
+
+@pytest.mark.slow  # imports torch and starts two servers: several seconds
+def test_the_smoke_form_writes_every_field(tmp_path):
+    done = _run("--smoke", "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "xvocab_cost.json").read_text())
+    assert record["benchmark"] == "xvocab_cost" and record["smoke"] is True
+    assert (record["environment"], record["episodes"], record["warmup"], record["repeats"]) == (
+        "calculator", 4, 1, 2)
+    toks = record["tokenizers"]
+    assert toks["student"] == toks["topk_teacher"] and toks["student"]["name"] == "toy"
+    assert toks["xvocab_teacher"]["name"] == "byte_fallback"
+    assert toks["xvocab_teacher"]["vocab"] != toks["student"]["vocab"]
+    t = record["totals"]
+    # topk scores exactly the student's loss positions of the same episodes.
+    assert t["topk_teacher_positions"] == t["student_positions"] > 0
+    assert t["topk_teacher_tokens"] == t["student_tokens"] > t["student_positions"]
+    assert 0 < t["xvocab_teacher_positions"] < t["xvocab_teacher_tokens"]
+    assert 0 < t["xvocab_trained_positions"] <= t["student_positions"]
+    assert record["xvocab_trained_share"] == t["xvocab_trained_positions"] / t["student_positions"]
+    us = record["us_per_student_position"]
+    assert set(us) == {"topk", "xvocab", "topk_teacher_compute", "xvocab_teacher_compute",
+                       "xvocab_teacher_plan", "xvocab_student_request", "xvocab_student_map"}
+    assert all(_spread_ok(row) for row in us.values())
+    assert _spread_ok(record["ratio_xvocab_to_topk"])
+    assert _spread_ok(record["ratio_with_student_side"])
+    # The student's side only adds to the wire ratio.
+    assert record["ratio_with_student_side"]["min"] > record["ratio_xvocab_to_topk"]["min"]
+    per_trained = record["us_per_trained_position"]
+    assert per_trained["topk"] == us["topk"] and _spread_ok(per_trained["xvocab"])
+    assert per_trained["xvocab"]["median"] >= us["xvocab"]["median"] * 0.999
+    assert "xvocab / topk per student position" in done.stdout
+
+
+@pytest.mark.parametrize("args", [["--episodes", "0"], ["--repeats", "0"], ["--k", "0"]])
+def test_a_bad_value_is_one_line(args, tmp_path):
+    done = _run(*args, "--output-dir", str(tmp_path))
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    assert args[0] in done.stderr and "must be at least" in done.stderr
+    assert not (tmp_path / "xvocab_cost.json").exists()
