@@ -291,20 +291,23 @@ def uld_loss(student_probs_G_V: torch.Tensor, teacher_probs_G_W: torch.Tensor) -
 
 
 def uld_topk_distance_G(student_probs_G_V: torch.Tensor,
-                        teacher_topk_probs_G_K: torch.Tensor) -> torch.Tensor:
+                        teacher_topk_probs_G_K: torch.Tensor,
+                        teacher_tail_G: torch.Tensor | None = None) -> torch.Tensor:
     """``[G]`` ULD from the teacher's top-k only.
 
     The L1 distance over the ``K`` largest entries of each side, plus the two tails
     (the mass outside each side's top ``K``) compared as one bucket. The triangle
     inequality makes it a lower bound of the full :func:`uld_distance_G`, equal to it
-    when ``K`` covers the teacher's support.
+    when ``K`` covers the teacher's support. The teacher's tail is ``1 - Σ top-k``
+    unless ``teacher_tail_G`` gives it (a row merged over a group sums to less than 1).
     """
     k = teacher_topk_probs_G_K.shape[-1]
     s_sorted = student_probs_G_V.sort(dim=-1, descending=True).values
     s_top = _pad_to(s_sorted[..., :k], k)
     t_top = teacher_topk_probs_G_K.sort(dim=-1, descending=True).values
     s_tail = (student_probs_G_V.sum(-1) - s_top.sum(-1)).clamp_min(0)
-    t_tail = (1.0 - teacher_topk_probs_G_K.sum(-1)).clamp_min(0)
+    t_tail = (1.0 - teacher_topk_probs_G_K.sum(-1)).clamp_min(0) if teacher_tail_G is None \
+        else teacher_tail_G.to(teacher_topk_probs_G_K.dtype)
     return (s_top - t_top).abs().sum(-1) + (s_tail - t_tail).abs()
 
 

@@ -35,9 +35,16 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.xvocab import alignment_of_groups, xvocab_request
 from miniverl.student.environments import get_environment
-from miniverl.student.train.cross_vocab import group_logprob_G
+from miniverl.student.train.cross_vocab import (
+    PROB_EPS,
+    VocabMap,
+    group_logprob_G,
+    merge_group_topk,
+    project_topk,
+)
 
 ARRAYS = ("target_logprobs", "group_first")
+CROSS_VOCAB = ("sampled_token", "hybrid", "uld")  # the values of loss.cross_vocab
 
 
 class XvocabRequests:
@@ -69,39 +76,100 @@ class XvocabRequests:
         return req
 
 
-def student_targets(traj: Trajectory, positions_P: np.ndarray,
-                    arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def student_targets(traj: Trajectory, positions_P: np.ndarray, arrays: dict[str, np.ndarray],
+                    cross_vocab: str = "sampled_token", vmap: VocabMap | None = None,
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """``(positions, arrays)`` to train on from an xvocab reply (see the module doc):
     ``positions`` the kept student positions (sorted, a subset of ``positions_P``),
-    ``arrays`` ``target_logprobs f4[P]`` and ``group_first i4[P]``."""
+    ``arrays`` ``target_logprobs f4[P]`` and ``group_first i4[P]``; with
+    ``cross_vocab`` ``uld`` or ``hybrid`` also each group's row (:func:`group_rows`)."""
+    if cross_vocab not in CROSS_VOCAB:
+        raise ConfigError(f"loss.cross_vocab={cross_vocab!r} is not one of "
+                          f"{', '.join(CROSS_VOCAB)}; fix the recipe")
+    if cross_vocab == "hybrid" and vmap is None:
+        raise ConfigError("loss.cross_vocab: hybrid needs the vocabulary map of the two "
+                          "tokenizers (student/train/cross_vocab.py, vocab_map)")
     alignment = alignment_of_groups(arrays["groups"])
     n_teacher = int(arrays["teacher_ids"].shape[0])
     teacher_lp_T = np.zeros(n_teacher, dtype=np.float64)
-    scored_T = np.zeros(n_teacher, dtype=bool)
+    row_T = np.full(n_teacher, -1, dtype=np.int64)  # the reply row scoring each token
     tokens_T = np.asarray(arrays["positions"], dtype=np.int64) + 1
     teacher_lp_T[tokens_T] = np.asarray(arrays["target_logprobs"], dtype=np.float64)
-    scored_T[tokens_T] = True
+    row_T[tokens_T] = np.arange(tokens_T.shape[0])
     selected = np.zeros(len(traj.tokens), dtype=bool)
     selected[np.asarray(positions_P, dtype=np.int64)] = True
     a = alignment
     t_group_G = group_logprob_G(torch.from_numpy(teacher_lp_T), torch.from_numpy(a.teacher_start_G),
                                 torch.from_numpy(a.teacher_end_G)).numpy()
-    kept, target, first = [], [], []
+    kept, target, first, groups = [], [], [], []
     for g in np.flatnonzero(a.trainable_G):
         lo, hi = int(a.student_start_G[g]) - 1, int(a.student_end_G[g]) - 1  # positions
         ts, te = int(a.teacher_start_G[g]), int(a.teacher_end_G[g])
         if lo < 0 or hi > selected.shape[0] or not selected[lo:hi].all():
             continue
-        if not scored_T[ts:te].all():
+        if (row_T[ts:te] < 0).any():
             continue
         kept.extend(range(lo, hi))
         target.extend([t_group_G[g]] * (hi - lo))
         first.extend([1] + [0] * (hi - lo - 1))
-    return (np.asarray(kept, dtype=np.int32),
-            {"target_logprobs": np.asarray(target, dtype=np.float32),
-             "group_first": np.asarray(first, dtype=np.int32)})
+        groups.append((lo, hi, ts, te))
+    out = {"target_logprobs": np.asarray(target, dtype=np.float32),
+           "group_first": np.asarray(first, dtype=np.int32)}
+    if cross_vocab != "sampled_token":
+        out.update(group_rows(traj, arrays, row_T, groups, vmap if cross_vocab == "hybrid"
+                              else None, len(kept)))
+    return np.asarray(kept, dtype=np.int32), out
 
 
-def empty_targets() -> dict[str, np.ndarray]:
+def group_rows(traj: Trajectory, arrays: dict[str, np.ndarray], row_T: np.ndarray,
+               groups: list[tuple[int, int, int, int]], vmap: VocabMap | None,
+               n_kept: int) -> dict[str, np.ndarray]:
+    """The rows ``objectives/group_uld.py`` reads, on each group's first kept position:
+    ``group_exact i4[P]`` (with ``vmap``: the group is one token per side, the two a
+    pair of the map, and some of the teacher's top-k has a student twin), ``ids i4[P,
+    K]`` and ``logprobs f4[P, K]`` (an exact group: the teacher's top-k in the
+    student's vocabulary, ``project_topk``; any other: the teacher's top-k merged over
+    the group, ``merge_group_topk``, ``observed``, as log-probs) and ``tail_logmass
+    f4[P]`` (the mass outside the top-k, merged the same way). Other positions carry
+    zeros (``-inf`` tails)."""
+    k = int(arrays["ids"].shape[1])
+    ids_PK = np.zeros((n_kept, k), dtype=np.int32)
+    logprobs_PK = np.zeros((n_kept, k), dtype=np.float32)
+    exact_P = np.zeros(n_kept, dtype=np.int32)
+    tail_P = np.full(n_kept, -np.inf, dtype=np.float32)
+    t_tail_R = torch.as_tensor(np.asarray(arrays["tail_logmass"], dtype=np.float64))
+    t_ids_RK = torch.as_tensor(np.asarray(arrays["ids"], dtype=np.int64))
+    t_lp_RK = torch.as_tensor(np.asarray(arrays["logprobs"], dtype=np.float64))
+    t_actual_R = torch.as_tensor(np.asarray(arrays["target_logprobs"], dtype=np.float64))
+    teacher_ids = np.asarray(arrays["teacher_ids"], dtype=np.int64)
+    t_to_s = None if vmap is None else torch.as_tensor(vmap.teacher_to_student_W)
+    p = 0
+    for lo, hi, ts, te in groups:
+        rows = torch.as_tensor(row_T[ts:te])
+        if t_to_s is not None and hi - lo == 1 and te - ts == 1:
+            s_tok = int(traj.tokens[lo + 1])
+            if (s_tok < vmap.student_to_teacher_V.shape[0]
+                    and int(vmap.student_to_teacher_V[s_tok]) == int(teacher_ids[ts])):
+                s_ids, s_lp = project_topk(t_ids_RK[rows], t_lp_RK[rows], t_to_s)
+                if bool(torch.isfinite(s_lp).any()):
+                    ids_PK[p], logprobs_PK[p], exact_P[p] = s_ids[0].numpy(), s_lp[0].numpy(), 1
+                    p += hi - lo
+                    continue
+        # The tail bucket merges like one more entry of the row.
+        row_RK1 = torch.cat([t_lp_RK[rows], t_tail_R[rows, None]], dim=1).exp()
+        merged = merge_group_topk(row_RK1, t_actual_R[rows], torch.tensor([0]),
+                                  torch.tensor([te - ts]), "observed")[0]
+        logprobs_PK[p] = merged[:k].clamp_min(PROB_EPS).log().numpy()
+        tail_P[p] = float(merged[k].clamp_min(0.0).log())
+        p += hi - lo
+    return {"ids": ids_PK, "logprobs": logprobs_PK, "tail_logmass": tail_P,
+            "group_exact": exact_P}
+
+
+def empty_targets(cross_vocab: str = "sampled_token", k: int = 1) -> dict[str, np.ndarray]:
     """The arrays of a trajectory with nothing to train on."""
-    return {"target_logprobs": np.zeros(0, np.float32), "group_first": np.zeros(0, np.int32)}
+    out = {"target_logprobs": np.zeros(0, np.float32), "group_first": np.zeros(0, np.int32)}
+    if cross_vocab != "sampled_token":
+        out.update(ids=np.zeros((0, k), np.int32), logprobs=np.zeros((0, k), np.float32),
+                   tail_logmass=np.zeros(0, np.float32), group_exact=np.zeros(0, np.int32))
+    return out

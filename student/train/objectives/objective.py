@@ -49,6 +49,8 @@ class LossSettings:
     use_task_rewards: bool | None = None
     distillation_loss_coef: float | None = None
     reward_baseline: str | None = None
+    # A teacher with another tokenizer: sampled_token (None), hybrid or uld.
+    cross_vocab: str | None = None
 
     @classmethod
     def of(cls, config: Any = None) -> LossSettings:
@@ -67,7 +69,7 @@ class LossSettings:
             log_ratio_clamp=optional_float("log_ratio_clamp"),
             aggregation=values["aggregation"], use_task_rewards=values["use_task_rewards"],
             distillation_loss_coef=optional_float("distillation_loss_coef"),
-            reward_baseline=values["reward_baseline"],
+            reward_baseline=values["reward_baseline"], cross_vocab=values["cross_vocab"],
         )
 
 
@@ -83,6 +85,7 @@ WIRE_NAMES = {
     "weight_P": "the aggregation weight of each position [P]",
     "advantage_P": "the task-reward advantage of each position's episode [P]",
     "group_first_P": "group_first [P] (xvocab: the position starts a byte group)",
+    "group_exact_P": "group_exact [P] (xvocab uld/hybrid: the group is an exact pair)",
 }
 # The fields that are not the teacher's: the step fills them (``step_inputs.py``).
 STEP_FIELDS = ("sampling_logprobs_P", "weight_P", "advantage_P")
@@ -111,6 +114,10 @@ class TeacherTargets:
     # xvocab (student/train/xvocab_targets.py): 1 where a position starts a byte group;
     # target_logprobs_P then holds the teacher's log-prob of the group's bytes.
     group_first_P: torch.Tensor | None = None
+    # xvocab with loss.cross_vocab uld/hybrid: 1 where the group is an exact pair; the
+    # group's row of topk_ids_P_K / topk_logprobs_P_K sits on its first position
+    # (objectives/group_uld.py says what the row holds).
+    group_exact_P: torch.Tensor | None = None
     # Not the teacher's: filled per step by ``step_inputs.py`` when a variant reads them.
     sampling_logprobs_P: torch.Tensor | None = None
     weight_P: torch.Tensor | None = None
@@ -144,7 +151,9 @@ class TeacherTargets:
             return cls(sampled, target_logprobs_P=t("target_logprobs"), logprobs_P_V=t("logprobs"))
         if kind == "xvocab":
             return cls(sampled, target_logprobs_P=t("target_logprobs"),
-                       group_first_P=t("group_first"))
+                       group_first_P=t("group_first"), group_exact_P=t("group_exact"),
+                       topk_ids_P_K=t("ids"), topk_logprobs_P_K=t("logprobs"),
+                       tail_logmass_P=t("tail_logmass"))
         raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
 
 

@@ -25,6 +25,7 @@ import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
+from miniverl.student.train.objectives.group_uld import GROUP_HYBRID, GROUP_ULD
 from miniverl.student.train.objectives.objective import LossSettings, Objective, TeacherTargets
 from miniverl.student.train.objectives.per_position import (
     DIVERGENCES,
@@ -117,18 +118,31 @@ def objective_for(config: Any) -> Objective:
 
 def objective_for_kind(config: Any, kind: str) -> Objective:
     """The objective for targets of ``kind``: :func:`objective_for` for ``topk`` and
-    ``exact``; for ``xvocab`` (a teacher with another tokenizer) the group sampled-token
-    estimator (``group_sampled_token.py``), which reads the sampled token only, so the
-    recipe's loss must be the sampled-token estimator without variants."""
+    ``exact``; for ``xvocab`` (a teacher with another tokenizer) the one
+    ``loss.cross_vocab`` names: the group sampled-token estimator
+    (``group_sampled_token.py``; unset or ``sampled_token``, with the recipe's loss the
+    sampled-token estimator without variants), or ``uld`` / ``hybrid``
+    (``group_uld.py``; the recipe's estimator ``full``, without variants)."""
     if kind != "xvocab":
         return objective_for(config)
     s = LossSettings.of(config)
+    variants = " with variants" if uses_variants(s) else ""
+    if s.cross_vocab in ("uld", "hybrid"):
+        if s.estimator != "full" or uses_variants(s):
+            raise ConfigError(
+                f"loss.cross_vocab={s.cross_vocab!r} trains on the teacher's top-k; "
+                f"loss.estimator={s.estimator!r}{variants}: set estimator: full and no loss "
+                "variants, or cross_vocab: sampled_token")
+        return GROUP_ULD if s.cross_vocab == "uld" else GROUP_HYBRID
+    if s.cross_vocab not in (None, "sampled_token"):
+        raise ConfigError(f"loss.cross_vocab={s.cross_vocab!r} is not one of sampled_token, "
+                          "hybrid, uld; fix the recipe")
     if s.estimator != "sampled_token" or s.divergence != "reverse_kl" or uses_variants(s):
         raise ConfigError(
             f"teacher.tokenizer: other trains with the group sampled-token estimator; "
-            f"loss.estimator={s.estimator!r}, divergence={s.divergence!r}"
-            f"{' with variants' if uses_variants(s) else ''}: set estimator: sampled_token, "
-            "divergence: reverse_kl and no loss variants")
+            f"loss.estimator={s.estimator!r}, divergence={s.divergence!r}{variants}: set "
+            "estimator: sampled_token, divergence: reverse_kl and no loss variants, or "
+            "loss.cross_vocab: uld or hybrid")
     return GROUP_SAMPLED_TOKEN
 
 
