@@ -86,11 +86,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
             parser.exit(1, f"error: --{name} {getattr(args, name)} must be at least {least}; "
                            f"pass a larger value\n")
     args.out = script_output_file(args, COMMITTED, ROOT)
-    # The server's worker thread reads its OpenMP thread count from the environment
-    # before torch loads (torch.set_num_threads only reaches the calling thread).
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return args
 
 
@@ -327,6 +322,11 @@ def _summary(record: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    # The server's worker thread reads its OpenMP thread count from the environment
+    # before torch loads (torch.set_num_threads only reaches the calling thread).
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 

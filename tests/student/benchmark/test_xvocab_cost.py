@@ -2,7 +2,8 @@
 docs/cross-tokenizer.md, "Cost per position").
 
 Its smoke form runs end to end through the two real teacher servers and writes a record
-whose fields the page describes, consistent with each other; a bad value is one line.
+whose fields the page describes, consistent with each other; its defaults are the
+measurement the page describes; a bad value is one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import xvocab_cost as bench  # noqa: E402
+
 SCRIPT = ROOT / "benchmarks" / "xvocab_cost.py"
+PAGE = ROOT / "docs" / "cross-tokenizer.md"
 SPREAD_KEYS = {"median", "min", "max"}
 
 
@@ -70,3 +76,19 @@ def test_a_bad_value_is_one_line(args, tmp_path):
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
     assert args[0] in done.stderr and "must be at least" in done.stderr
     assert not (tmp_path / "xvocab_cost.json").exists()
+
+
+def test_the_defaults_are_the_measurement_the_page_describes(tmp_path):
+    args = bench._args(["--output-dir", str(tmp_path)])
+    assert (args.episodes, args.seed, args.warmup, args.repeats, args.k, args.threads) == (
+        48, 0, 2, 7, 16, 1)
+    assert args.out == tmp_path / "xvocab_cost.json" and not args.smoke
+    smoke = bench._args(["--smoke", "--output-dir", str(tmp_path)])
+    assert (smoke.episodes, smoke.warmup, smoke.repeats) == (4, 1, 2)
+    committed = bench._args(["--update-committed"]).out
+    assert committed == ROOT / "benchmarks" / "results" / "xvocab_cost.json"
+    section = PAGE.read_text(encoding="utf-8").split("## Cost per position", 1)[1]
+    for said in ("48 tasks, seed 0", "k = 16 for both", "two warm-up repeats are discarded and "
+                 "seven are timed", "(four episodes, one warm-up, two repeats)",
+                 "python benchmarks/xvocab_cost.py --update-committed"):
+        assert said in " ".join(section.split()), said
