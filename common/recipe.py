@@ -208,7 +208,13 @@ class Recipe(BaseModel):
     @classmethod
     def _cross_tokenizer_loss(cls, loss: LossConfig, info: ValidationInfo):
         run, teacher = info.data.get("run"), info.data.get("teacher")
-        if run is None or teacher is None or teacher.tokenizer != "other":
+        if run is None:
+            return loss
+        if loss.cross_vocab is not None and (teacher is None or teacher.tokenizer != "other"):
+            raise_issues([(("cross_vocab",), f"loss.cross_vocab: {loss.cross_vocab} is the "
+                           "target of a teacher with another tokenizer; set "
+                           "teacher.tokenizer: other or drop loss.cross_vocab")])
+        if teacher is None or teacher.tokenizer != "other":
             return loss
         if run.mode != "opd":
             raise_issues([((), f"teacher.tokenizer: other trains by on-policy distillation "
@@ -216,11 +222,20 @@ class Recipe(BaseModel):
                                 f"{run.mode!r}; set run.mode: opd or teacher.tokenizer: same")])
         variants = [f"loss.{name}" for name in LOSS_VARIANT_FIELDS
                     if getattr(loss, name) is not None]
+        drop = f", and drop {', '.join(variants)}" if variants else ""
+        if loss.cross_vocab in ("hybrid", "uld"):
+            if loss.estimator != "full" or loss.divergence != "forward_kl" or variants:
+                raise_issues([(("cross_vocab",), f"loss.cross_vocab: {loss.cross_vocab} "
+                               "trains on the teacher's top-k (the exact groups by forward "
+                               f"KL, the rest by ULD), not loss.estimator {loss.estimator} / "
+                               f"divergence {loss.divergence}: set estimator: full and "
+                               f"divergence: forward_kl{drop}")])
+            return loss
         if loss.estimator != "sampled_token" or loss.divergence != "reverse_kl" or variants:
             raise_issues([(("estimator",), "teacher.tokenizer: other trains with the group "
                            "sampled-token estimator (docs/cross-tokenizer.md): set "
                            "loss.estimator: sampled_token and divergence: reverse_kl"
-                           + (f", and drop {', '.join(variants)}" if variants else ""))])
+                           + drop + ", or loss.cross_vocab: hybrid or uld")])
         return loss
 
     @field_validator("train")
@@ -488,6 +503,7 @@ HASHED_ONLY_WHEN_SET = (
     *(f"loss.{name}" for name in LOSS_VARIANT_FIELDS),
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
     "train.oracle_tasks", "train.score_fixed_set", "eval.before", "teacher.tokenizer",
+    "loss.cross_vocab",
 )
 
 

@@ -180,6 +180,15 @@ class LossConfig(Section):
         description="use_task_rewards: b = the mean score of the other episodes of the same "
         "task in the update (group) or of every other episode of it (batch); null = group.",
     )
+    # Added after recipes were hashed: null is left out of the digest (HASHED_ONLY_WHEN_SET).
+    cross_vocab: Literal["sampled_token", "hybrid", "uld"] | None = Field(
+        None,
+        description="teacher.tokenizer: other: the target across vocabularies. "
+        "sampled_token: the group sampled-token estimator (estimator: sampled_token); "
+        "hybrid: exact matching on one-token groups whose tokens are a vocabulary-map "
+        "pair, ULD on the rest; uld: ULD on every group (both estimator: full); null = "
+        "sampled_token (docs/cross-tokenizer.md).",
+    )
     allow_temperature_mismatch: bool | None = Field(
         None,
         description="true: a full-distribution loss at a temperature other than "

@@ -188,3 +188,38 @@ def test_hybrid_needs_the_map_and_the_table_refuses_what_cannot_work():
     assert objective_for_kind(LossSettings(cross_vocab="hybrid"), "xvocab") is GROUP_HYBRID
     with pytest.raises(ConfigError, match="estimator: full"):
         objective_for_kind(LossSettings(cross_vocab="uld", estimator="sampled_token"), "xvocab")
+
+
+def _recipe(loss, tokenizer="other"):
+    return {"run": {"name": "t", "mode": "opd"}, "student": {"model": {"toy": {}}},
+            "teacher": {"model": {"toy": {}}, "tokenizer": tokenizer}, "loss": loss}
+
+
+FULL = {"cross_vocab": "hybrid"}  # estimator: full, divergence: forward_kl (the defaults)
+
+
+def test_recipe_cross_vocab_is_hashed_only_when_set_and_picks_the_objective():
+    from miniverl.common.recipe import Recipe, recipe_digest
+
+    sampled = {"estimator": "sampled_token", "divergence": "reverse_kl"}
+    unset = recipe_digest(Recipe.model_validate(_recipe(sampled)))
+    assert recipe_digest(Recipe.model_validate(_recipe({**sampled, "cross_vocab":
+                                                        "sampled_token"}))) != unset
+    for value, objective in (("uld", GROUP_ULD), ("hybrid", GROUP_HYBRID)):
+        recipe = Recipe.model_validate(_recipe({"cross_vocab": value}))
+        assert objective_for_kind(recipe.loss, "xvocab") is objective
+
+
+@pytest.mark.parametrize(("loss", "tokenizer", "words"), [
+    (FULL, "same", "set teacher.tokenizer: other or drop loss.cross_vocab"),
+    ({**FULL, "estimator": "sampled_token", "divergence": "reverse_kl"}, "other",
+     "set estimator: full and divergence: forward_kl"),
+    ({"cross_vocab": "uld", "divergence": "jsd"}, "other", "divergence: forward_kl"),
+    ({**FULL, "aggregation": "sequence"}, "other", "drop loss.aggregation"),
+    ({"cross_vocab": "sampled_token"}, "other", "estimator: sampled_token"),
+])
+def test_recipe_cross_vocab_combinations_that_cannot_work_are_refused(loss, tokenizer, words):
+    from miniverl.common.recipe import Recipe
+
+    with pytest.raises((ConfigError, ValueError), match=words):
+        Recipe.model_validate(_recipe(loss, tokenizer))
