@@ -22,7 +22,8 @@ request in flight at a time. A repeat sends every episode to both teachers, the 
 taking turns and the first one alternating between repeats; ``--warmup`` repeats come
 first and are discarded. A request's time is the client's, from ``submit`` to the
 accepted reply: wire, the teacher's planning (rendering and alignment, for xvocab) and
-its forward. Per repeat, each arm's total over the episodes divided by the student
+its forward; both servers keep their default prefix cache, whose counters the record
+holds. Per repeat, each arm's total over the episodes divided by the student
 positions the loss trains on (the same positions for both arms: same episodes, same
 student) is its cost per student position; the record holds their median, minimum and
 maximum over the repeats, and the ratio xvocab / topk per repeat. Timed in-process the
@@ -124,7 +125,7 @@ def _serve(endpoint: str, tokenizer):
         time.sleep(0.01)
     if server.endpoint is None:
         raise SystemExit(f"error: the teacher server at {endpoint} did not bind within 60 s")
-    return server, thread
+    return server, thread, backend
 
 
 def _spread(values: list[float], scale: float = 1.0, digits: int = 3) -> dict:
@@ -174,7 +175,7 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
         clients = {kind: SyncTeacherClient(server.endpoint, tokenizer_fp=toy_fp,
                                            vocab_size=len(toy), xvocab=kind == "xvocab",
                                            request_timeout_s=600, unavailable_timeout_s=600)
-                   for kind, (server, _) in served.items()}
+                   for kind, (server, _, _) in served.items()}
         try:
             for client in clients.values():
                 client.connect()
@@ -213,9 +214,12 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
         finally:
             for client in clients.values():
                 client.close()
-            for server, thread in served.values():
+            for server, thread, _ in served.values():
                 server.shutdown_threadsafe("abort")
                 thread.join(30)
+    # Both servers keep their default prefix cache (the system block's KV), as a served
+    # teacher does; its counters over the whole run, warm-up included.
+    prefix_cache = {kind: backend.prefix_cache.stats() for kind, (_, _, backend) in served.items()}
 
     # In-process, the same rounds: the student's two steps and the teacher's plan alone.
     episodes = [json.loads(r["episode"].tobytes().decode("utf-8")) for r in requests]
@@ -290,6 +294,7 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
             [(x + r + m) / t for x, r, m, t in zip(totals["xvocab"], side["request"],
                                                    side["map"], totals["topk"], strict=True)],
             digits=4),
+        "prefix_cache": prefix_cache,
         "seconds_per_repeat": {"topk": _spread(totals["topk"], digits=4),
                                "xvocab": _spread(totals["xvocab"], digits=4)},
     }

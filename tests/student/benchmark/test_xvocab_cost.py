@@ -66,6 +66,9 @@ def test_the_smoke_form_writes_every_field(tmp_path):
     per_trained = record["us_per_trained_position"]
     assert per_trained["topk"] == us["topk"] and _spread_ok(per_trained["xvocab"])
     assert per_trained["xvocab"]["median"] >= us["xvocab"]["median"] * 0.999
+    for kind in ("topk", "xvocab"):  # every request went through the prefix cache
+        cache = record["prefix_cache"][kind]
+        assert cache["hits"] + cache["misses"] == 3 * record["episodes"], cache
     assert "xvocab / topk per student position" in done.stdout
 
 
