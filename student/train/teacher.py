@@ -47,12 +47,15 @@ from miniverl.common.errors import (
     Unauthorized,
 )
 from miniverl.common.manifest import record_teacher, update_manifest
+from miniverl.common.modeling import load_tokenizer
 from miniverl.common.qualification import TeacherNotQualified, require_qualified
+from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.protocol.endpoints import load_curve_client_keys
 from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpoint
 from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
+from miniverl.student.train.cross_vocab import VocabMap, vocab_map
 from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher_link import TeacherLink, teacher_identity
 from miniverl.student.train.xvocab_targets import XvocabRequests
@@ -182,11 +185,14 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     def changed(new: dict, version: int, how: str) -> None:
         teacher_changed(state, new, version, how)
 
+    xvocab = state.kind == "xvocab"
     side.link = TeacherLink(
         side.client, kind=state.kind, k=recipe.loss.top_k,
         temperature=recipe.loss.temperature, on_teacher_changed=changed,
         view=teacher_view(state), deterministic=recipe.run.deterministic,
-        xvocab=XvocabRequests(state.policy.tokenizer) if state.kind == "xvocab" else None,
+        xvocab=XvocabRequests(state.policy.tokenizer) if xvocab else None,
+        cross_vocab=(recipe.loss.cross_vocab or "sampled_token") if xvocab else "sampled_token",
+        vocab_map=teacher_vocab_map(state, side.client),
     )
     side.identity = identity
     state.run.event("teacher_connected", teacher=identity, version=state.version,
@@ -198,8 +204,18 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
 def require_xvocab(state: TrainState, client: ScoringClient) -> None:
     """teacher.tokenizer: other asks for xvocab targets: refuse a teacher whose HELLO_OK
     does not advertise the kind (at connect, before any rollout; and a RETARGET to one),
-    as a teacher with another tokenizer is refused (docs/cross-tokenizer.md)."""
+    as a teacher with another tokenizer is refused (docs/cross-tokenizer.md). With
+    ``loss.cross_vocab: hybrid``, a RETARGET to a teacher whose tokenizer is not the one
+    the run's vocabulary map was built for is refused too."""
     hello = client.hello
+    vmap = getattr(state.teacher.link, "vocab_map", None)
+    if (state.kind == "xvocab" and hello is not None and vmap is not None
+            and hello.tokenizer_fp != vmap.teacher_fingerprint):
+        raise TokenizerMismatch(
+            f"loss.cross_vocab: hybrid maps the vocabulary of tokenizer "
+            f"{vmap.teacher_fingerprint[:19]}, but teacher {hello.teacher.name!r} has "
+            f"{hello.tokenizer_fp[:19]}; retarget to a teacher with that tokenizer or start a "
+            "run for this one")
     if state.kind != "xvocab" or hello is None or hello.kinds.xvocab is not None:
         return
     raise TokenizerMismatch(
@@ -207,6 +223,35 @@ def require_xvocab(state: TrainState, client: ScoringClient) -> None:
         "does not serve them (its HELLO_OK has no kinds.xvocab): serve it with `miniverl "
         "teacher serve` from a model directory with a tokenizer and chat template, or use "
         "teacher.tokenizer: same")
+
+
+def teacher_vocab_map(state: TrainState, client: ScoringClient) -> VocabMap | None:
+    """``loss.cross_vocab: hybrid``: the :class:`VocabMap` of the student's tokenizer and
+    the teacher's, read from ``teacher.model.path`` and checked against the fingerprint
+    in the teacher's ``HELLO_OK`` (built once per pair, cached: ``cross_vocab.vocab_map``);
+    its coverage is the run's ``vocab_map`` event. None for the other targets."""
+    recipe = state.recipe
+    if state.kind != "xvocab" or recipe.loss.cross_vocab != "hybrid":
+        return None
+    source = recipe.teacher.model
+    if source.path is None:
+        raise ConfigError(
+            f"loss.cross_vocab: hybrid maps the two vocabularies, so the student reads the "
+            f"teacher's tokenizer from teacher.model.path, but teacher.model is "
+            f"{source.describe()}; give the teacher's model directory as teacher.model.path "
+            "or set loss.cross_vocab: uld")
+    tokenizer = load_tokenizer(source.path)
+    fingerprint = fingerprint_tokenizer(tokenizer)
+    hello = client.hello
+    if hello is not None and hello.tokenizer_fp != fingerprint:
+        raise TokenizerMismatch(
+            f"teacher.model.path {source.path!r} holds tokenizer {fingerprint[:19]}, but "
+            f"teacher {hello.teacher.name!r} has {hello.tokenizer_fp[:19]}; point "
+            "teacher.model.path at the served model's directory")
+    vmap = vocab_map(state.policy.tokenizer, tokenizer)
+    state.run.event("vocab_map", student=vmap.student_fingerprint,
+                    teacher=vmap.teacher_fingerprint, **vmap.coverage())
+    return vmap
 
 
 def client_proof(state: TrainState) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import numpy as np
 
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import Identity, ScoringClient, TeacherChanged
+from miniverl.student.train.cross_vocab import VocabMap
 from miniverl.student.train.xvocab_targets import empty_targets, student_targets
 
 
@@ -84,11 +85,16 @@ class TeacherSide:
         """The client's counters (sent, stale_dropped, bytes, ...); empty without one.
         With xvocab targets, also how many trajectories were sent (``xvocab_sent``) and
         how many could not be aligned and were trained on nowhere (``xvocab_unaligned``,
-        student/train/xvocab_targets.py)."""
+        student/train/xvocab_targets.py); with ``loss.cross_vocab`` hybrid or uld, how
+        many trained groups were exact pairs (``xvocab_exact_groups``) and how many ULD
+        (``xvocab_uld_groups``)."""
         out = dict(self.client.counters) if self.client is not None else {}
         requests = getattr(self.link, "xvocab", None)
         if requests is not None:
             out.update(xvocab_sent=requests.sent, xvocab_unaligned=requests.unaligned)
+            if self.link.cross_vocab != "sampled_token":
+                out.update(xvocab_exact_groups=self.link.exact_groups,
+                           xvocab_uld_groups=self.link.uld_groups)
         return out
 
 
@@ -113,6 +119,13 @@ class TeacherLink:
     # student's tokenizer (xvocab_targets.XvocabRequests); replies become per-position
     # targets of the selected positions (xvocab_targets.student_targets).
     xvocab: Callable[[Trajectory], dict[str, Any] | None] | None = None
+    # loss.cross_vocab (sampled_token, hybrid, uld) and, for hybrid, the vocabulary map
+    # of the two tokenizers (teacher.teacher_vocab_map); exact_groups / uld_groups count
+    # the groups each hybrid target trained (xvocab_targets.student_targets).
+    cross_vocab: str = "sampled_token"
+    vocab_map: VocabMap | None = None
+    exact_groups: int = 0
+    uld_groups: int = 0
     version: int = 0
     binding: Identity | None = None
     wait_s: float = 0.0
@@ -192,11 +205,18 @@ class TeacherLink:
                 version = self.version
                 if self.kind == "xvocab":  # not sent (unaligned): trained on nowhere
                     positions_P = positions_P[:0]
+                    arrays = empty_targets(self.cross_vocab, self.k)
             else:
                 reply = replies[job.request_id]  # accepted once, by the client
                 arrays, version = reply.arrays, reply.student_version
                 if self.kind == "xvocab":  # over the teacher's positions: onto ours
-                    positions_P, arrays = student_targets(job.traj, positions_P, arrays)
+                    positions_P, arrays = student_targets(job.traj, positions_P, arrays,
+                                                          self.cross_vocab, self.vocab_map)
+                    if "group_exact" in arrays:
+                        groups = int(arrays["group_first"].sum())
+                        exact = int(arrays["group_exact"].sum())
+                        self.exact_groups, self.uld_groups = (self.exact_groups + exact,
+                                                              self.uld_groups + groups - exact)
             out.append(Scored(job.traj, positions_P, arrays, version, identity))
         self._jobs = []
         return out

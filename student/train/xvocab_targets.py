@@ -150,7 +150,11 @@ def group_rows(traj: Trajectory, arrays: dict[str, np.ndarray], row_T: np.ndarra
             s_tok = int(traj.tokens[lo + 1])
             if (s_tok < vmap.student_to_teacher_V.shape[0]
                     and int(vmap.student_to_teacher_V[s_tok]) == int(teacher_ids[ts])):
-                s_ids, s_lp = project_topk(t_ids_RK[rows], t_lp_RK[rows], t_to_s)
+                # Ids past the tokenizer (a model's padded vocabulary) have no twin.
+                t_ids, t_lp = t_ids_RK[rows], t_lp_RK[rows]
+                outside = t_ids >= t_to_s.shape[0]
+                s_ids, s_lp = project_topk(t_ids.masked_fill(outside, 0),
+                                           t_lp.masked_fill(outside, float("-inf")), t_to_s)
                 if bool(torch.isfinite(s_lp).any()):
                     ids_PK[p], logprobs_PK[p], exact_P[p] = s_ids[0].numpy(), s_lp[0].numpy(), 1
                     p += hi - lo
