@@ -19,7 +19,11 @@ log-prob of the group's bytes (``target_logprobs``, the sum of its tokens' log-p
 ``group_logprob_G``) and the first one ``group_first = 1``. Other positions are dropped:
 a group that crosses a provenance boundary or holds template bytes is not trained on
 (``common/alignment.py``). The objective (``objectives/group_sampled_token.py``)
-subtracts the student's log-prob of the same bytes.
+subtracts the student's log-prob of the same bytes. With ``loss.cross_vocab`` ``uld``
+or ``hybrid`` each kept group also carries one row on its first position
+(:func:`group_rows`): the teacher's top-k merged over the group, or, for a hybrid
+group that is one token per side and a pair of the :class:`VocabMap`, the teacher's
+top-k carried into the student's vocabulary (``objectives/group_uld.py`` reads them).
 
 This module does not send (``teacher_link.py``), compute a loss or align.
 """

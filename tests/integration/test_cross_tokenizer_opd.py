@@ -5,7 +5,8 @@ byte-fallback BPE of ``tests/common/cross_tokenizer_kit.py`` (another vocabulary
 fingerprint, the same chat template), served by the real ``TeacherServer`` bound to an
 ipc socket in this process. The recipe opts in with ``teacher.tokenizer: other``; the
 trainer announces xvocab, sends each trajectory's episode, and trains with the group
-sampled-token estimator (docs/cross-tokenizer.md).
+sampled-token estimator, or with ``loss.cross_vocab: hybrid`` (exact pairs and ULD from
+the teacher's top-k; docs/cross-tokenizer.md).
 """
 
 from __future__ import annotations

@@ -223,3 +223,30 @@ def test_recipe_cross_vocab_combinations_that_cannot_work_are_refused(loss, toke
 
     with pytest.raises((ConfigError, ValueError), match=words):
         Recipe.model_validate(_recipe(loss, tokenizer))
+
+
+def _state(cross_vocab, path=None, link=None):
+    from types import SimpleNamespace as NS
+
+    model = NS(path=path, describe=lambda: path or "toy(hidden=64, layers=2, heads=4)")
+    return NS(kind="xvocab", recipe=NS(loss=NS(cross_vocab=cross_vocab),
+                                       teacher=NS(model=model)),
+              teacher=NS(link=link))
+
+
+def test_hybrid_needs_the_teachers_tokenizer_directory_and_keeps_its_teacher():
+    from types import SimpleNamespace as NS
+
+    from miniverl.common.errors import TokenizerMismatch
+    from miniverl.student.train.teacher import require_xvocab, teacher_vocab_map
+
+    assert teacher_vocab_map(_state("uld"), None) is None  # ULD needs no map
+    with pytest.raises(ConfigError, match="give the teacher's model directory"):
+        teacher_vocab_map(_state("hybrid"), None)
+    vmap = VocabMap("s", "sha256:" + "a" * 64, np.zeros(1, np.int64), np.zeros(1, np.int64))
+    hello = NS(tokenizer_fp="sha256:" + "b" * 64, teacher=NS(name="other"),
+               kinds=NS(xvocab={"k_max": 8}))
+    with pytest.raises(TokenizerMismatch, match="maps the vocabulary of tokenizer"):
+        require_xvocab(_state("hybrid", link=NS(vocab_map=vmap)), NS(hello=hello))
+    hello.tokenizer_fp = vmap.teacher_fingerprint
+    require_xvocab(_state("hybrid", link=NS(vocab_map=vmap)), NS(hello=hello))
