@@ -14,6 +14,10 @@ the chunking, and the table the recipe picks from.
   estimator's importance ratio and log-ratio clamp, per-sequence aggregation, the task
   reward; docs/losses.md): the wrapper, its formulas, and the per-step inputs that are
   not the teacher's.
+- ``group_sampled_token.py``, ``group_uld.py``: the objectives of a teacher with another
+  tokenizer (``xvocab`` targets over byte groups, ``loss.cross_vocab``;
+  docs/cross-tokenizer.md): the group sampled-token estimator, and ULD and the hybrid
+  with exact matching.
 
 This package does not select positions (``common/trajectory.py``), micro-batch or step
 an optimizer (``student/train/updates.py``).

@@ -250,3 +250,25 @@ def test_hybrid_needs_the_teachers_tokenizer_directory_and_keeps_its_teacher():
         require_xvocab(_state("hybrid", link=NS(vocab_map=vmap)), NS(hello=hello))
     hello.tokenizer_fp = vmap.teacher_fingerprint
     require_xvocab(_state("hybrid", link=NS(vocab_map=vmap)), NS(hello=hello))
+
+
+def test_hybrid_gradients_are_finite_with_unmapped_entries_and_an_empty_batch_backwards():
+    torch.manual_seed(4)
+    hidden = torch.randn(3, 4, requires_grad=True)
+    head = torch.nn.Linear(4, 5)
+    inf = float("-inf")
+    targets = TeacherTargets(
+        torch.tensor([3, 1, 2]), group_first_P=torch.tensor([1, 1, 0]),
+        group_exact_P=torch.tensor([1, 0, 0]),
+        topk_ids_P_K=torch.tensor([[3, 0, 0], [0, 0, 0], [0, 0, 0]]),
+        topk_logprobs_P_K=torch.tensor([[-0.2, inf, inf], [-0.5, -1.0, -3.0], [0.0, 0.0, 0.0]]),
+        tail_logmass_P=torch.tensor([-1.0, -1.2, inf]))
+    loss, _ = GROUP_HYBRID.loss(hidden, head, targets, LossSettings(cross_vocab="hybrid",
+                                                                     chunk_size=1))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(hidden.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in head.parameters())
+    empty = TeacherTargets(torch.zeros(0, dtype=torch.long))
+    zero, metrics = GROUP_ULD.loss(torch.zeros(0, 4, requires_grad=True), head, empty, SETTINGS)
+    zero.backward()
+    assert float(zero.detach()) == 0.0 and metrics["positions"] == 0.0
