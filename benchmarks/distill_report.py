@@ -82,21 +82,22 @@ def grid_table(data: dict[str, Any], record: str, commit: str) -> Table:
     return t
 
 
-def budget_table(data: dict[str, Any], record: str, commit: str, label: str,
-                 kind: str) -> Table:
+def budget_table(data: dict[str, Any], record: str, commit: str, label: str) -> Table:
+    """One reading (an update count or a wall-clock point): both evaluations per arm."""
     main, base = data["main"], data["baseline"]
-    shown = {"t1": "T=1", "greedy": "greedy"}[kind]
-    t = Table(record, commit, ["arm", "cells ok", f"{shown} mean [95%]",
-                               f"Δ vs {base} [95%]", "updates reached (per seed)"])
+    t = Table(record, commit, ["arm", "cells ok", "T=1 mean [95%]", f"T=1 Δ vs {base} [95%]",
+                               "greedy mean [95%]", f"greedy Δ vs {base} [95%]",
+                               "updates reached (seeds in order)"])
     for arm, entry in main["arms"].items():
         block = entry[label]
         reached = ", ".join("-" if v is None else str(v)
                             for v in block["updates_reached"].values())
-        t.rows.append([arm, f"{entry['ok']}/{entry['cells']}",
-                       t.interval(block[kind], f"main.arms.{arm}.{label}.{kind}"),
-                       t.interval(block.get(f"{kind}_vs_{base}"),
-                                  f"main.arms.{arm}.{label}.{kind}_vs_{base}", signed=True),
-                       reached])
+        row = [arm, f"{entry['ok']}/{entry['cells']}"]
+        for kind in ("t1", "greedy"):
+            row += [t.interval(block[kind], f"main.arms.{arm}.{label}.{kind}"),
+                    t.interval(block.get(f"{kind}_vs_{base}"),
+                               f"main.arms.{arm}.{label}.{kind}_vs_{base}", signed=True)]
+        t.rows.append([*row, reached])
     return t
 
 
@@ -133,11 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                 grid_table(data, args.record, args.commit).markdown()]
     for label in [f"updates={u}" for u in data["main"]["updates"] if u > 0] + \
                  [f"seconds={s:g}" for s in data["main"]["seconds"]]:
-        for kind, name in (("t1", "T=1"), ("greedy", "greedy")):
-            what = (f"after {label.split('=')[1]} updates" if label.startswith("updates")
-                    else f"within {label.split('=')[1]} training seconds")
-            out += [f"### {name}, {what}\n",
-                    budget_table(data, args.record, args.commit, label, kind).markdown()]
+        what = (f"after {label.split('=')[1]} updates" if label.startswith("updates")
+                else f"within {label.split('=')[1]} training seconds")
+        out += [f"### Test split, {what}\n",
+                budget_table(data, args.record, args.commit, label).markdown()]
     out += ["### Cost per cell\n", cost_table(data, args.record, args.commit).markdown()]
     print("\n".join(out))
     return 0
