@@ -78,7 +78,8 @@ def grid_table(data: dict[str, Any], record: str, commit: str) -> Table:
         for i, r in enumerate(row["grid"]):
             cells.append(f"{t.fig(r['t1'], f'grid.choice.{arm}.grid.{i}.t1')} / "
                          f"{t.fig(r['greedy'], f'grid.choice.{arm}.grid.{i}.greedy')}")
-        t.rows.append([arm, *cells, f"{row['chosen_lr']:g}"])
+        t.rows.append([arm, *cells, t.fig(row["chosen_lr"], f"grid.choice.{arm}.chosen_lr",
+                                          "{:g}")])
     return t
 
 
