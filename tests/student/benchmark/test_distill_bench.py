@@ -244,7 +244,7 @@ def test_the_distill_benchmark_runs_on_a_fresh_clone(tmp_path):
     # The committed results' runs are not in a clone: --analyze-only says so, writes nothing.
     out = run(clone, "python benchmarks/distill_bench.py --analyze-only --update-committed",
               code=1)
-    assert "holds no results.json" in out and "Traceback" not in out
+    assert "a fresh clone has none" in out and "Traceback" not in out
     assert_untouched(clone)
 
 
