@@ -25,8 +25,10 @@ Runs ``benchmarks/distill/config.yaml`` (docs/distillbench.md) in two phases of
 Each cell is evaluated at every ``train.eval_every`` updates (greedy and T=1), and its
 training wall clock at each evaluation is read from the run: the metrics rows' rollout,
 teacher-wait and update seconds up to that update plus the fixed set's preparation
-(``offline_targets_scored``, or SeqKD's ``teacher_set_played``); evaluation time is in
-none of them. The equal-update budget reads every arm at the same update counts; the
+(``offline_targets_scored``, or SeqKD's ``teacher_set_played``), with the recorded cost
+of any teacher episodes the cell read from its arm's shared cache instead of playing
+them (one cell of an arm plays an episode, every cell that trains on it pays for it);
+evaluation time is in none of them. The equal-update budget reads every arm at the same update counts; the
 equal-wall-clock budget reads the same runs at ``distill.wall_clock_s`` (each arm's last
 evaluation reached within that many training seconds). Per arm and reading: the mean
 over seeds with a 95% bootstrap interval, the paired difference to the baseline per
@@ -135,9 +137,12 @@ def _arm_overrides(arm: dict[str, Any], lr: float, split: str,
     over: dict[str, Any] = {"train": {"lr": lr}, "eval": {"split": split}}
     if eval_every is not None:  # the grid reads the last evaluation only
         over["train"]["eval_every"] = eval_every
-    if arm["mode"] == "offline_kd":
-        # One targets cache per arm for every seed, rate and phase: a set one cell
-        # scored is free for the others (a relative cache.dir is under the phase folder).
+    seqkd = ((arm.get("overrides") or {}).get("train") or {}).get("fixed_set") == "teacher"
+    if arm["mode"] == "offline_kd" or seqkd:
+        # One cache per arm for every seed, rate and phase (a relative cache.dir is under
+        # the phase folder): targets one cell scored, and teacher episodes one cell
+        # played (charged to every cell that trains on them: preparation_s), are free
+        # for the others.
         over["cache"] = {"dir": f"../targets/{arm['name']}"}
     return merge_overrides(arm.get("overrides") or {}, over)
 
@@ -182,14 +187,18 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def preparation_s(events: list[dict[str, Any]]) -> float:
     """The fixed set's preparation inside the run: building (or playing) and up-front
     scoring (``offline_targets_scored``; its sampling time already holds the teacher's
-    playing time), else SeqKD's playing (``teacher_set_played``); 0 when neither."""
+    playing time), else SeqKD's playing (``teacher_set_played``); 0 when neither. Plus
+    the recorded cost of the teacher episodes the run read from the arm's shared cache
+    (``time_charged_s``): each arm pays for the generation it trains on, whichever cell
+    played it first."""
+    played = [e for e in events if e.get("event") == "teacher_set_played"]
+    charged = sum(float(e.get("time_charged_s") or 0.0) for e in played)
     scored = [e for e in events if e.get("event") == "offline_targets_scored"]
     if scored:
-        return sum(float(e.get("time_sample_s") or 0.0) + float(e.get("time_teacher_wait_s")
-                                                                 or 0.0) for e in scored)
-    played = [e for e in events if e.get("event") == "teacher_set_played"]
-    return sum(float(e.get("time_load_s") or 0.0) + float(e.get("time_play_s") or 0.0)
-               for e in played)
+        return charged + sum(float(e.get("time_sample_s") or 0.0)
+                             + float(e.get("time_teacher_wait_s") or 0.0) for e in scored)
+    return charged + sum(float(e.get("time_load_s") or 0.0) + float(e.get("time_play_s") or 0.0)
+                         for e in played)
 
 
 def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -373,7 +373,11 @@ class TrainConfig(Section):
 class CacheConfig(Section):
     enabled: bool = Field(True, description="Cache teacher targets on disk.")
     dir: str | None = Field(
-        None, min_length=1, description="Cache directory; null = <run>/targets."
+        None, min_length=1,
+        description="Cache directory, shared by the runs that name it: teacher targets, and "
+        "the teacher's own episodes (train.fixed_set teacher, coverage references; a "
+        "fixed-set episode read back is charged at what it cost to play); null = "
+        "<run>/targets (targets only).",
     )
     max_bytes: int = Field(
         10 * 2**30, ge=0, le=2**50, description="Evict oldest shards beyond this size."

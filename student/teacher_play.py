@@ -15,6 +15,10 @@ privileged view, another scorer).
 
 The episodes are relabelled as the teacher's: ``source: teacher``, id
 ``teacher/<env>/<task>/s<seed>``, policy version 0 (no student version sampled them).
+A recipe that names a shared ``cache.dir`` keeps them there
+(:mod:`~miniverl.student.teacher_episodes`): an episode another run played is read
+back, not played, and its recorded cost is charged to this call (``charged_s``); the
+weights are not loaded at all when every episode is cached.
 
 This module does not train, score or write files.
 """
@@ -36,15 +40,20 @@ from miniverl.common.recipe import Recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.runner import RolloutRunner
+from miniverl.student.teacher_episodes import EpisodeCache, episode_id
 
 
 @dataclass
 class TeacherEpisodes:
-    """What :func:`play_as_teacher` played and what it cost (seconds)."""
+    """What :func:`play_as_teacher` played and what it cost (seconds): ``time_load_s``
+    and ``time_play_s`` measured now, ``charged_s`` the recorded cost of the
+    ``from_cache`` episodes read from the shared cache instead of played."""
 
     trajectories: list[Trajectory]
     time_load_s: float
     time_play_s: float
+    from_cache: int = 0
+    charged_s: float = 0.0
 
     @property
     def success(self) -> float:
@@ -67,11 +76,11 @@ def teacher_identity(recipe: Recipe, model_dir: Path) -> dict[str, Any]:
             "adapter_sha256": None}
 
 
-def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False,
-                         gate: bool = False) -> Any:
-    """``teacher.model``'s weights, frozen, in eval mode; the tokenizer must be the
-    student's. ``gate``: first apply ``teacher.min_success`` / ``min_recovery`` to its
-    qualification record, as a served teacher's handshake does."""
+def teacher_dir(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False,
+                gate: bool = False) -> Path:
+    """``teacher.model``'s directory, its tokenizer checked to be the student's.
+    ``gate``: first apply ``teacher.min_success`` / ``min_recovery`` to its qualification
+    record, as a served teacher's handshake does."""
     cfg = recipe.teacher
     if cfg is None:
         raise ConfigError("the teacher plays episodes with teacher.model; add a teacher section")
@@ -85,6 +94,16 @@ def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = F
             f"{tokenizer_fp[:19]}; the student trains on the teacher's token ids as they are, "
             "so both need one tokenizer: pick a teacher of the student's family"
         )
+    return model_dir
+
+
+def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False,
+                         gate: bool = False, model_dir: Path | None = None) -> Any:
+    """``teacher.model``'s weights, frozen, in eval mode (:func:`teacher_dir` checks it
+    first, unless the caller passes the ``model_dir`` it checked)."""
+    if model_dir is None:
+        model_dir = teacher_dir(recipe, tokenizer_fp, offline=offline, gate=gate)
+    cfg = recipe.teacher
     model = load_causal_lm(
         model_dir, dtype=cfg.dtype, device=cfg.device, quantization=cfg.quantization,
         revision=cfg.model.revision, allow_cpu_quantization=cfg.allow_cpu_quantization,
@@ -97,26 +116,41 @@ def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = F
 def play_as_teacher(recipe: Recipe, tasks: list[Any], seeds: list[int], tokenizer: Any,
                     tokenizer_fp: str, *, offline: bool = False,
                     gate: bool = False) -> TeacherEpisodes:
-    """The teacher plays ``tasks[i]`` with seed ``seeds[i]``; its weights are freed after
-    (``gate``: see :func:`load_teacher_weights`)."""
+    """The teacher plays ``tasks[i]`` with seed ``seeds[i]``, in task order; its weights
+    are freed after (``gate``: see :func:`teacher_dir`; the shared cache: the module
+    docstring)."""
     t0 = time.perf_counter()
-    model = load_teacher_weights(recipe, tokenizer_fp, offline=offline, gate=gate)
-    t_load = time.perf_counter() - t0
+    model_dir = teacher_dir(recipe, tokenizer_fp, offline=offline, gate=gate)
     env = recipe.environment
-    runner = RolloutRunner(model, tokenizer, env_name=env.name, env_params=env.params,
-                           rollout=recipe.rollout, tokenizer_fp=tokenizer_fp)
-    t1 = time.perf_counter()
-    try:
-        with torch.no_grad():
-            played = runner.run(tasks, policy_version=0, seeds=seeds)
-    finally:
-        device = next(model.parameters()).device
-        del runner, model
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    t_play = time.perf_counter() - t1
-    relabelled = [t.model_copy(update={"id": f"teacher/{t.environment}/{t.task_id}/s{t.seed}",
+    ids = [episode_id(env.name, task.id, seed) for task, seed in zip(tasks, seeds, strict=True)]
+    cache = EpisodeCache.for_recipe(recipe, model_dir, tokenizer_fp)
+    hits = cache.get(ids) if cache is not None else {}
+    todo = [i for i, eid in enumerate(ids) if eid not in hits]
+    played: list[Trajectory] = []
+    t_load = t_play = 0.0
+    if todo:
+        model = load_teacher_weights(recipe, tokenizer_fp, model_dir=model_dir)
+        t_load = time.perf_counter() - t0
+        runner = RolloutRunner(model, tokenizer, env_name=env.name, env_params=env.params,
+                               rollout=recipe.rollout, tokenizer_fp=tokenizer_fp)
+        t1 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                played = runner.run([tasks[i] for i in todo], policy_version=0,
+                                    seeds=[seeds[i] for i in todo])
+        finally:
+            device = next(model.parameters()).device
+            del runner, model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        t_play = time.perf_counter() - t1
+        played = [t.model_copy(update={"id": episode_id(t.environment, t.task_id, t.seed),
                                        "source": "teacher", "policy_version": 0})
                   for t in played]
-    return TeacherEpisodes(relabelled, t_load, t_play)
+        if cache is not None:
+            cache.put(played, (t_load + t_play) / len(played))
+    fresh = dict(zip((ids[i] for i in todo), played, strict=True))
+    ordered = [fresh[eid] if eid in fresh else hits[eid][0] for eid in ids]
+    return TeacherEpisodes(ordered, t_load, t_play, from_cache=len(hits),
+                           charged_s=sum(cost for _, cost in hits.values()))

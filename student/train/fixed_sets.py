@@ -11,7 +11,10 @@ again. In ``sft`` no teacher server holds a handshake, so the teacher's competen
 a resumed run reads it back instead of playing it again. The ``teacher_set_played``
 event records the episodes, the teacher's success on them and the seconds spent
 loading and playing; that time is inside the run's wall clock (``wall_s``), so an arm
-that needs the set pays for it.
+that needs the set pays for it. With a shared ``cache.dir`` the episodes another run
+already played are read back (:mod:`~miniverl.student.teacher_episodes`); the event
+counts them (``from_cache``) and holds the seconds they cost when they were played
+(``time_charged_s``), which a wall-clock comparison adds to the arm's clock.
 
 Two modes use it:
 
@@ -78,7 +81,8 @@ def teacher_set(state: TrainState,
                              offline=state.offline, gate=recipe.run.mode == "sft")
     state.run.event("teacher_set_played", episodes=len(played.trajectories), recorded=False,
                     success=played.success, time_load_s=played.time_load_s,
-                    time_play_s=played.time_play_s)
+                    time_play_s=played.time_play_s, from_cache=played.from_cache,
+                    time_charged_s=played.charged_s)
     return played.trajectories, time.perf_counter() - t0, False
 
 

@@ -82,6 +82,13 @@ def test_training_seconds_are_rollout_wait_update_and_preparation_never_evaluati
         _eval(1, 0.2, 0.3)], [_row(1, 0.5, 0.0, 0.5)])
     assert [p["train_s"] for p in bench.read_curve(seqkd)] == [0.0, 8.0]
     assert bench.preparation_s([]) == 0.0
+    # Episodes read from the arm's shared cache cost what they cost the cell that played
+    # them: each cell is charged for the generation it trains on, played or read.
+    charged = {"event": "teacher_set_played", "time_load_s": 0.0, "time_play_s": 0.0,
+               "from_cache": 4, "time_charged_s": 6.5}
+    assert bench.preparation_s([charged]) == 6.5
+    assert bench.preparation_s([charged, {"event": "offline_targets_scored",
+                                          "time_sample_s": 0.25}]) == 6.75
 
 
 def test_a_run_without_its_start_eval_starts_from_the_warm_students_measured_once(tmp_path):
@@ -174,9 +181,10 @@ def test_the_phase_configs_are_valid_benchmarks_with_the_grid_and_the_choice(tmp
     raw, settings = bench.load_config(bench.CONFIG)
     grid = bench.write_phase_config(raw, settings, "grid", bench.CONFIG.parent, tmp_path / "grid")
     config, base = load_benchmark_config(grid)
-    assert config.seeds == [settings.grid_seed] and len(config.arms) == 3 * len(raw["arms"])
+    assert config.seeds == [settings.grid_seed]
+    assert len(config.arms) == len(settings.lr_grid) * len(raw["arms"])
     lrs = {a.name: a.overrides["train"]["lr"] for a in config.arms}
-    assert lrs["opd_rkl-lr0"] == 3e-4 and lrs["opd_rkl-lr2"] == 3e-3
+    assert [lrs[f"opd_rkl-lr{i}"] for i in range(len(settings.lr_grid))] == settings.lr_grid
     assert {a.overrides["eval"]["split"] for a in config.arms} == {"eval"}
     chosen = {a["name"]: 1e-3 for a in raw["arms"]}
     main = bench.write_phase_config(raw, settings, "main", bench.CONFIG.parent, tmp_path / "main",
@@ -191,6 +199,10 @@ def test_the_phase_configs_are_valid_benchmarks_with_the_grid_and_the_choice(tmp
     assert recipe["train"]["lr"] == 1e-3 and recipe["train"]["oracle_tasks"] == 2048
     sft = cell_recipe(config, base, config.arms[0], 3, tmp_path / "main")
     assert "dir" not in (sft.get("cache") or {})
+    # SeqKD's seeds and rates share one cache of the teacher's episodes.
+    seqkd = cell_recipe(config, base, next(a for a in config.arms if a.name == "seqkd"), 3,
+                        tmp_path / "main")
+    assert Path(seqkd["cache"]["dir"]) == tmp_path / "main" / "../targets/seqkd"
     # Every cell recipe is a valid recipe (the teacher-set arms once the benchmark names
     # the prepared teacher's weights in place of teacher.prepare, as a run does).
     from miniverl.common.recipe import Recipe
@@ -244,7 +256,10 @@ def test_the_distill_benchmark_runs_on_a_fresh_clone(tmp_path):
     # The committed results' runs are not in a clone: --analyze-only says so, writes nothing.
     out = run(clone, "python benchmarks/distill_bench.py --analyze-only --update-committed",
               code=1)
-    assert "a fresh clone has none" in out and "Traceback" not in out
+    raw, _ = bench.load_config(bench.CONFIG)
+    committed = (clone / bench.committed_analysis(raw["name"]).relative_to(ROOT)).is_file()
+    expected = "a fresh clone has none" if committed else "run the benchmark first"
+    assert expected in out and "Traceback" not in out
     assert_untouched(clone)
 
 
