@@ -90,7 +90,7 @@ def measure(
                             tokenizer_fp=tokenizer_fp)
 
 
-def _stored_dir(model_dir: str | Path) -> str:
+def stored_dir(model_dir: str | Path) -> str:
     """How a record names the weights: relative to the cache when they are in it (a
     prepared or converted model), else relative to the working directory; never an
     absolute path of this machine (the digest beside it identifies the weights)."""
@@ -115,7 +115,7 @@ def record_from_eval(
     return {
         "kind": RECORD_KIND,
         "teacher": {k: identity.get(k) for k in IDENTITY_KEYS},
-        "model_dir": _stored_dir(model_dir) if model_dir else None,
+        "model_dir": stored_dir(model_dir) if model_dir else None,
         "model_dir_sha256": model_dir_digest(model_dir) if model_dir else None,
         "tokenizer_fp": tokenizer_fp,
         "environment": environment_signature(recipe),

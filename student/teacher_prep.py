@@ -28,7 +28,7 @@ from filelock import FileLock
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, load_recipe, recipe_digest
 from miniverl.common.toy import cache_root
-from miniverl.student.qualify import record_from_eval, save_record
+from miniverl.student.qualify import record_from_eval, save_record, stored_dir
 
 PREPARED_FILE = "miniverl_prepared.json"
 
@@ -139,23 +139,31 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
             "eval": result.eval,
             "wall_s": time.perf_counter() - t0,
         }
+        # Qualified before it is published: a process that finds PREPARED_FILE (the
+        # lock-free check above) gates the teacher at once, so its record must exist
+        # by then (it did not, while a large directory's digest was computed after the
+        # rename: the gate then found no record for a freshly prepared teacher).
+        _qualify(prep, out, final, result.eval, trainer.state.policy.tokenizer_fp)
         (out / PREPARED_FILE).write_text(json.dumps(record, indent=2))
         if final.exists():
             shutil.rmtree(final)
         os.replace(out, final)
-        _qualify(prep, final, result.eval, trainer.state.policy.tokenizer_fp)
         return record
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _qualify(prep: Recipe, final: Path, summary: dict[str, Any] | None, tokenizer_fp: str) -> None:
+def _qualify(prep: Recipe, out: Path, final: Path, summary: dict[str, Any] | None,
+             tokenizer_fp: str) -> None:
     """The preparation's own greedy held-out eval is the teacher's qualification record
-    (student/qualify.py), so ``teacher.min_success`` can gate a prepared teacher."""
+    (student/qualify.py), so ``teacher.min_success`` can gate a prepared teacher. Written
+    while the weights are still in ``out``, for the directory ``final`` they move to (the
+    digest covers the files, not their folder)."""
     if summary is None or not prep.eval.greedy:
         return
     identity = {"name": final.name, "model": str(final), "revision": None,
                 "adapter_sha256": None}
-    record = record_from_eval(summary, prep, identity=identity, model_dir=final,
+    record = record_from_eval(summary, prep, identity=identity, model_dir=out,
                               tokenizer_fp=tokenizer_fp)
-    save_record(record, beside=final)
+    record["model_dir"] = stored_dir(final)
+    save_record(record, beside=out)

@@ -42,9 +42,11 @@ def _cut(tmp_path: Path) -> Path:
     opd = yaml.safe_load((ROOT / "recipes" / "smollm2_cpu_opd.yaml").read_text())
     opd["run"].update(output_dir=str(tmp_path / "runs"), seed=1)
     # No gate here (min_success null): with min_success 0.0, up's gate intermittently found
-    # no qualification record for the freshly prepared SmolLM2 teacher (2 of 4 CI runs,
-    # cause not yet found; the prepared-teacher gate is covered by the toy tests in
-    # tests/student/train/test_teacher_gate.py). This test is about the recipe learning.
+    # no qualification record for the freshly prepared SmolLM2 teacher (2 of 4 CI runs).
+    # The likely cause, now fixed: the preparation published the directory before writing
+    # its record, so a concurrent preparer (another test's worker) that found it gated in
+    # that window (test_teacher_gate.py: qualified before it is published). This test is
+    # about the recipe learning; the gate is covered by the toy tests there.
     opd["teacher"].update(prepare="teacher.yaml", min_success=None)
     opd["environment"].update(eval_tasks=4, test_tasks=4)
     opd["rollout"]["batch_size"] = 8

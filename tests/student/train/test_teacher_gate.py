@@ -11,6 +11,7 @@ while the loss stays on the student's positions.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,6 +260,43 @@ def test_a_prepared_teacher_is_qualified_by_its_own_held_out_eval(tmp_path, reco
     assert record["success"] < 0.5  # two SFT steps: the toy teacher cannot solve anything yet
     with pytest.raises(TeacherNotQualified, match=f"measured success {record['success']:.3f}"):
         require_qualified(recipe, identity)
+
+
+def test_a_prepared_teacher_is_qualified_before_it_is_published(tmp_path, records, monkeypatch):
+    # Another process that finds the prepared directory uses it at once (no lock on the
+    # cached path) and gates it: the record must exist before the directory appears. It
+    # used to be written after the rename, while the digest of a large directory was
+    # computed, and a gate in that window found "no qualification record".
+    from miniverl.common import toy as toy_stack
+    from miniverl.student import teacher_prep
+
+    monkeypatch.setattr(toy_stack, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(teacher_prep, "cache_root", lambda: tmp_path / "cache")
+    prep = recipe_dict("sft", tmp_path / "prep-runs", cycles=1)
+    prep["student"]["model"] = {"toy": dict(recipe_dict("opd", tmp_path)["teacher"]["model"]["toy"])}
+    prep_path = tmp_path / "prep.yaml"
+    prep_path.write_text(json.dumps(prep), encoding="utf-8")
+    recipe = _recipe(tmp_path, prepare=str(prep_path), min_success=0.5)
+    final = teacher_prep.prepared_dir(recipe, prep_path)
+    seen = []
+    real_replace = teacher_prep.os.replace
+
+    def publishing(src, dst):
+        if Path(dst) == final:
+            kept = [json.loads(p.read_text()) for p in records.glob("*.json")
+                    if p.name != "model_dirs.json"]
+            seen.append(((Path(src) / qualify.RECORD_FILE).is_file(),
+                         (Path(src) / teacher_prep.PREPARED_FILE).is_file(),
+                         [r["teacher"]["model"] for r in kept]))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(teacher_prep.os, "replace", publishing)
+    prepared = teacher_prep.prepare_teacher(recipe, prep_path, show_progress=False)
+    assert seen == [(True, True, [str(final)])]
+    identity = {"name": final.name, "model": str(final), "revision": None, "adapter_sha256": None}
+    record = find_record(recipe, identity)  # the digest taken before the move matches after it
+    assert record is not None and record["model_dir"] == qualify.stored_dir(final)
+    assert record["success"] == prepared.record["eval"]["success"]
 
 
 def test_a_privileged_preparation_trains_and_qualifies_the_view_its_teacher_scores(
