@@ -70,6 +70,7 @@ from real_model_learning import (  # noqa: E402
 )
 from recovery_bench import seed_interval  # noqa: E402
 
+from miniverl.common.rundir import RunDir  # noqa: E402
 from miniverl.student.benchmark.config import merge_overrides  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,13 +178,6 @@ def phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
 # -- reading one cell -------------------------------------------------------------------
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-
-
 def preparation_s(events: list[dict[str, Any]]) -> float:
     """The fixed set's preparation inside the run: building (or playing) and up-front
     scoring (``offline_targets_scored``; its sampling time already holds the teacher's
@@ -208,8 +202,8 @@ def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[
     time in none). A version evaluated twice keeps its last. A run that did not evaluate
     its start (``eval.before: false``) starts from ``start``, the warm student's eval on
     the same split (:func:`start_evals`), at 0 s."""
-    events = _jsonl(run_dir / "events.jsonl")
-    rows = _jsonl(run_dir / "metrics.jsonl")
+    run = RunDir(run_dir)
+    events, rows = run.read_jsonl("events.jsonl"), run.read_jsonl("metrics.jsonl")
     prep = preparation_s(events)
     evals: dict[int, dict[str, Any]] = {}
     for e in events:
@@ -257,7 +251,7 @@ def analyze_cell(cell: dict[str, Any], results_dir: Path,
         return out
     run_dir = run_path(results_dir, out["run_dir"])
     out["curve"] = read_curve(run_dir, start)
-    out["preparation_s"] = round(preparation_s(_jsonl(run_dir / "events.jsonl")), 3)
+    out["preparation_s"] = round(preparation_s(RunDir(run_dir).read_jsonl("events.jsonl")), 3)
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
     return out
 

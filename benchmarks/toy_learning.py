@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from miniverl.common.rundir import RunDir
 from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +57,6 @@ def seeded_recipe(recipe_path: Path, seed: int, work: Path) -> Path:
     return out
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
 def _mean_success(rows: list[dict[str, Any]]) -> float | None:
     values = [r["train_success"] for r in rows if r.get("train_success") is not None]
     return round(sum(values) / len(values), 3) if values else None
@@ -69,8 +64,8 @@ def _mean_success(rows: list[dict[str, Any]]) -> float | None:
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """Evals, teacher preparation and step counts of one finished run."""
-    events = _jsonl(run_dir / "events.jsonl")
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    events = RunDir(run_dir).read_jsonl("events.jsonl")
+    metrics = RunDir(run_dir).read_jsonl("metrics.jsonl")
     evals = [e for e in events if e["event"] == "eval"]
     prepared = next((e for e in events if e["event"] == "teacher_prepared"), None)
     warmup = next((e for e in events if e["event"] == "sft_warmup_done"), None)
