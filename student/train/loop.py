@@ -103,8 +103,11 @@ def run(state: TrainState, *, resumed: bool, show_progress: bool):
                      if row.get("on_policy") is True and (row.get("step") or 0) <= state.step})
     finish_manifest(state.run, state.version, mode_on_policy=recipe.on_policy,
                     on_policy_steps=on_policy, off_policy_steps=state.step - on_policy)
+    # The teacher client's counters of this process (a resumed run's count from its
+    # resume): what was sent, dropped as stale, and, with xvocab, aligned or not.
     state.run.event("run_completed" if status == "completed" else "run_interrupted",
-                    version=state.version, steps=state.step)
+                    version=state.version, steps=state.step,
+                    teacher_counters=state.teacher.counters())
     return status, eval_before, eval_after
 
 
