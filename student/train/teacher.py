@@ -190,7 +190,8 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
         side.client, kind=state.kind, k=recipe.loss.top_k,
         temperature=recipe.loss.temperature, on_teacher_changed=changed,
         view=teacher_view(state), deterministic=recipe.run.deterministic,
-        xvocab=XvocabRequests(state.policy.tokenizer) if xvocab else None,
+        xvocab=(XvocabRequests(state.policy.tokenizer, recipe.environment.params)
+                if xvocab else None),
         cross_vocab=(recipe.loss.cross_vocab or "sampled_token") if xvocab else "sampled_token",
         vocab_map=teacher_vocab_map(state, side.client),
     )

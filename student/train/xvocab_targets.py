@@ -53,17 +53,21 @@ CROSS_VOCAB = ("sampled_token", "hybrid", "uld")  # the values of loss.cross_voc
 
 class XvocabRequests:
     """Builds the xvocab request of a trajectory with the student's ``tokenizer``; the
-    tool schemas are the trajectory's environment's (``tool_specs``)."""
+    tool schemas are those the rollout showed: the trajectory's environment made with the
+    run's ``env_params`` (``environment.params``: ``calculator`` with ``units: false``
+    has one tool, not two, and a rendering with the other schemas is not the episode)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, env_params: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        self.env_params = dict(env_params or {})
         self._tools: dict[str, list[dict[str, Any]]] = {}
         self.sent = 0  # trajectories sent
         self.unaligned = 0  # trajectories whose rendering is not their tokens: not sent
 
     def tools(self, environment: str) -> list[dict[str, Any]]:
         if environment not in self._tools:
-            self._tools[environment] = list(get_environment(environment).tool_specs())
+            env = get_environment(environment, **self.env_params)
+            self._tools[environment] = list(env.tool_specs())
         return self._tools[environment]
 
     def __call__(self, traj: Trajectory) -> dict[str, Any] | None:

@@ -98,3 +98,23 @@ def test_a_teacher_that_does_not_serve_xvocab_is_refused_before_any_rollout(tmp_
     with trainer, pytest.raises(TokenizerMismatch, match="does not serve them"):
         trainer.train()
     assert trainer.state.cycle == 0 and trainer.version == 0
+
+
+def test_a_request_renders_the_tool_schemas_the_episode_was_played_with():
+    # calculator with units: false shows one tool; a request rendered with the default
+    # environment's two would not be the episode's tokens, and every episode of such a
+    # run would be counted unaligned and trained on nowhere.
+    from miniverl.common.tokenizer_id import fingerprint_tokenizer
+    from miniverl.common.toy import build_toy_tokenizer
+    from miniverl.student.environments import make_tasks
+    from miniverl.student.rollout.oracle import oracle_trajectories
+    from miniverl.student.train.xvocab_targets import XvocabRequests
+
+    tok = build_toy_tokenizer()
+    params = {"units": False}
+    tasks = make_tasks("calculator", "train", 3, "easy", 0, params)
+    trajs = oracle_trajectories("calculator", tasks, tok, fingerprint_tokenizer(tok), params)
+    played = XvocabRequests(tok, params)
+    assert all(played(t) is not None for t in trajs) and (played.sent, played.unaligned) == (3, 0)
+    default = XvocabRequests(tok)
+    assert all(default(t) is None for t in trajs) and default.unaligned == 3
