@@ -25,7 +25,9 @@ Per arm: the mean of each over seeds, with the benchmark's own mean, bootstrap i
 and paired difference to the baseline (``results.json``'s ``summary``) beside it.
 Writes ``xvocab_bench.json`` beside the benchmark's ``results.json`` in ``--output-dir``
 (default ``runs/benchmarks/xvocab``, git-ignored); with ``--update-committed``, the
-committed ``benchmarks/results/xvocab/`` and ``benchmarks/results/xvocab_bench.json``.
+committed ``benchmarks/results/xvocab/`` and ``benchmarks/results/xvocab_bench.json``
+(another config: its ``output_dir`` and ``<name>_bench.json``, ``xvocab_v2_bench.json`` for
+``benchmarks/xvocab/config_v2.yaml``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-def analyze(out_dir: Path) -> dict[str, Any]:
+def analyze(out_dir: Path, config: Path = CONFIG) -> dict[str, Any]:
     """The analysis of a finished (or partial) benchmark folder."""
     results = json.loads((out_dir / "results.json").read_text(encoding="utf-8"))
     cells = []
@@ -125,7 +127,9 @@ def analyze(out_dir: Path) -> dict[str, Any]:
             arm["xvocab"]["episodes_sent"] = sum(x["episodes_sent"] for x in xv)
             arm["xvocab"]["episodes_unaligned"] = sum(x["episodes_unaligned"] for x in xv)
         arms[name] = arm
-    return {"benchmark": "xvocab", "config": str(CONFIG.relative_to(ROOT)),
+    where = config.resolve()
+    return {"benchmark": results.get("name"),
+            "config": str(where.relative_to(ROOT) if where.is_relative_to(ROOT) else where),
             "config_digest": results.get("config_digest"), "metric": results.get("metric"),
             "baseline": results.get("baseline"), "complete": results.get("complete"),
             "arms": arms, "cells": cells}
@@ -150,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = choose_output_dir(args.output_dir, update_committed=args.update_committed,
                                     committed=committed,
                                     fresh=ROOT / "runs" / "benchmarks" / raw["name"])
-        analysis = (RESULTS if args.update_committed and args.config.resolve() == CONFIG
-                    else out_dir / RESULTS.name)
+        # xvocab_bench.json for the config named xvocab, xvocab_v2_bench.json for xvocab-v2
+        name = f"{str(raw['name']).replace('-', '_')}_bench.json"
+        analysis = RESULTS.with_name(name) if args.update_committed else out_dir / name
         refuse_committed([analysis], update_committed=args.update_committed)
         if not args.analyze_only:
             run_benchmark(args.config, resume=args.resume, output_dir=out_dir,
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (out_dir / "results.json").is_file():
         raise fail(f"--analyze-only re-reads a benchmark's kept runs, and {out_dir} holds no "
                    "results.json; run the benchmark first (without --analyze-only)")
-    data = analyze(out_dir)
+    data = analyze(out_dir, args.config)
     analysis.parent.mkdir(parents=True, exist_ok=True)
     analysis.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     for name, arm in data["arms"].items():
