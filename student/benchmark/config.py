@@ -106,6 +106,15 @@ class BenchmarkConfig(StrictModel):
             "from the base recipe's student.model."
         ),
     )
+    student_prepare_band: tuple[float, float] | None = Field(
+        None,
+        description=(
+            "[low, high]: the held-out success the student_prepare preparation must reach "
+            "(its own eval: T=1 success when its eval section sets samples, else greedy), "
+            "checked before the first cell; outside it the benchmark stops with one line. "
+            "null: not checked."
+        ),
+    )
     output_dir: str | None = Field(
         None,
         description=(
@@ -114,6 +123,15 @@ class BenchmarkConfig(StrictModel):
         ),
     )
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+
+    def dump(self) -> dict[str, Any]:
+        """The config as JSON data, as results store and digest it. A config without a
+        ``student_prepare_band`` dumps as it did before the field existed, so the results
+        it made still resume and still match their digest."""
+        out = self.model_dump(mode="json")
+        if out.get("student_prepare_band") is None:
+            out.pop("student_prepare_band", None)
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkConfig:
@@ -126,6 +144,14 @@ class BenchmarkConfig(StrictModel):
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be unique, got {self.seeds}")
+        if self.student_prepare_band is not None:
+            low, high = self.student_prepare_band
+            if not 0.0 <= low <= high <= 1.0:
+                raise ValueError(f"student_prepare_band {list(self.student_prepare_band)} must be "
+                                 "[low, high] with 0 <= low <= high <= 1")
+            if self.student_prepare is None:
+                raise ValueError("student_prepare_band is set but student_prepare is not; "
+                                 "name the sft recipe whose preparation it checks")
         return self
 
 

@@ -89,7 +89,7 @@ def run_benchmark(
     config, base = load_benchmark_config(config_path)
     out_dir = output_folder(config, output_dir, update_committed=update_committed)
     results_path = out_dir / "results.json"
-    config_dump = config.model_dump(mode="json")
+    config_dump = config.dump()
     config_digest = digest({"config": config_dump, "recipe": base})
     if results_path.exists() and not resume and not update_committed:
         raise ConfigError(
@@ -125,6 +125,8 @@ def run_benchmark(
             student_prepare=folder / config.student_prepare if config.student_prepare else None,
         )
     try:
+        if owned is not None and config.student_prepare_band is not None:
+            owned.check_student_band(base, config.student_prepare_band)
         _run_cells(config, base, out_dir, results, run_cell, on_cell)
     finally:
         if owned is not None:
@@ -226,6 +228,30 @@ class TrainerCells:
                                      model_field="the base recipe's model")
             self._prepared[key] = str(prepared.model_dir)
         return self._prepared[key]
+
+    def check_student_band(self, base: dict[str, Any], band: tuple[float, float]) -> float:
+        """The student preparation's held-out success (T=1 when its eval sampled, else
+        greedy), prepared now if not cached; ConfigError (one line naming the figure, the
+        band and the fix) when it lies outside ``band``. Run before the first cell."""
+        assert self.student_prepare is not None
+        model = ModelSource.model_validate(base["student"]["model"])
+        prepared = prepare_model(self.student_prepare, model, what="student_prepare",
+                                 model_field="the base recipe's model")
+        self._prepared[str(self.student_prepare.resolve())] = str(prepared.model_dir)
+        evaluation = prepared.record.get("eval") or {}
+        sampled = evaluation.get("sampled") or {}
+        which, value = (("T=1", sampled.get("success")) if sampled
+                        else ("greedy", evaluation.get("success")))
+        low, high = band
+        if value is None or not low <= value <= high:
+            shown = "none" if value is None else f"{value:.3f}"
+            raise ConfigError(
+                f"the student preparation's {which} success is {shown} on "
+                f"{evaluation.get('split')} (n={evaluation.get('n')}, "
+                f"{prepared.record.get('steps')} SFT steps of {self.student_prepare.name}), "
+                f"outside student_prepare_band [{low:g}, {high:g}]; change its train.cycles "
+                "in a new commit before any result (fewer steps if above, more if below)")
+        return float(value)
 
     def with_prepared_models(self, recipe_dict: dict[str, Any]) -> dict[str, Any]:
         """``recipe_dict`` with prepared models as ``model.path`` (prepared on first use)."""

@@ -262,7 +262,7 @@ def test_docs_quote_the_shipped_toy_benchmarks_measured_table() -> None:
         (root / "benchmarks/results/toy/results.json").read_text())
     config, base = load_benchmark_config(root / "benchmarks/toy_benchmark.yaml")
     assert results.complete and results.config_digest == digest(
-        {"config": config.model_dump(mode="json"), "recipe": base})
+        {"config": config.dump(), "recipe": base})
     doc = (root / "docs/benchmarks.md").read_text()
     for arm in results.summary:
         row = re.search(rf"^\| {arm.arm} \| ([0-9.]+) \|.*\| ([0-9.]+) \|$", doc, re.M)
@@ -309,6 +309,65 @@ def test_prepared_models_are_made_once_and_named_in_each_cell(tmp_path: Path, mo
         {**recipe, "run": {"name": "x", "mode": "sft"}, "train": {"fixed_set": "teacher"}})
     assert made == [("teach.yaml", "teacher.prepare")]
     assert seqkd["teacher"]["model"] == {"path": str(tmp_path / "ready-teach")}
+
+
+def _fake_prepared(monkeypatch, tmp_path: Path, evaluation: dict) -> list[str]:
+    import miniverl.student.benchmark.run as run_module
+
+    made: list[str] = []
+
+    def fake_prepare(prep, model, *, what, model_field):
+        made.append(what)
+        return type("Prepared", (), {"model_dir": tmp_path / "ready-warm",
+                                     "record": {"steps": 300, "eval": evaluation}})()
+
+    monkeypatch.setattr(run_module, "prepare_model", fake_prepare)
+    return made
+
+
+def test_the_student_preparation_is_checked_against_its_band(tmp_path: Path, monkeypatch) -> None:
+    made = _fake_prepared(monkeypatch, tmp_path, {"split": "eval", "n": 64, "success": 1.0,
+                                                   "sampled": {"success": 0.43}})
+    cells = TrainerCells(None, tmp_path, student_prepare=tmp_path / "warm.yaml")
+    base = {"student": {"model": {"toy": {"hidden": 32}}}}
+    # T=1 (the sampled eval) is what is checked, not greedy's 1.0; prepared once.
+    assert cells.check_student_band(base, (0.3, 0.7)) == 0.43
+    assert cells.with_prepared_models({**base, "run": {"mode": "sft"}})["student"]["model"] == {
+        "path": str(tmp_path / "ready-warm")}
+    assert made == ["student_prepare"]
+    with pytest.raises(ConfigError, match=r"T=1 success is 0\.430 on eval \(n=64, 300 SFT steps "
+                       r"of warm\.yaml\), outside student_prepare_band \[0\.5, 0\.9\]; change "
+                       r"its train\.cycles"):
+        cells.check_student_band(base, (0.5, 0.9))
+    # Without a sampled eval the greedy success is the figure.
+    _fake_prepared(monkeypatch, tmp_path, {"split": "eval", "n": 64, "success": 0.0})
+    with pytest.raises(ConfigError, match=r"greedy success is 0\.000"):
+        TrainerCells(None, tmp_path, student_prepare=tmp_path / "warm.yaml").check_student_band(
+            base, (0.3, 0.7))
+
+
+def test_a_band_outside_stops_the_benchmark_before_any_cell(tmp_path: Path, monkeypatch) -> None:
+    _fake_prepared(monkeypatch, tmp_path, {"split": "eval", "n": 64, "success": 0.0,
+                                           "sampled": {"success": 0.0}})
+    (tmp_path / "warm.yaml").write_text("schema_version: 1\n")
+    config = write_config(tmp_path, student_prepare="warm.yaml", student_prepare_band=[0.3, 0.7])
+    with pytest.raises(ConfigError, match=r"T=1 success is 0\.000 .* outside student_prepare_band"):
+        run_benchmark(config, output_dir=tmp_path / "fresh")
+    results = tmp_path / "fresh" / "results.json"
+    assert not results.exists() or not json.loads(results.read_text())["cells"]
+
+
+@pytest.mark.parametrize(("band", "why"), [
+    ([0.7, 0.3], "0 <= low <= high <= 1"), ([0.2, 1.5], "0 <= low <= high <= 1"),
+    ([0.2, 0.5], "student_prepare is not"),
+])
+def test_a_bad_student_prepare_band_is_refused(tmp_path: Path, band, why) -> None:
+    changes = {"student_prepare_band": band}
+    if why != "student_prepare is not":
+        (tmp_path / "warm.yaml").write_text("schema_version: 1\n")
+        changes["student_prepare"] = "warm.yaml"
+    with pytest.raises(ConfigError, match=why):
+        load_benchmark_config(write_config(tmp_path, **changes))
 
 
 def test_a_missing_student_prepare_is_named(tmp_path: Path) -> None:
