@@ -10,6 +10,10 @@ in the TRL venv (``tests/teacher_server/trl_client_check.py``: TRL's constructor
 ``score_positions`` on the same weights in this process. Marker ``integration``; skips
 without the venv (``bash tests/teacher_server/setup_trl_venv.sh``), which also holds
 the aiohttp the server's endpoint needs.
+
+A second test runs TRL's ``ServerDistillationTrainer`` itself against the same endpoint
+(``tests/teacher_server/trl_trainer_check.py``): a toy student of the teacher's tokenizer
+(other weights) generates, asks our teacher for its top-k, and takes optimizer steps.
 """
 
 from __future__ import annotations
@@ -59,6 +63,20 @@ def _bound_port(log: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> 
     raise AssertionError("the teacher did not bind its OpenAI endpoint in time")
 
 
+def _serve(model_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """``miniverl teacher serve --openai 127.0.0.1:0`` on ``model_dir`` (a real process)."""
+    log = tmp_path / "teacher.jsonl"
+    proc = subprocess.Popen(
+        [str(PYTHON), "-m", "miniverl.cli.app", "teacher", "serve", "--model", str(model_dir),
+         "--bind", f"ipc://{tmp_path}/t.sock", "--openai", "127.0.0.1:0", "--log", str(log),
+         "--device", "cpu", "--dtype", "float32", "--threads", "1",
+         # A cached prefix rounds differently from one pass over the whole sequence.
+         "--prefix-cache-tokens", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    return proc, log
+
+
 def test_trls_client_gets_our_targets(tmp_path):
     reason = _trl_missing()
     if reason:
@@ -69,15 +87,7 @@ def test_trls_client_gets_our_targets(tmp_path):
     from miniverl.teacher_server.scoring import score_positions
 
     model_dir = toy_dir(ONE_LAYER, seed=1)
-    log = tmp_path / "teacher.jsonl"
-    proc = subprocess.Popen(
-        [str(PYTHON), "-m", "miniverl.cli.app", "teacher", "serve", "--model", str(model_dir),
-         "--bind", f"ipc://{tmp_path}/t.sock", "--openai", "127.0.0.1:0", "--log", str(log),
-         "--device", "cpu", "--dtype", "float32", "--threads", "1",
-         # A cached prefix rounds differently from one pass over the whole sequence.
-         "--prefix-cache-tokens", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    proc, log = _serve(model_dir, tmp_path)
     try:
         port = _bound_port(log, proc)
         torch.manual_seed(0)
@@ -117,3 +127,32 @@ def test_trls_client_gets_our_targets(tmp_path):
         assert np.array_equal(np.array(got["actual_logprobs"][b], dtype=np.float32)[:, 0],
                               ref["target_logprobs"])
         assert [t[0] for t in got["actual_token_ids"][b]] == seq[start:]
+
+
+def test_trls_server_distillation_trainer_trains_against_our_teacher(tmp_path):
+    # TRL's own trainer, unchanged but for the client-side vLLM import check: it asks our
+    # teacher for the top-k of every on-policy completion and takes its optimizer steps.
+    reason = _trl_missing()
+    if reason:
+        pytest.skip(reason)
+    teacher_dir, student_dir = toy_dir(ONE_LAYER, seed=1), toy_dir(ONE_LAYER, seed=2)
+    proc, log = _serve(teacher_dir, tmp_path)
+    try:
+        port = _bound_port(log, proc)
+        run = subprocess.run(
+            [str(PYTHON), str(HERE / "trl_trainer_check.py"), f"http://127.0.0.1:{port}",
+             str(student_dir), str(tmp_path / "trl_out")],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                 "CUDA_VISIBLE_DEVICES": "", "WANDB_DISABLED": "true"})
+        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("TRL_TRAINER ")]
+        assert lines, f"rc={run.returncode}\n{run.stderr[-4000:]}"
+        got = json.loads(lines[-1][len("TRL_TRAINER "):])
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert got["trl_version"] == "1.16.0" and got["global_step"] == 2
+    losses = [row["loss"] for row in got["log_history"] if "loss" in row]
+    # Each step's loss is the top-k forward KL to our teacher's targets: a student with
+    # other weights is at a positive, finite distance from it.
+    assert len(losses) == 2 and all(np.isfinite(v) and v > 0 for v in losses), got["log_history"]
