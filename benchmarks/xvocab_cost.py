@@ -1,7 +1,7 @@
 """What does a teacher with another tokenizer cost per position? xvocab against topk.
 
     python benchmarks/xvocab_cost.py [--episodes 48] [--repeats 7] [--warmup 2] [--smoke]
-                                     [--update-committed]
+                                     [--teacher-dir DIR] [--update-committed]
 
 On the same oracle episodes of the calculator environment (``--episodes`` tasks,
 ``--seed``), the toy byte student asks two teachers of one shape (the trainer tests'
@@ -32,6 +32,15 @@ reply onto its groups, ``student_targets``) and the teacher's plan alone
 (``plan_xvocab``). The xvocab reply trains only the positions of trainable groups; the
 record gives their share, and the cost per trained position.
 
+``--teacher-dir DIR`` measures a real teacher instead (e.g. the SmolLM2-135M teacher
+``recipes/smollm2_cpu_opd_teacher.yaml`` prepares): both servers load DIR's weights and
+tokenizer; **topk** is then asked by a student of the teacher's own tokenizer (the same
+tasks' oracle episodes, rendered and tokenized by it: the same-tokenizer pairing) and
+**xvocab** by the toy byte student. The two students' positions differ in number, so the
+record adds the cost per episode (the same episodes, the same teacher) and per teacher
+position scored beside the per-student-position figures. Written as
+``xvocab_cost_real.json`` (the record names DIR and its tokenizer).
+
 Writes ``xvocab_cost.json`` in ``--output-dir`` (default ``runs/benchmarks/xvocab_cost/``;
 the committed ``benchmarks/results/xvocab_cost.json`` with ``--update-committed``).
 ``--smoke`` runs four episodes, one warm-up and two repeats, in seconds: it checks that
@@ -61,6 +70,7 @@ import numpy as np  # noqa: E402
 from miniverl.student.benchmark.outputs import add_output_options, script_output_file  # noqa: E402
 
 COMMITTED = ROOT / "benchmarks" / "results" / "xvocab_cost.json"
+COMMITTED_REAL = ROOT / "benchmarks" / "results" / "xvocab_cost_real.json"
 ENVIRONMENT = "calculator"
 SMOKE = {"episodes": 4, "warmup": 1, "repeats": 2}
 MAX_POSITIONS = 4096  # the teachers' position table; the longest rendering must fit
@@ -76,8 +86,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--smoke", action="store_true",
                         help=f"a seconds-long run ({SMOKE}); its figures are not a measurement")
+    parser.add_argument("--teacher-dir", type=Path, default=None,
+                        help="a real teacher's model directory (weights and tokenizer) for "
+                             f"both servers; written as {COMMITTED_REAL.name} when committed")
     add_output_options(parser, COMMITTED)
     args = parser.parse_args(argv)
+    if args.teacher_dir is not None and not (args.teacher_dir / "config.json").is_file():
+        parser.exit(1, f"error: --teacher-dir {args.teacher_dir} holds no config.json; pass a "
+                       "model directory (a prepared teacher's, or miniverl convert-gguf's)\n")
     if args.smoke:
         for name, value in SMOKE.items():
             setattr(args, name, value)
@@ -86,7 +102,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, name) < least:
             parser.exit(1, f"error: --{name} {getattr(args, name)} must be at least {least}; "
                            f"pass a larger value\n")
-    args.out = script_output_file(args, COMMITTED, ROOT)
+    args.out = script_output_file(args, COMMITTED if args.teacher_dir is None else COMMITTED_REAL,
+                                  ROOT)
     return args
 
 
@@ -98,11 +115,13 @@ def _episodes(n: int, seed: int, toy, toy_fp: str) -> list:
             for task in make_tasks(ENVIRONMENT, "train", n, "mixed", seed)]
 
 
-def _serve(endpoint: str, tokenizer):
+def _serve(endpoint: str, tokenizer, model_dir: Path | None = None):
     """A TeacherServer on its own thread around a ``TEACHER``-shaped model over
-    ``tokenizer``'s vocabulary (seed 1, as the integration test builds it)."""
+    ``tokenizer``'s vocabulary (seed 1, as the integration test builds it), or around
+    ``model_dir``'s weights (float32) when given."""
     import torch
 
+    from miniverl.common.modeling import load_causal_lm
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.teacher_server.loader import LoadedTeacher
     from miniverl.teacher_server.server import TeacherServer
@@ -111,8 +130,12 @@ def _serve(endpoint: str, tokenizer):
     from tests.toy_kit import TEACHER, bare_qwen3
 
     torch.manual_seed(1)
-    model = bare_qwen3(TEACHER, vocab=len(tokenizer), max_positions=MAX_POSITIONS).eval()
-    name = f"{ENVIRONMENT}-cost-teacher-{len(tokenizer)}"
+    if model_dir is None:
+        model = bare_qwen3(TEACHER, vocab=len(tokenizer), max_positions=MAX_POSITIONS).eval()
+        name = f"{ENVIRONMENT}-cost-teacher-{len(tokenizer)}"
+    else:
+        model = load_causal_lm(model_dir, dtype="float32", device="cpu").eval()
+        name = model_dir.name
     loaded = LoadedTeacher(model, None, fingerprint_tokenizer(tokenizer), len(tokenizer),
                            {"name": name, "model": name}, "cpu", "float32",
                            extra={"tokenizer": tokenizer})
@@ -152,9 +175,19 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
     from tests.toy_kit import TEACHER
 
     torch.set_num_threads(args.threads)
-    toy, other = build_toy_tokenizer(), byte_fallback_tokenizer()
-    toy_fp = fingerprint_tokenizer(toy)
+    real = args.teacher_dir
+    toy = build_toy_tokenizer()
+    if real is None:
+        other, same, same_name = byte_fallback_tokenizer(), toy, "toy"
+    else:
+        from miniverl.common.modeling import load_tokenizer
+
+        other = same = load_tokenizer(real)
+        same_name = real.name
+    toy_fp, same_fp = fingerprint_tokenizer(toy), fingerprint_tokenizer(same)
     trajs = _episodes(args.episodes, args.seed, toy, toy_fp)
+    # topk's student: the toy itself, or with a real teacher one of its own tokenizer.
+    same_trajs = trajs if real is None else _episodes(args.episodes, args.seed, same, same_fp)
     build = XvocabRequests(toy)
     requests = [build(t) for t in trajs]
     unaligned = [t.id for t, r in zip(trajs, requests, strict=True) if r is None]
@@ -164,16 +197,20 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
     positions = [np.asarray(t.target_positions(), dtype=np.int32) for t in trajs]
     tokens = [np.asarray(t.tokens, dtype=np.int32) for t in trajs]
     student_positions = int(sum(p.shape[0] for p in positions))
+    same_positions = [np.asarray(t.target_positions(), dtype=np.int32) for t in same_trajs]
+    same_tokens = [np.asarray(t.tokens, dtype=np.int32) for t in same_trajs]
+    topk_positions = int(sum(p.shape[0] for p in same_positions))
 
     rounds = args.warmup + args.repeats
     task = progress.add_task("scoring", total=rounds * 2 * len(trajs)) if progress else None
     totals = {"topk": [], "xvocab": []}  # per timed repeat: seconds over all episodes
     compute = {"topk": [], "xvocab": []}  # the teachers' own compute_ms, summed
     with tempfile.TemporaryDirectory(prefix="mvl-xvocab-cost-") as tmp:
-        served = {"topk": _serve(f"ipc://{tmp}/topk.sock", toy),
-                  "xvocab": _serve(f"ipc://{tmp}/xvocab.sock", other)}
-        clients = {kind: SyncTeacherClient(server.endpoint, tokenizer_fp=toy_fp,
-                                           vocab_size=len(toy), xvocab=kind == "xvocab",
+        served = {"topk": _serve(f"ipc://{tmp}/topk.sock", same, real),
+                  "xvocab": _serve(f"ipc://{tmp}/xvocab.sock", other, real)}
+        asking = {"topk": (same_fp, len(same)), "xvocab": (toy_fp, len(toy))}
+        clients = {kind: SyncTeacherClient(server.endpoint, tokenizer_fp=asking[kind][0],
+                                           vocab_size=asking[kind][1], xvocab=kind == "xvocab",
                                            request_timeout_s=600, unavailable_timeout_s=600)
                    for kind, (server, _, _) in served.items()}
         try:
@@ -182,8 +219,8 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
 
             def topk(i: int):
                 c = clients["topk"]
-                cu = np.array([0, tokens[i].shape[0]], dtype=np.int32)
-                rid = c.submit(tokens[i], cu, positions[i], kind="topk", k=args.k)
+                cu = np.array([0, same_tokens[i].shape[0]], dtype=np.int32)
+                rid = c.submit(same_tokens[i], cu, same_positions[i], kind="topk", k=args.k)
                 return c.wait([rid])[rid]
 
             def xvocab(i: int):
@@ -242,7 +279,10 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
                 side[name].append(spent[name])
 
     per_pos = 1e6 / student_positions  # seconds over the episodes -> us per student position
-    ratios = [x / t for x, t in zip(totals["xvocab"], totals["topk"], strict=True)]
+    per_topk_pos = 1e6 / topk_positions
+    # Per student position each: with a real teacher the two students' counts differ.
+    ratios = [(x * per_pos) / (t * per_topk_pos)
+              for x, t in zip(totals["xvocab"], totals["topk"], strict=True)]
     teacher_tokens = int(sum(r.arrays["teacher_ids"].shape[0] for r in replies.values()))
     teacher_scored = int(sum(r.arrays["positions"].shape[0] for r in replies.values()))
     return {
@@ -259,15 +299,19 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "k": args.k,
-        "teacher_shape": dict(TEACHER),
+        "teacher_shape": dict(TEACHER) if real is None else None,
+        "teacher_dir": None if real is None else str(real),
         "tokenizers": {"student": {"name": "toy", "vocab": len(toy)},
-                       "topk_teacher": {"name": "toy", "vocab": len(toy)},
-                       "xvocab_teacher": {"name": "byte_fallback", "vocab": len(other)}},
+                       "topk_student": {"name": same_name, "vocab": len(same)},
+                       "topk_teacher": {"name": same_name, "vocab": len(same)},
+                       "xvocab_teacher": {"name": "byte_fallback" if real is None else real.name,
+                                          "vocab": len(other)}},
         "totals": {
             "student_tokens": int(sum(t.shape[0] for t in tokens)),
             "student_positions": student_positions,
-            "topk_teacher_tokens": int(sum(t.shape[0] for t in tokens)),
-            "topk_teacher_positions": student_positions,
+            "topk_student_positions": topk_positions,
+            "topk_teacher_tokens": int(sum(t.shape[0] for t in same_tokens)),
+            "topk_teacher_positions": topk_positions,
             "xvocab_teacher_tokens": teacher_tokens,
             "xvocab_teacher_positions": teacher_scored,
             "xvocab_trained_positions": trained,
@@ -276,24 +320,34 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
         # Per student position the loss trains on, microseconds: median, min, max over
         # the timed repeats.
         "us_per_student_position": {
-            "topk": _spread(totals["topk"], per_pos),
+            "topk": _spread(totals["topk"], per_topk_pos),
             "xvocab": _spread(totals["xvocab"], per_pos),
-            "topk_teacher_compute": _spread(compute["topk"], per_pos),
+            "topk_teacher_compute": _spread(compute["topk"], per_topk_pos),
             "xvocab_teacher_compute": _spread(compute["xvocab"], per_pos),
             "xvocab_teacher_plan": _spread(side["plan"], per_pos),
             "xvocab_student_request": _spread(side["request"], per_pos),
             "xvocab_student_map": _spread(side["map"], per_pos),
         },
         "us_per_trained_position": {
-            "topk": _spread(totals["topk"], per_pos),
+            "topk": _spread(totals["topk"], per_topk_pos),
             "xvocab": _spread(totals["xvocab"], 1e6 / max(trained, 1)),
         },
-        # xvocab / topk, per repeat (the same episodes, the same student positions).
+        # xvocab / topk per student position, per repeat (the same episodes; the same
+        # student positions unless a real teacher's own tokenizer asks for topk).
         "ratio_xvocab_to_topk": _spread(ratios, digits=4),
         "ratio_with_student_side": _spread(
-            [(x + r + m) / t for x, r, m, t in zip(totals["xvocab"], side["request"],
-                                                   side["map"], totals["topk"], strict=True)],
+            [((x + r + m) * per_pos) / (t * per_topk_pos)
+             for x, r, m, t in zip(totals["xvocab"], side["request"], side["map"],
+                                   totals["topk"], strict=True)],
             digits=4),
+        # The same episodes asked of the same teacher: xvocab / topk per episode, and
+        # per position the teacher scored.
+        "ratio_per_episode": _spread(
+            [x / t for x, t in zip(totals["xvocab"], totals["topk"], strict=True)], digits=4),
+        "us_per_teacher_position": {
+            "topk": _spread(totals["topk"], 1e6 / max(topk_positions, 1)),
+            "xvocab": _spread(totals["xvocab"], 1e6 / max(teacher_scored, 1)),
+        },
         "prefix_cache": prefix_cache,
         "seconds_per_repeat": {"topk": _spread(totals["topk"], digits=4),
                                "xvocab": _spread(totals["xvocab"], digits=4)},
@@ -323,6 +377,12 @@ def _summary(record: dict) -> None:
                   f"{t['xvocab_teacher_tokens']} tokens for xvocab, {t['topk_teacher_tokens']} "
                   f"for topk; xvocab trains {record['xvocab_trained_share']:.1%} of the "
                   f"{t['student_positions']} student positions", markup=False)
+    e = record["ratio_per_episode"]
+    console.print(f"xvocab / topk per episode (the same episodes, the same teacher): "
+                  f"{e['median']:.3f} [{e['min']:.3f}, {e['max']:.3f}]"
+                  + (f"; topk asked by a {record['tokenizers']['topk_student']['name']} "
+                     f"student ({t['topk_student_positions']} positions)"
+                     if record["teacher_dir"] else ""), markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

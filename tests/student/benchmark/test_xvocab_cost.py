@@ -95,3 +95,42 @@ def test_the_defaults_are_the_measurement_the_page_describes(tmp_path):
                  "seven are timed", "(four episodes, one warm-up, two repeats)",
                  "python benchmarks/xvocab_cost.py --update-committed"):
         assert said in " ".join(section.split()), said
+
+
+@pytest.mark.slow  # imports torch, saves a model and starts two servers on it
+def test_a_teacher_dir_is_served_to_both_arms(tmp_path):
+    # --teacher-dir: both servers load one real model directory; topk is asked by a
+    # student of that directory's own tokenizer, xvocab by the toy byte student.
+    import torch
+
+    from tests.common.cross_tokenizer_kit import byte_fallback_tokenizer
+    from tests.toy_kit import TEACHER, bare_qwen3
+
+    tok = byte_fallback_tokenizer()
+    torch.manual_seed(3)
+    model_dir = tmp_path / "bf-teacher"
+    bare_qwen3(TEACHER, vocab=len(tok), max_positions=4096).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    done = _run("--smoke", "--teacher-dir", str(model_dir), "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "xvocab_cost_real.json").read_text())
+    assert record["teacher_dir"] == str(model_dir) and record["teacher_shape"] is None
+    toks = record["tokenizers"]
+    assert toks["student"]["name"] == "toy" and toks["topk_student"] == toks["topk_teacher"]
+    assert toks["topk_teacher"]["vocab"] == toks["xvocab_teacher"]["vocab"] == len(tok)
+    t = record["totals"]
+    # The same tasks, tokenized by each student: the byte student has more positions.
+    assert t["topk_teacher_positions"] == t["topk_student_positions"] > 0
+    assert t["student_positions"] > t["topk_student_positions"]
+    assert all(_spread_ok(record[k]) for k in ("ratio_xvocab_to_topk", "ratio_per_episode"))
+    assert all(_spread_ok(row) for row in record["us_per_teacher_position"].values())
+    assert "xvocab / topk per episode" in done.stdout
+
+
+def test_a_teacher_dir_without_a_model_is_one_line(tmp_path):
+    done = _run("--teacher-dir", str(tmp_path), "--output-dir", str(tmp_path))
+    assert done.returncode == 1 and done.stderr.strip().count("\n") == 0
+    assert f"--teacher-dir {tmp_path} holds no config.json" in done.stderr
+    (tmp_path / "config.json").write_text("{}")
+    committed = bench._args(["--teacher-dir", str(tmp_path), "--update-committed"]).out
+    assert committed == ROOT / "benchmarks" / "results" / "xvocab_cost_real.json"
