@@ -219,25 +219,25 @@ class TrainerCells:
         self.recipe_dir = recipe_dir or Path.cwd()
         self.student_prepare = student_prepare
         self.process: subprocess.Popen | None = None
-        self._prepared: dict[str, str] = {}  # prep recipe path -> prepared model dir
+        self._prepared: dict[str, Any] = {}  # prep recipe path -> its PreparedModel
 
-    def _prepared_dir(self, prep: Path, model: dict[str, Any], what: str) -> str:
+    def _prepare(self, prep: Path, model: dict[str, Any], what: str) -> Any:
+        """``prep``'s preparation (trained now or found cached), made once per benchmark."""
         key = str(prep.resolve())
         if key not in self._prepared:
-            prepared = prepare_model(prep, ModelSource.model_validate(model), what=what,
-                                     model_field="the base recipe's model")
-            self._prepared[key] = str(prepared.model_dir)
+            self._prepared[key] = prepare_model(prep, ModelSource.model_validate(model),
+                                                what=what, model_field="the base recipe's model")
         return self._prepared[key]
+
+    def _prepared_dir(self, prep: Path, model: dict[str, Any], what: str) -> str:
+        return str(self._prepare(prep, model, what).model_dir)
 
     def check_student_band(self, base: dict[str, Any], band: tuple[float, float]) -> float:
         """The student preparation's held-out success (T=1 when its eval sampled, else
         greedy), prepared now if not cached; ConfigError (one line naming the figure, the
         band and the fix) when it lies outside ``band``. Run before the first cell."""
         assert self.student_prepare is not None
-        model = ModelSource.model_validate(base["student"]["model"])
-        prepared = prepare_model(self.student_prepare, model, what="student_prepare",
-                                 model_field="the base recipe's model")
-        self._prepared[str(self.student_prepare.resolve())] = str(prepared.model_dir)
+        prepared = self._prepare(self.student_prepare, base["student"]["model"], "student_prepare")
         evaluation = prepared.record.get("eval") or {}
         sampled = evaluation.get("sampled") or {}
         which, value = (("T=1", sampled.get("success")) if sampled
