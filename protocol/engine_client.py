@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -87,10 +88,23 @@ PROBES: tuple[str, ...] = (
 TAIL_FLOOR = float(np.finfo(np.float32).tiny)
 RETRY_STATUS = {429, 500, 502, 503, 504}
 MAX_K = 1024  # the most prompt log-probs asked per position (vLLM's default cap is 20)
+# How far above 0 a log-prob, and above 1 a top-k's probability mass, may round before
+# the reply is refused: engines compute log-softmax in float32 (a log-prob of +5.0 is a
+# "probability" of 148: raw logits, not log-probs, and never trained on).
+LOGPROB_TOLERANCE = 1e-3
+# A reply's size is capped before it is parsed: a fixed allowance for the envelope plus
+# REPLY_BYTES_PER_ENTRY per log-prob asked (a vLLM entry with its decoded token is ~80).
+REPLY_BASE_BYTES = 1 << 20
+REPLY_BYTES_PER_ENTRY = 256
 
 
 class EngineModelChanged(TeacherError):
-    """The engine now serves another model than the one this client was made for."""
+    """The engine now serves another model than the one this client was made for
+    (``served``: what it names now)."""
+
+    def __init__(self, message: str, served: Any = None):
+        super().__init__(message)
+        self.served = served
 
 
 class EngineGarbage(TeacherError):
@@ -158,20 +172,45 @@ def _best_k(entries: list[tuple[int, float]], k: int, where: str) -> list[tuple[
     return sorted(entries, key=lambda e: (-e[1], e[0]))[:k]
 
 
+class EngineNotLogprobs(EngineGarbage):
+    """The engine's numbers are not log-probabilities (above 0, or a top-k mass above 1)."""
+
+
 def _number(value: Any, where: str) -> float:
+    """A log-prob: a finite number at most :data:`LOGPROB_TOLERANCE` (clamped to 0)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EngineGarbage(f"{where} is {value!r}, not a number")
-    if value != value:  # never a log-prob; an infinity is left to checks.reply_problem
-        raise EngineGarbage(f"{where} is NaN, not a log-prob")
-    return float(value)
+        raise EngineGarbage(f"{where} is {str(value)[:40]!r}, not a number")
+    value = float(value)
+    if not np.isfinite(value):
+        shown = "NaN" if value != value else value
+        raise EngineGarbage(f"{where} is {shown}, a non-finite number, not a log-prob")
+    if value > LOGPROB_TOLERANCE:
+        raise EngineNotLogprobs(f"{where} is {value:+.4g}, above 0 (a probability of "
+                                f"{np.exp(min(value, 700.0)):.4g})")
+    return min(value, 0.0)
+
+
+def _check_mass(entries: list[tuple[int, float]], where: str) -> None:
+    """The distinct tokens of one position may not hold more than all the probability."""
+    mass = float(np.exp(np.array([lp for _, lp in entries], np.float64)).sum())
+    if mass > 1.0 + LOGPROB_TOLERANCE:
+        raise EngineNotLogprobs(f"{where}: the {len(entries)} log-probs sum to a probability "
+                                f"of {mass:.4g}, above 1")
 
 
 def _token_id(value: Any, where: str) -> int:
-    if isinstance(value, str) and value.lstrip("-").isdigit():
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 12:
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise EngineGarbage(f"{where} is {value!r}, not a token id")
+        raise EngineGarbage(f"{where} is {str(value)[:40]!r}, not a token id")
     return value
+
+
+def _in_vocab(token: int, vocab_size: int, where: str) -> int:
+    if not 0 <= token < vocab_size:
+        raise EngineGarbage(f"{where} names token id {token}, outside the student's "
+                            f"vocabulary [0, {vocab_size})")
+    return token
 
 
 def _arrays(rows: list[list[tuple[int, float]]], targets: list[float], *, k: int,
@@ -179,8 +218,6 @@ def _arrays(rows: list[list[tuple[int, float]]], targets: list[float], *, k: int
     p = len(rows)
     ids = np.array([[i for i, _ in r] for r in rows], np.int64).reshape(p, k)
     lps = np.array([[lp for _, lp in r] for r in rows], np.float64).reshape(p, k)
-    out_of_range = (ids < np.iinfo(np.int32).min) | (ids > np.iinfo(np.int32).max)
-    ids[out_of_range] = -1  # refused below as outside the vocabulary, not wrapped around
     logprobs = lps.astype(np.float32)
     return {
         "ids": ids.astype(np.int32),
@@ -213,7 +250,9 @@ def targets_from_vllm(entries: Sequence[Any], seq: Sequence[int], local_P: Seque
         parsed = []
         for key, value in entry.items():
             lp = value.get("logprob") if isinstance(value, dict) else value
-            parsed.append((_token_id(key, f"{at} key"), _number(lp, f"{at} logprob")))
+            token = _in_vocab(_token_id(key, f"{at} key"), vocab_size, at)
+            parsed.append((token, _number(lp, f"{at} logprob of token {token}")))
+        _check_mass(parsed, at)
         found = dict(parsed)
         if actual not in found:
             raise EngineGarbage(f"{at}: the actual token {actual} has no log-prob")
@@ -243,7 +282,7 @@ def targets_from_sglang(meta: Any, seq: Sequence[int], local_P: Sequence[int], *
         at = f"{where} position {p + 1}"
         token, top = tokens[p + 1], tops[p + 1]
         if not isinstance(token, list) or len(token) < 2:
-            raise EngineGarbage(f"{at}: input_token_logprobs entry is {token!r}")
+            raise EngineGarbage(f"{at}: input_token_logprobs entry is {str(token)[:40]!r}")
         if _token_id(token[1], f"{at} token") != int(seq[p + 1]):
             raise EngineGarbage(f"{at}: the server scored token {token[1]}, the prompt holds "
                                 f"{int(seq[p + 1])}")
@@ -253,8 +292,10 @@ def targets_from_sglang(meta: Any, seq: Sequence[int], local_P: Sequence[int], *
         parsed = []
         for triple in top:
             if not isinstance(triple, list) or len(triple) < 2:
-                raise EngineGarbage(f"{at}: input_top_logprobs entry {triple!r}")
-            parsed.append((_token_id(triple[1], f"{at} id"), _number(triple[0], f"{at} lp")))
+                raise EngineGarbage(f"{at}: input_top_logprobs entry {str(triple)[:40]!r}")
+            token = _in_vocab(_token_id(triple[1], f"{at} id"), vocab_size, at)
+            parsed.append((token, _number(triple[0], f"{at} logprob of token {token}")))
+        _check_mass(parsed, at)
         rows.append(_best_k(parsed, k, at))
     return _arrays(rows, targets, k=k, vocab_size=vocab_size)
 
@@ -284,7 +325,9 @@ def parse_score(flavour: str, body: Any, model: str, seqs: list[list[int]],
         if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
             raise EngineGarbage(f"{where}: no 'choices' list in the completion response")
         if body.get("model") != model:
-            raise EngineModelChanged(f"{where} names model {body.get('model')!r}, not {model!r}")
+            named = str(body.get("model"))[:200]
+            raise EngineModelChanged(f"{where} names model {named!r}, not {model!r}",
+                                     served=named)
         by_index = {c.get("index"): c for c in body["choices"] if isinstance(c, dict)}
         if sorted(by_index, key=str) != sorted(range(len(seqs)), key=str):
             raise EngineGarbage(f"{where}: {len(body['choices'])} choices for {len(seqs)} prompts")
@@ -335,7 +378,8 @@ class EngineTeacherClient:
                  tokenizer_name: str = "the student's tokenizer", bos_id: int | None = None,
                  api_key_env: str | None = None, request_timeout_s: float = 60.0,
                  max_retries: int = 3, retry_backoff_s: float = 0.5, max_inflight: int = 8,
-                 max_positions: int = 1 << 20, transport: Any = None):
+                 max_positions: int = 1 << 20, max_reply_bytes: int | None = None,
+                 transport: Any = None):
         if flavour not in (*FLAVOURS, "auto"):
             raise ConfigError(f"teacher.api {flavour!r} is not one of {', '.join(FLAVOURS)}")
         if max_inflight < 1 or max_retries < 0:
@@ -348,6 +392,7 @@ class EngineTeacherClient:
         self.api_key_env = api_key_env
         self.request_timeout_s, self.max_retries = request_timeout_s, max_retries
         self.retry_backoff_s, self.max_inflight = retry_backoff_s, max_inflight
+        self.max_reply_bytes = max_reply_bytes  # None: what each request's answer can need
         self.limits = Limits(max_k=min(MAX_K, vocab_size), max_positions=max_positions,
                              max_inflight=max_inflight)
         self._transport = transport  # tests: an httpx transport; None = the network
@@ -358,7 +403,8 @@ class EngineTeacherClient:
         self._headers = {"Authorization": f"Bearer {_api_key(api_key_env)}"} if api_key_env else {}
         self._portal_cm = self._portal = self._http = self._slots = None
         self._tasks: set[Any] = set()
-        self._extra = {"http_requests": 0, "model_changed": 0, "engine_garbage": 0}
+        self._extra = {"http_requests": 0, "model_changed": 0, "engine_garbage": 0,
+                       "deadline_exceeded": 0}
 
     # ------------------------------------------------------------- the event loop
     def _start(self) -> Any:
@@ -380,40 +426,83 @@ class EngineTeacherClient:
 
     # ------------------------------------------------------------- HTTP
     async def _request(self, method: str, route: str, body: Any = None, *,
-                       retries: int | None = None) -> Any:
-        """The JSON answer of one request, retried on what waiting may fix."""
+                       retries: int | None = None, max_bytes: int = REPLY_BASE_BYTES) -> Any:
+        """The JSON answer of one request, retried on what waiting may fix.
+
+        Each try has one deadline, ``request_timeout_s`` for the whole exchange (connect,
+        send, every read), not per read: a server that drips its answer is cut off like
+        one that never answers. The answer is read as a stream and refused once past
+        ``max_bytes`` (never retried). Every byte sent and read is counted.
+        """
         httpx, retries = self._httpx, self.max_retries if retries is None else retries
         url, last = f"{self.endpoint}{route}", ""
+        content = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if content is not None else None
         for attempt in range(retries + 1):
             if attempt:
                 self._table.count("retries")
                 await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+            self._extra["http_requests"] += 1
+            self._table.count("bytes_sent", len(content or b""))
             try:
-                self._extra["http_requests"] += 1
-                reply = await self._http.request(method, route, json=body)
-            except httpx.TimeoutException:
-                last = f"no answer within {self.request_timeout_s} s"
+                with anyio.fail_after(self.request_timeout_s):
+                    status, location, data = await self._exchange(
+                        method, route, content, headers, max_bytes, url)
+            except TimeoutError:
+                self._extra["deadline_exceeded"] += 1
+                last = f"no whole answer within {self.request_timeout_s} s"
                 continue
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 continue
-            if reply.status_code in RETRY_STATUS:
-                last = f"HTTP {reply.status_code}"
+            if status in RETRY_STATUS:
+                last = f"HTTP {status}"
                 continue
-            if reply.status_code != 200:
+            if 300 <= status < 400:
+                raise TeacherError(f"engine teacher at {url} redirected the request (HTTP "
+                                   f"{status} to {str(location)[:120]!r}); redirects are not "
+                                   "followed: set teacher.endpoint to the server itself")
+            if status != 200:
                 raise TeacherError(f"engine teacher at {url} refused the request: HTTP "
-                                   f"{reply.status_code}: {_message(reply)}; check "
-                                   f"teacher.api ({self.flavour}) and teacher.model")
-            try:
-                return reply.json()
-            except ValueError:
-                self._extra["engine_garbage"] += 1
-                raise EngineGarbage(f"engine teacher at {url} answered with non-JSON "
-                                    f"({reply.text[:60]!r}); is it a {self.flavour} "
-                                    "server (teacher.api)?") from None
+                                   f"{status}: {_message(data)}; check teacher.api "
+                                   f"({self.flavour}) and teacher.model")
+            return self._json(data, url)
         raise TeacherUnavailable(f"engine teacher at {url} did not answer after "
                                  f"{retries + 1} tries ({last}); start the server or check "
                                  "teacher.endpoint")
+
+    async def _exchange(self, method: str, route: str, content: bytes | None,
+                        headers: dict | None, max_bytes: int,
+                        url: str) -> tuple[int, str | None, bytes]:
+        """``(status, Location, body)`` of one HTTP exchange, the body read in chunks and
+        refused past ``max_bytes`` (the read is stopped there, the connection closed)."""
+        chunks, size = [], 0
+        async with self._http.stream(method, route, content=content,
+                                     headers=headers) as reply:
+            async for chunk in reply.aiter_bytes():
+                size += len(chunk)
+                self._table.count("bytes_received", len(chunk))
+                if size > max_bytes:
+                    self._extra["engine_garbage"] += 1
+                    raise EngineGarbage(
+                        f"engine teacher at {url} sent more than {max_bytes:,} bytes for one "
+                        f"reply (the most this request's answer can need); the read was "
+                        f"stopped and the reply dropped; check that the server is "
+                        f"{self.flavour} (teacher.api)")
+                chunks.append(chunk)
+            return reply.status_code, reply.headers.get("location"), b"".join(chunks)
+
+    def _json(self, data: bytes, url: str) -> Any:
+        """The parsed answer; non-JSON, duplicate keys or absurd nesting is garbage."""
+        try:
+            return json.loads(data, object_pairs_hook=_unique_keys)
+        except (ValueError, RecursionError) as exc:
+            self._extra["engine_garbage"] += 1
+            why = ("nested too deep" if isinstance(exc, RecursionError)
+                   else str(exc)[:80] if isinstance(exc, DuplicateKey)
+                   else f"non-JSON ({data[:60]!r})")
+            raise EngineGarbage(f"engine teacher at {url} answered with {why}; the reply was "
+                                f"dropped; is it a {self.flavour} server (teacher.api)?") from None
 
     async def _detect(self) -> str:
         """sglang when ``/get_model_info`` names a ``model_path`` (vLLM has no such
@@ -575,7 +664,6 @@ class EngineTeacherClient:
         # Tagged on our side: the row holds the version that asked and the bound teacher.
         table.file_score([], rid=rid, kind="topk", k=k, positions=len(arrays["positions"]))
         table.count("sent")
-        table.count("bytes_sent", sum(a.nbytes for a in arrays.values()))
         # On the portal's loop already: the request runs as a task beside the caller.
         task = asyncio.get_running_loop().create_task(
             self._score(rid, table.version, arrays, k))
@@ -593,33 +681,47 @@ class EngineTeacherClient:
                  for b in range(len(seqs))]
         # Positions in request order; sequences are scored in order, so they are grouped.
         order = np.argsort(seq_of, kind="stable")
-        where = f"engine reply to request {rid}"
+        route = score_body(self.flavour, self.model, [], k)[0]
+        where = f"engine teacher at {self.endpoint}{route}: reply to request {rid}"
+        # The most bytes a whole answer can need: every prompt token echoed with k + 1
+        # entries (vLLM), plus the envelope.
+        max_bytes = self.max_reply_bytes or (
+            REPLY_BASE_BYTES + len(tokens) * (k + 1) * REPLY_BYTES_PER_ENTRY)
         t0 = time.perf_counter()
         try:
             async with self._slots:
                 queue_ms = (time.perf_counter() - t0) * 1e3
                 route, body = score_body(self.flavour, self.model, seqs, k)
-                answer = await self._request("POST", route, body)
+                answer = await self._request("POST", route, body, max_bytes=max_bytes)
             compute_ms = (time.perf_counter() - t0) * 1e3 - queue_ms
+        except Exception as exc:  # down after retries, refused, garbage: ends this request
+            self._fail(rid, exc)
+            return
+        try:
             result = parse_score(self.flavour, answer, self.model, seqs, local, k=k,
                                  vocab_size=self.vocab_size, where=where)
         except EngineModelChanged as exc:
             self._extra["model_changed"] += 1
-            self._fail(rid, EngineModelChanged(self._changed_text(f"answers as {exc}")))
+            self._fail(rid, EngineModelChanged(self._changed_text(
+                f"answers as model {exc.served!r} (reply to request {rid})")))
+            return
+        except EngineNotLogprobs as exc:
+            self._extra["engine_garbage"] += 1
+            self._fail(rid, EngineNotLogprobs(
+                f"{exc}: not log-probabilities; the reply was dropped, nothing trained on; "
+                "check that the server returns normalized log-probs (vLLM: --logprobs-mode "
+                "raw_logprobs, not raw_logits)"))
             return
         except EngineGarbage as exc:
             self._extra["engine_garbage"] += 1
-            self._fail(rid, EngineGarbage(f"{exc}; the reply was dropped; check that the "
-                                             f"server is {self.flavour} (teacher.api)"))
-            return
-        except Exception as exc:  # down after retries, refused: ends this request
-            self._fail(rid, exc)
+            self._fail(rid, EngineGarbage(f"{exc}; the reply was dropped, nothing trained on; "
+                                          f"check that the server is {self.flavour} "
+                                          "(teacher.api) and serves the student's tokenizer"))
             return
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         result = {name: arr[inverse] for name, arr in result.items()}
         self._table.count("received")
-        self._table.count("bytes_received", sum(a.nbytes for a in result.values()))
         hello = self._hello
         reply = ScoreOk(id=rid, student_version=version,
                         instance=hello.instance, gen=hello.gen, kind="topk", k=k,
@@ -653,7 +755,8 @@ class EngineTeacherClient:
             tokenizer_fp=self.tokenizer_fp, vocab_size=self.vocab_size,
             tokenizer_name=self.tokenizer_name, bos_id=self.bos_id,
             api_key_env=self.api_key_env, request_timeout_s=self.request_timeout_s,
-            max_retries=self.max_retries, transport=self._transport)
+            max_retries=self.max_retries, max_reply_bytes=self.max_reply_bytes,
+            transport=self._transport)
         try:
             hello = probe.connect(self.request_timeout_s)
         finally:
@@ -707,11 +810,24 @@ def _api_key(env: str) -> str:
     return key
 
 
-def _message(reply: Any) -> str:
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice (``json`` would keep the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise DuplicateKey(f"an object naming key {twice[:20]!r} twice")
+    return out
+
+
+def _message(data: bytes) -> str:
     try:
-        body = reply.json()
-    except ValueError:
-        return reply.text[:200]
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return data[:200].decode("utf-8", "replace")
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict):
         return str(error.get("message", error))[:200]

@@ -226,7 +226,7 @@ class PendingTable:
 
     def busy(self) -> bool:
         """Some row still waits for its reply."""
-        return any(r.result is None for r in self._rows.values())
+        return any(r.open for r in self._rows.values())
 
     def resend_scores(self) -> None:
         """Queue every open SCORE again under its id (the teacher may have lost them)."""
@@ -326,7 +326,9 @@ class PendingTable:
             return
         self._counts[problem.counter] += 1  # never trained on
         if problem.error is not None:
-            self._drop(req, TeacherError(problem.error))
+            # The row stays until collected, so the waiter reads this error, not "id is
+            # not pending" (a reply refused before wait() was called).
+            req.finish(error=TeacherError(problem.error))
 
     def on_error(self, msg: ErrorReply, retry_after_s: float) -> TokenizerMismatch | None:
         """File an ERROR under its row; returns the fatal error a tokenizer mismatch is."""
