@@ -137,6 +137,11 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
             "prep_digest": recipe_digest(prep),
             "steps": result.steps,
             "eval": result.eval,
+            # Every periodic evaluation too: a benchmark's plateau rule reads the last two.
+            "evals": [{"update": int(e["version"]), "greedy": e.get("success"),
+                       "t1": (e.get("sampled") or {}).get("success"), "split": e.get("split")}
+                      for e in trainer.state.run.read_jsonl("events.jsonl")
+                      if e.get("event") == "eval"],
             "wall_s": time.perf_counter() - t0,
         }
         # Qualified before it is published: a process that finds PREPARED_FILE (the

@@ -115,6 +115,22 @@ class BenchmarkConfig(StrictModel):
             "null: not checked."
         ),
     )
+    student_prepare_plateau: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description=(
+            "The plateau rule: the student_prepare preparation's last two validation "
+            "evaluations (T=1 success) must differ by at most this much, checked before the "
+            "first cell (student/benchmark/gates.py). null: not checked."
+        ),
+    )
+    teacher_margin: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description=(
+            "The teacher's T=1 validation success (its preparation's eval) must be at least "
+            "this much above the student's plateau (the student_prepare preparation's last "
+            "evaluation), checked before the first cell. null: not checked."
+        ),
+    )
     output_dir: str | None = Field(
         None,
         description=(
@@ -126,11 +142,12 @@ class BenchmarkConfig(StrictModel):
 
     def dump(self) -> dict[str, Any]:
         """The config as JSON data, as results store and digest it. A config without a
-        ``student_prepare_band`` dumps as it did before the field existed, so the results
-        it made still resume and still match their digest."""
+        ``student_prepare_band`` (or plateau, or margin) gate dumps as it did before the
+        field existed, so the results it made still resume and still match their digest."""
         out = self.model_dump(mode="json")
-        if out.get("student_prepare_band") is None:
-            out.pop("student_prepare_band", None)
+        for gate in ("student_prepare_band", "student_prepare_plateau", "teacher_margin"):
+            if out.get(gate) is None:
+                out.pop(gate, None)
         return out
 
     @model_validator(mode="after")
@@ -152,6 +169,10 @@ class BenchmarkConfig(StrictModel):
             if self.student_prepare is None:
                 raise ValueError("student_prepare_band is set but student_prepare is not; "
                                  "name the sft recipe whose preparation it checks")
+        for gate in ("student_prepare_plateau", "teacher_margin"):
+            if getattr(self, gate) is not None and self.student_prepare is None:
+                raise ValueError(f"{gate} is set but student_prepare is not; name the sft "
+                                 "recipe whose preparation it checks")
         return self
 
 

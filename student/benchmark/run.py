@@ -45,6 +45,7 @@ from miniverl.student.benchmark.config import (
     load_benchmark_config,
 )
 from miniverl.student.benchmark.export import collect_environment
+from miniverl.student.benchmark.gates import margin_gate, plateau_gate
 from miniverl.student.benchmark.html import render_benchmark_html
 from miniverl.student.benchmark.outputs import choose_output_dir, refuse_committed, relative_to
 from miniverl.student.benchmark.results import (
@@ -127,6 +128,10 @@ def run_benchmark(
     try:
         if owned is not None and config.student_prepare_band is not None:
             owned.check_student_band(base, config.student_prepare_band)
+        if owned is not None and (config.student_prepare_plateau is not None
+                                  or config.teacher_margin is not None):
+            owned.check_plateau_and_margin(base, plateau=config.student_prepare_plateau,
+                                           margin=config.teacher_margin)
         _run_cells(config, base, out_dir, results, run_cell, on_cell)
     finally:
         if owned is not None:
@@ -252,6 +257,35 @@ class TrainerCells:
                 f"outside student_prepare_band [{low:g}, {high:g}]; change its train.cycles "
                 "in a new commit before any result (fewer steps if above, more if below)")
         return float(value)
+
+    def check_plateau_and_margin(self, base: dict[str, Any], *, plateau: float | None,
+                                 margin: float | None) -> dict[str, float]:
+        """The two gates of student/benchmark/gates.py on the preparations' records:
+        the student preparation's last two validation evaluations within ``plateau``, and
+        the base recipe's prepared teacher at least ``margin`` above it (T=1). Each
+        prepared now if not cached; ConfigError (one line) when a gate fails. Run before
+        the first cell."""
+        assert self.student_prepare is not None
+        prepared = self._prepare(self.student_prepare, base["student"]["model"], "student_prepare")
+        what = f"the student preparation ({self.student_prepare.name})"
+        curve = prepared.record.get("evals") or []
+        out: dict[str, float] = {}
+        if plateau is not None:
+            out["plateau"] = plateau_gate(curve, plateau, what)
+        if margin is not None:
+            scored = [p for p in curve if p.get("t1") is not None]
+            level = out.get("plateau", scored[-1]["t1"] if scored else None)
+            teacher = base.get("teacher") or {}
+            if level is None or not teacher.get("prepare"):
+                raise ConfigError(
+                    f"teacher_margin needs {what}'s T=1 evaluations and the base recipe's "
+                    "teacher.prepare; give both, or set teacher_margin: null")
+            record = self._prepare(self.recipe_dir / teacher["prepare"], teacher["model"],
+                                   "teacher.prepare").record
+            t1 = ((record.get("eval") or {}).get("sampled") or {}).get("success")
+            out["margin"] = margin_gate(t1, level, margin,
+                                        f"the teacher ({teacher['prepare']})")
+        return out
 
     def with_prepared_models(self, recipe_dict: dict[str, Any]) -> dict[str, Any]:
         """``recipe_dict`` with prepared models as ``model.path`` (prepared on first use)."""
