@@ -191,7 +191,10 @@ def _number(value: Any, where: str) -> float:
 
 
 def _check_mass(entries: list[tuple[int, float]], where: str) -> None:
-    """The distinct tokens of one position may not hold more than all the probability."""
+    """One position names each token once, and its tokens hold at most all the
+    probability."""
+    if len({i for i, _ in entries}) != len(entries):
+        raise EngineGarbage(f"{where} names a token id twice")
     mass = float(np.exp(np.array([lp for _, lp in entries], np.float64)).sum())
     if mass > 1.0 + LOGPROB_TOLERANCE:
         raise EngineNotLogprobs(f"{where}: the {len(entries)} log-probs sum to a probability "
@@ -498,11 +501,12 @@ class EngineTeacherClient:
             return json.loads(data, object_pairs_hook=_unique_keys)
         except (ValueError, RecursionError) as exc:
             self._extra["engine_garbage"] += 1
-            why = ("nested too deep" if isinstance(exc, RecursionError)
-                   else str(exc)[:80] if isinstance(exc, DuplicateKey)
+            why = ("JSON nested too deep" if isinstance(exc, RecursionError)
+                   else f"JSON holding {exc}" if isinstance(exc, DuplicateKey)
                    else f"non-JSON ({data[:60]!r})")
             raise EngineGarbage(f"engine teacher at {url} answered with {why}; the reply was "
-                                f"dropped; is it a {self.flavour} server (teacher.api)?") from None
+                                f"dropped, nothing trained on; check that the server is "
+                                f"{self.flavour} (teacher.api)") from None
 
     async def _detect(self) -> str:
         """sglang when ``/get_model_info`` names a ``model_path`` (vLLM has no such
@@ -819,7 +823,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         seen: set[str] = set()
         twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise DuplicateKey(f"an object naming key {twice[:20]!r} twice")
+        raise DuplicateKey(f"an object that names key {twice[:20]!r} twice")
     return out
 
 

@@ -10,6 +10,8 @@
 - :class:`TeacherHarness` — any ``Backend``, loader or scorer behind the real teacher
   server's admission, batcher and lifecycle, over in-memory connections;
 - :class:`FakeBackend`, :func:`next_token_targets` — known, finite targets without a model;
+- :class:`HostileEngine` — a loopback vLLM- or SGLang-shaped server with one scripted
+  misbehaviour (:data:`HOSTILE_BEHAVIOURS`), for testing an engine-teacher client;
 - pytest fixtures (``fake_teacher``, ``fake_teacher_client``, ``teacher_harness``),
   registered by the ``miniverl`` pytest plugin (:mod:`miniverl.testing.plugin`).
 
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     )
     from miniverl.testing.fake_teacher import FAST_SETTINGS, FakeTeacher, FakeTeacherClient
     from miniverl.testing.harness import TeacherHarness
+    from miniverl.testing.hostile_engine import HOSTILE_BEHAVIOURS, HostileEngine
     from miniverl.testing.memory import MemoryNetwork, MemoryTransport
     from miniverl.testing.router import RawConnection
     from miniverl.testing.script import (
@@ -68,6 +71,8 @@ _HOME: dict[str, str] = {
     "FakeTeacher": "miniverl.testing.fake_teacher",
     "FakeTeacherClient": "miniverl.testing.fake_teacher",
     "TeacherHarness": "miniverl.testing.harness",
+    "HOSTILE_BEHAVIOURS": "miniverl.testing.hostile_engine",
+    "HostileEngine": "miniverl.testing.hostile_engine",
     "MemoryNetwork": "miniverl.testing.memory",
     "MemoryTransport": "miniverl.testing.memory",
     "RawConnection": "miniverl.testing.router",
@@ -92,6 +97,8 @@ __all__ = [
     "FakeBackend",
     "FakeTeacher",
     "FakeTeacherClient",
+    "HOSTILE_BEHAVIOURS",
+    "HostileEngine",
     "MemoryNetwork",
     "MemoryTransport",
     "RawConnection",
