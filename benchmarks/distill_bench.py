@@ -31,9 +31,14 @@ them (one cell of an arm plays an episode, every cell that trains on it pays for
 evaluation time is in none of them. The equal-update budget reads every arm at the same update counts; the
 equal-wall-clock budget reads the same runs at ``distill.wall_clock_s`` (each arm's last
 evaluation reached within that many training seconds). Per arm and reading: the mean
-over seeds with a 95% bootstrap interval, the paired difference to the baseline per
-seed with its interval, the state coverage (the share of evaluated turn-start states no
-fixed-set episode holds) and every cell.
+over seeds with a 95% bootstrap interval, the paired difference to the baseline (and to
+each arm of ``distill.also_against`` or ``--also-against``) per seed with its interval
+and the count of seeds above and below, the state coverage of the T=1 evaluation
+episodes at every point (the share of their turn-start states no episode of the arm's
+fixed-set source holds; an arm without one, OPD, against the oracle traces its warm
+student learnt from; greedy's beside it), each cell's time split (rollout, teacher-wait,
+update and preparation seconds) and every cell. ``--reread-record`` adds the pairs to a
+committed analysis from the curves its cells hold, changing no figure it had.
 
 Writes, in ``--output-dir`` (default ``runs/benchmarks/<config name>``, git-ignored):
 ``grid/`` and ``main/`` (each a benchmark folder: its derived ``config.yaml``,
@@ -92,6 +97,10 @@ class DistillSettings(BaseModel):
     main_split: str = Field(pattern="^(eval|test)$")
     warm_start: tuple[float, float]
     wall_clock_s: list[float] = Field(min_length=1)
+    also_against: list[str] = Field(
+        default_factory=list,
+        description="arms the report also pairs every arm with, beside the baseline "
+                    "(per seed, with intervals and the count of seeds above)")
 
     @model_validator(mode="after")
     def _consistent(self) -> DistillSettings:
@@ -195,13 +204,60 @@ def preparation_s(events: list[dict[str, Any]]) -> float:
                          for e in played)
 
 
+TIMES = ("rollout_s", "teacher_wait_s", "update_s")  # the metrics rows' time_<name> fields
+
+
+def time_split(rows: list[dict[str, Any]], up_to: int | None = None) -> dict[str, float]:
+    """Rollout, teacher-wait and update seconds summed over the metrics rows (those up to
+    update ``up_to`` when given): where a cell's training seconds went."""
+    kept = [r for r in rows if up_to is None or int(r.get("step") or 0) <= up_to]
+    return {name: round(sum(float(r.get(f"time_{name}") or 0.0) for r in kept), 3)
+            for name in TIMES}
+
+
+def oracle_coverage(run_dir: Path, update: int, split: str | None) -> float | None:
+    """T=1 state coverage of a run whose mode has no fixed-set source (OPD): the share of
+    the turn-start states of its kept T=1 evaluation episodes at ``update`` that no
+    oracle trace of the evaluated tasks holds, the reference of the demonstrations its
+    warm student was trained on (and of update 0's figure). None without those files."""
+    from transformers import AutoTokenizer
+
+    from miniverl.common.modeling import resolve_model_dir
+    from miniverl.common.recipe import load_recipe
+    from miniverl.common.tokenizer_id import fingerprint_tokenizer
+    from miniverl.common.trajectory import read_trajectories
+    from miniverl.student.coverage import state_coverage
+    from miniverl.student.environments import make_tasks
+    from miniverl.student.rollout.oracle import oracle_trajectories
+
+    run = RunDir(run_dir)
+    kept = run.eval_dir / f"{split}-v{update}.sampled.trajectories.jsonl"
+    resolved = run.path / "recipe.resolved.yaml"
+    if split is None or not kept.is_file() or not resolved.is_file():
+        return None
+    recipe = load_recipe(resolved)
+    env = recipe.environment
+    episodes = read_trajectories(kept)
+    wanted = list(dict.fromkeys(t.task_id for t in episodes))
+    n = env.eval_tasks if split == "eval" else env.test_tasks
+    tasks = [t for t in make_tasks(env.name, split, n, env.difficulty, env.split_seed,
+                                   params=env.params) if t.id in set(wanted)]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(recipe.student.model, offline=True),
+                                              local_files_only=True)
+    reference = oracle_trajectories(env.name, tasks, tokenizer, fingerprint_tokenizer(tokenizer),
+                                    env.params)
+    return state_coverage(episodes, reference)["unseen_share"]
+
+
 def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every evaluation of a run, by update: greedy and T=1 success, the unseen-state
-    share, and the training seconds spent up to that update (the fixed set's
-    preparation, then rollout + teacher wait + update of each metrics row; evaluation
-    time in none). A version evaluated twice keeps its last. A run that did not evaluate
-    its start (``eval.before: false``) starts from ``start``, the warm student's eval on
-    the same split (:func:`start_evals`), at 0 s."""
+    share of the T=1 episodes (``unseen_states``; greedy's beside it), the training
+    seconds spent up to that update (the fixed set's preparation, then rollout + teacher
+    wait + update of each metrics row; evaluation time in none) and their split. A
+    version evaluated twice keeps its last. A run that did not evaluate its start
+    (``eval.before: false``) starts from ``start``, the warm student's eval on the same
+    split (:func:`start_evals`), at 0 s. An arm without a fixed-set source (OPD) has its
+    T=1 coverage read against the oracle traces (:func:`oracle_coverage`)."""
     run = RunDir(run_dir)
     events, rows = run.read_jsonl("events.jsonl"), run.read_jsonl("metrics.jsonl")
     prep = preparation_s(events)
@@ -213,19 +269,23 @@ def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[
     if 0 not in evals and start is not None:
         curve.append({"update": 0, "train_s": 0.0, "greedy": start.get("greedy"),
                       "t1": start.get("t1"), "unseen_states": start.get("unseen_states"),
+                      "unseen_states_greedy": start.get("unseen_states_greedy"),
                       "n": start.get("n"), "start": "warm student, measured once"})
     for update in sorted(evals):
         e = evals[update]
-        spent = sum(float(r.get("time_rollout_s") or 0.0) + float(r.get("time_teacher_wait_s")
-                                                                  or 0.0)
-                    + float(r.get("time_update_s") or 0.0)
-                    for r in rows if int(r.get("step") or 0) <= update)
+        split = time_split(rows, update)
+        sampled = e.get("sampled") or {}
+        unseen = (sampled.get("coverage") or {}).get("unseen_share")
+        if unseen is None and sampled and e.get("coverage") is None:
+            unseen = oracle_coverage(run_dir, update, e.get("split"))
         curve.append({
             "update": update,
-            "train_s": round((prep if update > 0 else 0.0) + spent, 3),
+            "train_s": round((prep if update > 0 else 0.0) + sum(split.values()), 3),
             "greedy": e.get("success"),
-            "t1": (e.get("sampled") or {}).get("success"),
-            "unseen_states": (e.get("coverage") or {}).get("unseen_share"),
+            "t1": sampled.get("success"),
+            "unseen_states": unseen,
+            "unseen_states_greedy": (e.get("coverage") or {}).get("unseen_share"),
+            "time_split": {**split, "preparation_s": round(prep if update > 0 else 0.0, 3)},
             "n": e.get("n"),
         })
     return curve
@@ -253,6 +313,8 @@ def analyze_cell(cell: dict[str, Any], results_dir: Path,
     out["curve"] = read_curve(run_dir, start)
     out["preparation_s"] = round(preparation_s(RunDir(run_dir).read_jsonl("events.jsonl")), 3)
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
+    out["time_split"] = {**time_split(RunDir(run_dir).read_jsonl("metrics.jsonl")),
+                         "preparation_s": out["preparation_s"]}
     return out
 
 
@@ -365,7 +427,8 @@ def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], s
                       "greedy": summary.get("success"), "n": summary.get("n"),
                       "t1": (summary.get("sampled") or {}).get("success"),
                       "unseen_states": ((summary.get("sampled") or {}).get("coverage")
-                                        or {}).get("unseen_share")}
+                                        or {}).get("unseen_share"),
+                      "unseen_states_greedy": (summary.get("coverage") or {}).get("unseen_share")}
         print(f"{name} on {split}: greedy {known[key]['greedy']}, T=1 {known[key]['t1']} "
               f"({known[key]['eval_s']:.0f} s)", flush=True)
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -465,6 +528,14 @@ def compare(cells: list[dict[str, Any]], baseline: str, updates: list[int],
         finals = [c["curve"][-1] for c in mine]
         entry["unseen_states_final"] = _interval(
             [p["unseen_states"] for p in finals if p["unseen_states"] is not None], rng)
+        greedy_cov = [p.get("unseen_states_greedy") for p in finals]
+        if any(v is not None for v in greedy_cov):  # records before T=1 coverage hold none
+            entry["unseen_states_greedy_final"] = _interval(
+                [v for v in greedy_cov if v is not None], rng)
+        splits = [c["time_split"] for c in mine if c.get("time_split")]
+        if splits:
+            entry["mean_time_split"] = {k: float(np.mean([t[k] for t in splits]))
+                                        for k in splits[0]}
         entry["mean_training_s"] = (float(np.mean([c["training_s"] for c in mine]))
                                     if mine else None)
         entry["mean_preparation_s"] = (float(np.mean([c["preparation_s"] for c in mine]))
@@ -475,6 +546,53 @@ def compare(cells: list[dict[str, Any]], baseline: str, updates: list[int],
     return arms
 
 
+def _reader(label: str):
+    kind, _, value = label.partition("=")
+    if kind == "updates":
+        return lambda curve: at_update(curve, int(value))
+    return lambda curve: at_seconds(curve, float(value))
+
+
+def add_comparisons(block: dict[str, Any], baseline: str, against: list[str],
+                    seed: int = 1) -> dict[str, Any]:
+    """Pair every arm of a phase with each arm of ``against`` too, read from its cells'
+    curves: per reading and evaluation ``<kind>_vs_<other>`` (the mean paired difference
+    over seeds [95% bootstrap], each seed's difference, how many seeds are above and
+    below). The baseline's existing pairs gain the per-seed figures and counts, their
+    intervals untouched; the new intervals draw from their own generator (``seed``), so
+    adding a comparison changes no figure a record already holds."""
+    rng = np.random.default_rng(seed)
+    cells = [c for c in block["cells"] if c.get("curve")]
+    for other in [baseline, *against]:
+        theirs = {c["seed"]: c for c in cells if c["arm"] == other}
+        if not theirs:  # a part run that has not reached that arm yet
+            continue
+        for arm, entry in block["arms"].items():
+            if arm == other:
+                continue
+            mine = {c["seed"]: c for c in cells if c["arm"] == arm}
+            for label in [k for k in entry if k.startswith(("updates=", "seconds="))]:
+                read = _reader(label)
+                for kind in READINGS:
+                    per_seed = {}
+                    for s, cell in mine.items():
+                        a = read(cell["curve"])
+                        b = read(theirs[s]["curve"]) if s in theirs else None
+                        if a and b and a[kind] is not None and b[kind] is not None:
+                            per_seed[str(s)] = a[kind] - b[kind]
+                    key = f"{kind}_vs_{other}"
+                    pair = entry[label].get(key) if other == baseline else None
+                    if pair is None:
+                        pair = _interval(list(per_seed.values()), rng)
+                    if pair is None:
+                        continue
+                    entry[label][key] = {**pair, "per_seed": per_seed,
+                                         "above": sum(d > 0 for d in per_seed.values()),
+                                         "below": sum(d < 0 for d in per_seed.values())}
+    block["also_against"] = list(against)
+    return block
+
+
 def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, output: Path,
             start: dict[str, Any] | None) -> dict[str, Any]:
     """The analysis of whatever phases ``out_dir`` holds."""
@@ -482,7 +600,10 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
     summary: dict[str, Any] = {"config": raw["name"], "baseline": raw["baseline"],
                                "budget": raw["budget"], "seeds": raw["seeds"],
                                "distill": settings.model_dump(mode="json"),
-                               "start": start, "complete": False}
+                               "start": start, "complete": False,
+                               # unseen_states: the T=1 episodes' (greedy's beside it);
+                               # records without this key hold the greedy figure only.
+                               "coverage_reading": "t1"}
     names = [a["name"] for a in raw["arms"]]
     starts = out_dir / START_EVALS
     known_starts = json.loads(starts.read_text(encoding="utf-8")) if starts.is_file() else {}
@@ -507,6 +628,8 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
                 block["choice_error"] = str(exc)
         block["arms"] = compare(cells, data["baseline"], updates, settings.wall_clock_s, rng)
         block["cells"] = cells
+        if phase == "main":
+            add_comparisons(block, data["baseline"], settings.also_against)
         summary[phase] = block
     summary["complete"] = all((summary.get(p) or {}).get("complete") for p in PHASES)
     return summary
@@ -645,13 +768,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part-minutes", type=float, default=None,
                     help="start no cell after this many minutes; exit 3, to be continued "
                          "with --resume (a run in parts)")
+    ap.add_argument("--also-against", action="append", default=[], metavar="ARM",
+                    help="pair every arm with ARM too (repeatable), beside the baseline and "
+                         "the config's distill.also_against")
+    ap.add_argument("--reread-record", action="store_true",
+                    help="add the comparisons to the analysis the record holds, from its "
+                         "cells' curves (no kept runs needed); other figures unchanged")
     args = ap.parse_args(argv)
     if args.part_minutes is not None and not args.part_minutes > 0:
         raise fail(f"--part-minutes {args.part_minutes:g} must be positive; give the minutes "
                    "after which no new cell starts")
     raw, settings = load_config(args.config)
+    names = [a["name"] for a in raw["arms"]]
+    against = list(dict.fromkeys([*settings.also_against, *args.also_against]))
+    unknown = [a for a in against if a not in names]
+    if unknown:
+        raise fail(f"also_against names {unknown}, not arms of {args.config} ({names}); "
+                   "name arms of the config")
+    settings = settings.model_copy(update={"also_against": against})
     config_dir = args.config.resolve().parent
     out_dir, output = output_paths(args, raw)
+    if args.reread_record:
+        source = output if output.is_file() else committed_analysis(raw["name"])
+        if not source.is_file() or not json.loads(source.read_text(encoding="utf-8")).get("main"):
+            raise fail(f"--reread-record reads an analysis with a main phase, and {source} "
+                       "has none; run the benchmark first")
+        summary = json.loads(source.read_text(encoding="utf-8"))
+        add_comparisons(summary["main"], summary["baseline"], against)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {output} (comparisons with {[summary['baseline'], *against]})")
+        return 0
     phases = list(PHASES) if args.phase == "all" else [args.phase]
     start = None
     deadline = (time.monotonic() + 60.0 * args.part_minutes

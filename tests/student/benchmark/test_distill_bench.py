@@ -74,7 +74,7 @@ def test_training_seconds_are_rollout_wait_update_and_preparation_never_evaluati
     curve = bench.read_curve(run)
     assert [p["update"] for p in curve] == [0, 2, 4]
     assert [p["train_s"] for p in curve] == [0.0, 8.0 + 3.5, 8.0 + 3.5 + 6.0]
-    assert curve[-1]["t1"] == 0.7 and curve[-1]["unseen_states"] == 0.25
+    assert curve[-1]["t1"] == 0.7 and curve[-1]["unseen_states_greedy"] == 0.25
     # SeqKD (sft) has no set event: its teacher's loading and playing are its preparation.
     seqkd = _write(tmp_path / "seqkd", [
         _eval(0, 0.1, 0.2),
@@ -276,3 +276,48 @@ def test_a_run_in_parts_stops_at_a_cell_boundary_and_resumes(tmp_path):
     with pytest.raises(SystemExit) as info:
         bench.main([*common, "--part-minutes", "0"])
     assert "--part-minutes 0 must be positive" in str(info.value)
+
+
+def test_coverage_is_read_at_t1_and_the_time_split_is_kept(tmp_path):
+    # Issue 41: each point's coverage is the T=1 episodes' (the update-0 row's reading),
+    # greedy's beside it; the seconds keep where they went (rollout, wait, update).
+    t1_cov = {**_eval(2, 0.9, 0.7, unseen=0.0), "sampled": {"success": 0.7,
+                                                            "coverage": {"unseen_share": 0.125}}}
+    run = _write(tmp_path / "sft", [t1_cov], [_row(1, 1.0, 0.5, 0.25), _row(2, 2.0, 0.0, 1.0)])
+    (point,) = bench.read_curve(run)
+    assert point["unseen_states"] == 0.125 and point["unseen_states_greedy"] == 0.0
+    assert point["time_split"] == {"rollout_s": 3.0, "teacher_wait_s": 0.5, "update_s": 1.25,
+                                   "preparation_s": 0.0}
+    cell = bench.analyze_cell({"arm": "sft", "seed": 1, "result": {
+        "status": "ok", "updates": 2, "wall_s": 9.0, "run_dir": str(run)}}, tmp_path)
+    assert cell["time_split"]["rollout_s"] == 3.0
+    # An OPD run has no fixed-set source: without its kept episodes no figure is made up.
+    opd = _write(tmp_path / "opd", [_eval(2, 0.9, 0.7)], [_row(1, 1.0, 0.5, 0.25)])
+    assert bench.read_curve(opd)[0]["unseen_states"] is None
+
+
+def test_a_second_reference_arm_is_paired_seed_by_seed_and_changes_no_figure():
+    import copy
+
+    import numpy as np
+
+    cells = []
+    for seed, (a, b) in enumerate([(0.90, 0.88), (0.92, 0.91), (0.91, 0.93)], start=1):
+        cells.append(_cell("sft", seed, [_point(0, 0, 0.5, 0.5), _point(32, 10, 1.0, 0.95)]))
+        cells.append(_cell("seqkd", seed, [_point(0, 0, 0.5, 0.5), _point(32, 90, 1.0, b)]))
+        cells.append(_cell("gkd", seed, [_point(0, 0, 0.5, 0.5), _point(32, 40, 1.0, a)]))
+    block = {"cells": cells, "arms": bench.compare(cells, "sft", [0, 32], [60.0],
+                                                   np.random.default_rng(0))}
+    before = copy.deepcopy(block["arms"])
+    bench.add_comparisons(block, "sft", ["seqkd"])
+    pair = block["arms"]["gkd"]["updates=32"]["t1_vs_seqkd"]
+    assert pair["per_seed"] == pytest.approx({"1": 0.02, "2": 0.01, "3": -0.02})
+    assert (pair["above"], pair["below"], pair["n"]) == (2, 1, 3)
+    assert pair["mean"] == pytest.approx(0.01 / 3)
+    base = block["arms"]["gkd"]["updates=32"]["t1_vs_sft"]
+    assert {k: base[k] for k in ("mean", "low", "high", "n")} == before["gkd"]["updates=32"][
+        "t1_vs_sft"] and base["below"] == 3
+    assert "t1_vs_seqkd" not in block["arms"]["seqkd"]["updates=32"]
+    # Within 60 s SeqKD had reached update 0 only: the pair reads what each had by then.
+    assert block["arms"]["gkd"]["seconds=60"]["t1_vs_seqkd"]["per_seed"]["1"] == pytest.approx(
+        0.40)
