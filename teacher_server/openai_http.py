@@ -40,6 +40,7 @@ import contextlib
 import hmac
 import itertools
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -209,14 +210,25 @@ class OpenAIFrontEnd:
                                      "code": status}}, status)
 
     async def _auth(self, request, handler):
-        """Every route but ``/health`` (the lifecycle state only, as vLLM's) needs the token."""
+        """Every route but ``/health`` (the lifecycle state only, as vLLM's) needs the token.
+        aiohttp's own refusals (an unknown route, a method not served, a body past its
+        cap) come back as the same JSON error as ours."""
+        web = require("aiohttp.web", "openai")
         token = self.config.token
         if token is not None and request.path != "/health":
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            if not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                       f"Bearer {token}".encode()):
                 return self._error(401, "missing or wrong bearer token; send "
                                    "'Authorization: Bearer TOKEN' (the --openai-token-file)")
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            served = "GET /health, GET /v1/models, POST /v1/completions"
+            return self._error(exc.status, f"{request.method} {_shown(request.path, quote=False)}"
+                               f": {exc.reason}; this teacher serves {served}")
 
     async def _health(self, request):
         state = self.srv.state
@@ -248,17 +260,23 @@ class OpenAIFrontEnd:
                                   f"{bound} (max_inflight SCOREs of max_tokens each); send "
                                   "fewer prompts per request")
             try:
-                body = await request.json()
+                data = await request.read()
             except web.HTTPRequestEntityTooLarge:
                 raise HttpRefusal(413, f"request body over {request.client_max_size} bytes: "
-                                  "more tokens "
-                                  "than the teacher's max_tokens; send fewer prompts per "
-                                  "request") from None
-            except ValueError:
-                raise HttpRefusal(400, "the body is not JSON; send a JSON object") from None
-            return self._json(await self._score(body))
+                                  "more tokens than the teacher's max_tokens; send fewer "
+                                  "prompts per request") from None
+            if len(data) > bound:
+                raise HttpRefusal(413, f"request body of {len(data)} bytes, over {bound} "
+                                  "(max_inflight SCOREs of max_tokens each); send fewer "
+                                  "prompts per request")
+            return self._json(await self._score(parse_body(data)))
         except HttpRefusal as exc:
             return self._error(exc.status, exc.message, exc.param)
+        except Exception as exc:  # a bug of ours: one logged line and a JSON 500, no traceback
+            log(self.srv, "error", "openai_internal_error",
+                error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            return self._error(500, f"the teacher failed on this request ({type(exc).__name__});"
+                               " its log has the reason")
 
     async def _score(self, body: Any) -> dict:
         srv = self.srv
@@ -394,6 +412,37 @@ class OpenAIFrontEnd:
 
 
 MAX_BODY_BYTES = 64 << 20
+# A request is an object holding a list of lists of ids: 3 levels. Deeper JSON is refused
+# before it is walked (a body nested 100,000 deep once escaped as the decoder's
+# RecursionError, a 500).
+MAX_NESTING = 8
+
+
+def parse_body(data: bytes) -> Any:
+    """The JSON of a request body, or a 400 naming the rule: UTF-8 JSON, at most
+    :data:`MAX_NESTING` levels deep."""
+    depth = json_depth(data)
+    if depth > MAX_NESTING:
+        raise HttpRefusal(400, f"the body nests JSON more than {MAX_NESTING} levels deep "
+                          f"(the limit); a request is an object holding lists of token ids")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise HttpRefusal(400, "the body is not JSON (UTF-8); send a JSON object") from None
+
+
+_BRACKET_STEP = np.zeros(256, np.int8)
+_BRACKET_STEP[[0x5B, 0x7B]], _BRACKET_STEP[[0x5D, 0x7D]] = 1, -1  # [ {  and  ] }
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(data: bytes) -> int:
+    """How deep ``data``'s brackets nest outside strings: linear, no recursion, without
+    decoding the JSON (strings are blanked first, so a bracket inside one is not counted)."""
+    bare = np.frombuffer(_STRING.sub(b'""', data), dtype=np.uint8)
+    steps = _BRACKET_STEP[bare]
+    steps = steps[steps != 0]
+    return int(np.cumsum(steps, dtype=np.int64).max()) if steps.size else 0
 
 
 def max_body_bytes(lim) -> int:
@@ -426,33 +475,34 @@ def parse_request(body: Any, model_id: str | None, vocab_size: int, lim) -> dict
         raise HttpRefusal(400, "the body must be a JSON object")
     unknown = sorted(set(body) - REQUEST_FIELDS)
     if unknown:
-        raise HttpRefusal(400, f"fields {unknown} are not served: this teacher scores prompts "
-                          f"(it understands {sorted(REQUEST_FIELDS)})", unknown[0])
+        raise HttpRefusal(400, f"fields {_shown(unknown)} are not served: this teacher scores prompts "
+                          f"(it understands {sorted(REQUEST_FIELDS)})", unknown[0][:60])
     if body.get("model") != model_id:
-        raise HttpRefusal(404, f"The model `{body.get('model')}` does not exist; this teacher "
+        raise HttpRefusal(404, f"The model `{_shown(body.get('model'), quote=False)}` does not exist; this teacher "
                           f"serves `{model_id}` (GET /v1/models)", "model")
     if body.get("stream") or body.get("echo") or body.get("logprobs") not in (None, 0):
         raise HttpRefusal(400, "stream, echo and logprobs are not served; ask for "
                           "prompt_logprobs only")
     if body.get("n", 1) != 1:
-        raise HttpRefusal(400, f"n={body.get('n')!r}: one choice per prompt; leave n out", "n")
+        raise HttpRefusal(400, f"n={_shown(body.get('n'))}: one choice per prompt; leave n out",
+                          "n")
     max_tokens = body.get("max_tokens", 1)
     if max_tokens not in (0, 1) or isinstance(max_tokens, bool):
-        raise HttpRefusal(400, f"max_tokens={max_tokens!r}: this teacher scores prompts and "
+        raise HttpRefusal(400, f"max_tokens={_shown(max_tokens)}: this teacher scores prompts and "
                           "generates nothing; send max_tokens 1 (or 0)", "max_tokens")
     k = body.get("prompt_logprobs")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(lim.max_k, vocab_size):
-        raise HttpRefusal(400, f"prompt_logprobs={k!r}: ask for k top log-probs per position "
+        raise HttpRefusal(400, f"prompt_logprobs={_shown(k)}: ask for k top log-probs per position "
                           f"with 1 <= k <= {min(lim.max_k, vocab_size)}", "prompt_logprobs")
     temperature = body.get("temperature", 1.0)
     if (isinstance(temperature, bool) or not isinstance(temperature, int | float)
             or not m.TEMPERATURE_MIN <= temperature <= m.TEMPERATURE_MAX):
-        raise HttpRefusal(400, f"temperature={temperature!r} is outside [{m.TEMPERATURE_MIN}, "
+        raise HttpRefusal(400, f"temperature={_shown(temperature)} is outside [{m.TEMPERATURE_MIN}, "
                           f"{m.TEMPERATURE_MAX}]; pick one inside", "temperature")
     version = body.get(STUDENT_VERSION_FIELD)
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)
                                 or not 0 <= version <= m.MAX_ID):
-        raise HttpRefusal(400, f"{STUDENT_VERSION_FIELD}={version!r}: the student's parameter "
+        raise HttpRefusal(400, f"{STUDENT_VERSION_FIELD}={_shown(version)}: the student's parameter "
                           "version, an integer >= 0", STUDENT_VERSION_FIELD)
     prompts = body.get("prompt")
     if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
@@ -461,10 +511,21 @@ def parse_request(body: Any, model_id: str | None, vocab_size: int, lim) -> dict
             or not all(isinstance(s, list) and s for s in prompts)):
         raise HttpRefusal(400, "prompt must be token ids: a non-empty list of ints or a list "
                           "of such lists (this teacher does not tokenize text)", "prompt")
+    most_prompts = lim.max_sequences * lim.max_inflight
+    if len(prompts) > most_prompts:
+        raise HttpRefusal(413, f"{len(prompts)} prompts, over the {most_prompts} one request may "
+                          "hold (max_sequences per SCORE x max_inflight SCOREs); send fewer "
+                          "prompts per request", "prompt")
+    most_tokens = lim.max_tokens * lim.max_inflight
+    n_tokens = sum(len(seq) for seq in prompts)
+    if n_tokens > most_tokens:
+        raise HttpRefusal(413, f"{n_tokens} tokens in all, over the {most_tokens} one request "
+                          "may hold (max_tokens per SCORE x max_inflight SCOREs); send fewer "
+                          "prompts per request", "prompt")
     for i, seq in enumerate(prompts):
         for t in seq:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-                raise HttpRefusal(400, f"prompt {i} holds {t!r}; token ids are ints in "
+                raise HttpRefusal(400, f"prompt {i} holds {_shown(t)}; token ids are ints in "
                                   f"[0, {vocab_size})", "prompt")
         longest = min(lim.max_tokens, lim.max_positions + 1,
                       lim.max_seq_len if lim.max_seq_len is not None else lim.max_tokens)
@@ -474,6 +535,13 @@ def parse_request(body: Any, model_id: str | None, vocab_size: int, lim) -> dict
                               "context); send shorter sequences", "prompt")
     return {"prompts": prompts, "k": k, "temperature": float(temperature),
             "student_version": version}
+
+
+def _shown(value: Any, *, quote: bool = True) -> str:
+    """A client's value as an error message shows it: its repr, cut at 60 characters (a
+    60 MB field is not echoed back)."""
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def run_with_openai(server, config: OpenAIConfig) -> int:
