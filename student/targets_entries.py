@@ -5,6 +5,8 @@ must hold and the sha256 that covers them.
 kind, k, objective, temperature); :class:`EntryKey` says which trajectory, scored for
 which student version, by which teacher process. :func:`entry_sha256` hashes names,
 dtypes, shapes and little-endian bytes, so the same arrays hash the same everywhere.
+:func:`scored_entries` turns a run's scored trajectories into entries: every target a
+run trains on is recorded, so its report can show exactly what it trained on.
 
 This module is torch-free and reads or writes no files (``targets_cache.py`` does).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,33 @@ class EntryKey:
         return json.dumps(
             [self.trajectory_id, self.student_version, self.teacher, self.instance, self.gen]
         )
+
+
+def teacher_key(teacher: dict[str, Any], mode: str = "standard") -> str:
+    """The teacher part of an entry's key: its name, plus its adapter and its mode
+    (``teacher.mode``) when those change what it answers."""
+    # Targets depend on the adapter and on what the teacher was shown, not only on
+    # its name: a privileged view of the same trajectory is another entry.
+    key = str(teacher.get("name"))
+    if teacher.get("adapter_sha256"):
+        key += f"+adapter:{teacher['adapter_sha256']}"
+    if mode != "standard":
+        key += f"+{mode}"
+    return key
+
+
+def scored_entries(scored: Iterable[Any], mode: str = "standard",
+                   ) -> Iterator[tuple[EntryKey, dict[str, np.ndarray]]]:
+    """``(key, arrays)`` of every scored trajectory that has positions (a
+    ``student.train.teacher_link.Scored``: its trajectory, the version the targets were
+    scored for, the teacher's identity, the reply's arrays and its positions)."""
+    for s in scored:
+        if len(s.positions_P):
+            key = EntryKey(trajectory_id=s.traj.id, student_version=s.student_version,
+                           teacher=teacher_key(s.teacher, mode),
+                           instance=str(s.teacher.get("instance")),
+                           gen=int(s.teacher.get("gen", 0)))
+            yield key, {**s.arrays, "positions": s.positions_P.astype(np.int32)}
 
 
 def entry_sha256(arrays: dict[str, np.ndarray]) -> str:

@@ -49,12 +49,17 @@ def teacher_system(system: str, privileged: str) -> str:
     return f"{system}{SEPARATOR}{privileged}" if privileged else system
 
 
+def privileged_system(env: Any, task: Any) -> str:
+    """The privileged view's system message for ``task``: the environment's, plus the
+    task's privileged context (preparing or qualifying a privileged teacher; the rollout
+    runner picks this at start, oracle traces through :func:`episode_system`)."""
+    return teacher_system(env.system_prompt(), env.privileged_context(task))
+
+
 def episode_system(env: Any, task: Any, privileged: bool) -> str:
-    """The system message an episode of ``task`` opens with: the environment's, plus the
-    task's privileged context in the privileged view (preparing or qualifying a
-    privileged teacher; rollout and oracle traces share this)."""
-    system = env.system_prompt()
-    return teacher_system(system, env.privileged_context(task)) if privileged else system
+    """The system message an episode of ``task`` opens with: the environment's, or
+    :func:`privileged_system` in the privileged view."""
+    return privileged_system(env, task) if privileged else env.system_prompt()
 
 
 @dataclass

@@ -42,7 +42,7 @@ from miniverl.common.trajectory import (
 )
 from miniverl.student.environments import get_environment
 from miniverl.student.rollout.chat import EpisodeBuilder, parse_error_result
-from miniverl.student.rollout.privileged import episode_system
+from miniverl.student.rollout.privileged import privileged_system
 
 MAX_CONSECUTIVE_PARSE_ERRORS = 2
 MAX_REPEATED_CALLS = 3
@@ -129,6 +129,11 @@ def _float32_values(values: list[float] | None) -> list[float] | None:
     return [float(str(v)) for v in np.asarray(values, dtype=np.float32)]
 
 
+def own_system(env: Any, task: Any) -> str:
+    """The system message of an episode as the environment writes it."""
+    return env.system_prompt()
+
+
 class RolloutRunner:
     """Plays episodes of one environment with a causal LM; returns trajectories."""
 
@@ -159,6 +164,9 @@ class RolloutRunner:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.ignore_stop = ignore_stop
         self.privileged = privileged
+        # The system message each episode opens with, picked once: the environment's, or
+        # the privileged teacher's view of it.
+        self._system = privileged_system if privileged else own_system
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
         self.max_turns = rollout.max_turns
@@ -229,7 +237,7 @@ class RolloutRunner:
         env = get_environment(self.env_name, **self.env_params)
         env.reset(task)
         # Privileged: each episode's system block is its own, no shared prefix to cache.
-        builder = EpisodeBuilder(self.tokenizer, episode_system(env, task, self.privileged),
+        builder = EpisodeBuilder(self.tokenizer, self._system(env, task),
                                  task.prompt, env.tool_specs())
         gen = torch.Generator(device="cpu")
         gen.manual_seed(seed)

@@ -4,7 +4,9 @@ which key; what a resume or a fixed set reads back as :class:`Scored`.
 An entry's key names the trajectory, the student version the targets were scored for,
 and the teacher: its name, plus its adapter and its mode when those change what it
 answers (a privileged view of the same trajectory is another entry), and the process
-``(instance, gen)``.
+``(instance, gen)`` (``student/targets_entries.py``, ``scored_entries``). Strict OPD
+records its targets with ``scored_entries`` directly; the reading back here (a fixed
+set, a resumed replay buffer) runs in the modes that reuse targets.
 
 This module does not decide what to score or train on (``modes/``) and does not know
 the cache's file format (``student/targets_cache.py``).
@@ -22,7 +24,7 @@ from miniverl.common.recipe import Recipe
 from miniverl.common.rundir import RunDir
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.targets_cache import TargetsCache
-from miniverl.student.targets_entries import CacheIdentity, EntryKey
+from miniverl.student.targets_entries import CacheIdentity, EntryKey, scored_entries, teacher_key
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.teacher_link import Scored
 
@@ -49,34 +51,15 @@ def open_cache(recipe: Recipe, run: RunDir, policy: Policy, kind: str) -> Target
     )
 
 
-def teacher_key(recipe: Recipe, teacher: dict[str, Any]) -> str:
-    # Targets depend on the adapter and on what the teacher was shown, not only on
-    # its name: a privileged view of the same trajectory is another entry.
-    key = str(teacher.get("name"))
-    if teacher.get("adapter_sha256"):
-        key += f"+adapter:{teacher['adapter_sha256']}"
-    if recipe.teacher is not None and recipe.teacher.mode != "standard":
-        key += f"+{recipe.teacher.mode}"
-    return key
+def teacher_mode(recipe: Recipe) -> str:
+    """``teacher.mode`` (``standard`` without a teacher section): part of an entry's key."""
+    return recipe.teacher.mode if recipe.teacher is not None else "standard"
 
 
 def put_scored(cache: TargetsCache | None, recipe: Recipe, scored: list[Scored]) -> None:
     """Store every reply that has positions, in one shard (nothing when the cache is off)."""
-    if cache is None:
-        return
-    cache.put_many(
-        (
-            EntryKey(
-                trajectory_id=s.traj.id, student_version=s.student_version,
-                teacher=teacher_key(recipe, s.teacher),
-                instance=str(s.teacher.get("instance")),
-                gen=int(s.teacher.get("gen", 0)),
-            ),
-            {**s.arrays, "positions": s.positions_P.astype(np.int32)},
-        )
-        for s in scored
-        if len(s.positions_P)
-    )
+    if cache is not None:
+        cache.put_many(scored_entries(scored, teacher_mode(recipe)))
 
 
 def latest_for_teacher(cache: TargetsCache | None, recipe: Recipe, teacher: dict[str, Any],
@@ -85,7 +68,7 @@ def latest_for_teacher(cache: TargetsCache | None, recipe: Recipe, teacher: dict
     (offline_kd: a resume finds its fixed set already scored)."""
     if cache is None:
         return {}
-    name = teacher_key(recipe, teacher)
+    name = teacher_key(teacher, teacher_mode(recipe))
     by_traj: dict[str, EntryKey] = {}
     entries = cache.keys()  # sorted EntryKeys (a cache is not a mapping)
     for key in entries:

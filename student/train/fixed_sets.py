@@ -35,9 +35,8 @@ from pathlib import Path
 
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.teacher_play import play_as_teacher, success_rate
-from miniverl.student.train.batches import fixed_draw
 from miniverl.student.train.optim import planned_cycles
-from miniverl.student.train.state import TrainState, episode_seed, tasks_for
+from miniverl.student.train.state import TrainState, episode_seed, fixed_draw, tasks_for
 
 # The teacher set's episode seeds come from this cycle number, far past any real cycle,
 # so they never equal the seeds of the student's own episodes.
@@ -97,7 +96,7 @@ def seqkd_positions(state: TrainState) -> list[int]:
 
 def drawn_positions(state: TrainState, size: int, count: int) -> list[int]:
     """The positions of a fixed set of ``size`` that the planned cycles' draws of
-    ``count`` (``batches.fixed_draw``) hold."""
+    ``count`` (``state.fixed_draw``) hold."""
     everything = list(range(size))
     return sorted({i for c in range(planned_cycles(state.recipe))
                    for i in fixed_draw(state.recipe, everything, c, count)})

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 
 from miniverl.common.manifest import finish_manifest
+from miniverl.protocol.scoring_client import StopRequested
 from miniverl.student.eval import EvalSummary, evaluate
 from miniverl.student.progress import TrainProgress
 from miniverl.student.train.modes.dpo import DpoMode
@@ -84,6 +85,10 @@ def run(state: TrainState, *, resumed: bool, show_progress: bool):
         eval_before = evaluate_now(state).to_dict()
     try:
         status = train_cycles(state, mode, show_progress=show_progress)
+    except StopRequested:
+        # A stop ended a wait on the teacher: no optimizer step was under way, so the
+        # parameters sit at an update boundary; the checkpoint below keeps them.
+        status = "interrupted"
     except TEACHER_FAILURES:
         # Raised while scoring or at a handshake, never inside an optimizer step: the
         # parameters sit at an update boundary, so never lose the training done so far.
@@ -162,7 +167,8 @@ def train_cycles(state: TrainState, mode: Mode, *, show_progress: bool) -> str:
                 state.run.event("wall_budget_reached", wall_s=state.wall(),
                                 version=state.version)
                 break
-            apply_retarget(state)
+            if state.teacher.pending_endpoint is not None:
+                apply_retarget(state)  # a RETARGET from the control socket, at this boundary
             done = mode.cycle(state)  # rollout -> score -> update
             if done is not None:  # dpo skips a cycle without a preference pair
                 log_cycle(state, done)

@@ -11,7 +11,7 @@ an optimizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +35,13 @@ class Policy:
     vocab_size: int
     lora: bool
     quantization: str = "none"
+    # The model's output head and decoder stack, looked up once (an update reads both).
+    lm_head: Any = field(init=False, repr=False)
+    decoder: Any = field(init=False, repr=False)
 
-    @property
-    def lm_head(self):
-        return self.model.get_output_embeddings()
-
-    @property
-    def decoder(self):
-        return self.model.get_decoder()
+    def __post_init__(self) -> None:
+        self.lm_head = self.model.get_output_embeddings()
+        self.decoder = self.model.get_decoder()
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

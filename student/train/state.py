@@ -9,6 +9,22 @@ that) nor what one mode keeps (its own :class:`Mode` object holds that).
 one fixed order); :func:`save_checkpoint` and :func:`restore` write and read it back, so
 a resumed run continues exactly where the uninterrupted one would be.
 
+Which episodes a cycle samples is here too, two batch rules, both pure functions of the
+recipe, the run seed and the cycle, so a resumed run builds exactly the batches the
+uninterrupted one would have built:
+
+- **Groups** (``rollout.group_size`` G; dpo's ``dpo.group_size`` when that is unset):
+  a cycle of ``n`` fresh episodes plays ``n // G`` tasks (the cycle's first ``n // G``
+  of :func:`tasks_for`), each ``G`` times in a row, and episode ``i`` of the cycle has
+  seed ``episode_seed(run.seed, cycle, i)``, so the ``G`` episodes of one task differ in
+  their seed only (:func:`cycle_episodes`). G = 1 is the ungrouped batch: task ``i``
+  with seed ``i``.
+- **The fixed-set draw** (:func:`fixed_draw`): ``count`` episodes of the fixed set, a
+  draw without replacement seeded by ``(run.seed, cycle)``, in set order. With
+  ``count = rollouts_per_cycle`` it is offline KD's batch; GKD mixing
+  (``train.on_policy_fraction``, ``modes/offline_kd.py``) draws the part of the batch the fresh
+  episodes leave.
+
 This module does not run cycles (``loop.py``, ``modes/``), talk to the teacher
 (``teacher.py``) or open the run directory (``trainer.py``).
 """
@@ -21,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -39,7 +55,8 @@ from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
-from miniverl.student.train.objectives import request_kind
+from miniverl.student.train.objectives import LossSettings, Objective, request_kind
+from miniverl.student.train.objectives.table import objective_for_kind
 from miniverl.student.train.optim import build_optimizer, build_scheduler
 from miniverl.student.train.policy import Policy, load_policy
 from miniverl.student.train.teacher_link import Scored, TeacherSide
@@ -59,6 +76,11 @@ class TrainState:
     runner: RolloutRunner
     train_tasks: list[Any]
     kind: str  # the targets asked for: "topk", "exact" or "xvocab"
+    # The recipe's loss section and the objective it picks for ``kind``, both made once
+    # when the run starts (None for a mode without a teacher).
+    loss: LossSettings
+    objective: Objective | None
+    teacher_mode: str  # teacher.mode ("standard" without a teacher): part of a target's key
     cache: TargetsCache | None
     teacher: TeacherSide
     stop_event: threading.Event
@@ -150,6 +172,37 @@ def oracle_tasks(state: TrainState) -> list[Any]:
     return state.train_tasks if n is None else state.train_tasks[:n]
 
 
+# Salts the fixed-set draw's seed apart from the episodes' seeds of the same cycle.
+FIXED_DRAW_SALT = 77_777
+
+Item = TypeVar("Item")
+
+
+def group_size(recipe: Recipe) -> int:
+    """Episodes per task in one cycle: ``rollout.group_size``; dpo falls back to
+    ``dpo.group_size`` (the recipe refuses the two set to different values); 1 else."""
+    if recipe.rollout.group_size is not None:
+        return recipe.rollout.group_size
+    return recipe.dpo.group_size if recipe.run.mode == "dpo" else 1
+
+
+def cycle_episodes(state: TrainState, cycle: int, n: int,
+                   group: int = 1) -> tuple[list[Any], list[int]]:
+    """``(tasks, seeds)`` of the ``n // group * group`` fresh episodes of ``cycle``."""
+    tasks = tasks_for(state, cycle, n // group)
+    grouped = [task for task in tasks for _ in range(group)]
+    seeds = [episode_seed(state.recipe.run.seed, cycle, i) for i in range(len(grouped))]
+    return grouped, seeds
+
+
+def fixed_draw(recipe: Recipe, fixed: list[Item], cycle: int, count: int) -> list[Item]:
+    """``min(count, len(fixed))`` items of ``fixed`` drawn for ``cycle``, in set order."""
+    k = min(count, len(fixed))
+    rng = np.random.default_rng(episode_seed(recipe.run.seed, cycle, FIXED_DRAW_SALT))
+    pick = rng.choice(len(fixed), size=k, replace=False)
+    return [fixed[i] for i in sorted(pick)]
+
+
 def run_digest(recipe: Recipe) -> str:
     """The recipe digest checkpoints record, with ``run.output_dir`` and ``run.loggers``
     left out (where a run lives and which trackers watch it change nothing it learns;
@@ -193,9 +246,12 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     # teacher.tokenizer: other asks for xvocab targets (docs/cross-tokenizer.md).
     other = recipe.teacher is not None and recipe.teacher.tokenizer == "other"
     kind = "xvocab" if other else request_kind(recipe.loss)
+    loss = LossSettings.of(recipe.loss)
     state = TrainState(
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
-        autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind,
+        autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind, loss=loss,
+        objective=objective_for_kind(loss, kind) if recipe.needs_teacher else None,
+        teacher_mode=recipe.teacher.mode if recipe.teacher is not None else "standard",
         cache=open_cache(recipe, run, policy, kind), teacher=teacher, stop_event=stop_event,
         started=started, checkpoints=checkpoints, offline=offline,
     )

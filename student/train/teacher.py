@@ -33,6 +33,7 @@ This module does not score trajectories (``teacher_link.py``) or train.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
@@ -57,8 +58,8 @@ from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.cross_vocab import VocabMap, vocab_map
 from miniverl.student.train.state import TrainState
-from miniverl.student.train.teacher_link import TeacherLink, teacher_identity
-from miniverl.student.train.xvocab_targets import XvocabRequests
+from miniverl.student.train.teacher_link import PrivilegedLink, TeacherLink, teacher_identity
+from miniverl.student.train.xvocab_targets import XvocabLink, XvocabRequests
 
 # The student's update needs roughly this many times its weight bytes free
 # (weights + grads + AdamW moments + activations) to keep the teacher resident.
@@ -185,21 +186,31 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     def changed(new: dict, version: int, how: str) -> None:
         teacher_changed(state, new, version, how)
 
-    xvocab = state.kind == "xvocab"
-    side.link = TeacherLink(
-        side.client, kind=state.kind, k=recipe.loss.top_k,
-        temperature=recipe.loss.temperature, on_teacher_changed=changed,
-        view=teacher_view(state), deterministic=recipe.run.deterministic,
-        xvocab=(XvocabRequests(state.policy.tokenizer, recipe.environment.params)
-                if xvocab else None),
-        cross_vocab=(recipe.loss.cross_vocab or "sampled_token") if xvocab else "sampled_token",
-        vocab_map=teacher_vocab_map(state, side.client),
-    )
+    side.link = teacher_link(state, side.client, changed)
     side.identity = identity
     state.run.event("teacher_connected", teacher=identity, version=state.version,
                     endpoint=side.endpoint)
     record_teacher(state.run, state.version, identity, how="connect")
     side.memory = choose_memory(state)
+
+
+def teacher_link(state: TrainState, client: ScoringClient,
+                 changed: Callable[[dict, int, str], None]) -> TeacherLink:
+    """The link this run scores through, picked once: the trajectory's own tokens, the
+    privileged teacher's view of them (``teacher.mode: privileged_context``), or the
+    rendered messages of a teacher with another tokenizer (``teacher.tokenizer: other``)."""
+    recipe = state.recipe
+    common = {"kind": state.kind, "k": recipe.loss.top_k, "temperature": recipe.loss.temperature,
+              "on_teacher_changed": changed, "deterministic": recipe.run.deterministic}
+    if state.kind == "xvocab":
+        return XvocabLink(client, **common,
+                          xvocab=XvocabRequests(state.policy.tokenizer, recipe.environment.params),
+                          cross_vocab=recipe.loss.cross_vocab or "sampled_token",
+                          vocab_map=teacher_vocab_map(state, client))
+    view = teacher_view(state)
+    if view is not None:
+        return PrivilegedLink(client, **common, view=view)
+    return TeacherLink(client, **common)
 
 
 def require_xvocab(state: TrainState, client: ScoringClient) -> None:

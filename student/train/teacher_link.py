@@ -14,6 +14,13 @@ were requested for (the version that sampled the trajectory, or 0 for a fixed se
 The client is a :class:`~miniverl.protocol.scoring_client.ScoringClient`: the ZeroMQ
 ``SyncTeacherClient``, the HTTP ``EngineTeacherClient`` (a vLLM or SGLang server), or
 the in-process ``FakeTeacherClient`` of ``miniverl.testing``.
+
+What a trajectory's request holds is a strategy picked when the run connects
+(``teacher.py``): :class:`TeacherLink` sends the trajectory's own tokens;
+:class:`PrivilegedLink` the privileged teacher's view of them (``teacher.mode:
+privileged_context``, ``rollout/privileged.py``); ``xvocab_targets.XvocabLink`` the
+rendered messages of a teacher with another tokenizer. A plain run runs none of the
+other two.
 Its :meth:`~ScoringClient.wait` returns only replies its staleness rule accepted for the
 version and teacher this update bound, so this module does not check them again.
 
@@ -32,8 +39,6 @@ import numpy as np
 
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import Identity, ScoringClient, TeacherChanged
-from miniverl.student.train.cross_vocab import VocabMap
-from miniverl.student.train.xvocab_targets import empty_targets, student_targets
 
 
 @dataclass
@@ -82,26 +87,19 @@ class TeacherSide:
     pending_endpoint: str | None = None
 
     def counters(self) -> dict[str, Any]:
-        """The client's counters (sent, stale_dropped, bytes, ...); empty without one.
-        With xvocab targets, also how many trajectories were sent (``xvocab_sent``) and
-        how many could not be aligned and were trained on nowhere (``xvocab_unaligned``,
-        student/train/xvocab_targets.py); with ``loss.cross_vocab`` hybrid or uld, how
-        many trained groups were exact pairs (``xvocab_exact_groups``) and how many ULD
-        (``xvocab_uld_groups``)."""
+        """The client's counters (sent, stale_dropped, bytes, ...) and the link's own
+        (:meth:`TeacherLink.counters`); empty without a client."""
         out = dict(self.client.counters) if self.client is not None else {}
-        requests = getattr(self.link, "xvocab", None)
-        if requests is not None:
-            out.update(xvocab_sent=requests.sent, xvocab_unaligned=requests.unaligned)
-            if self.link.cross_vocab != "sampled_token":
-                out.update(xvocab_exact_groups=self.link.exact_groups,
-                           xvocab_uld_groups=self.link.uld_groups)
+        if self.link is not None:
+            out.update(self.link.counters())
         return out
 
 
 @dataclass
 class TeacherLink:
     """Scores one update's trajectories through ``client``, bound to one version and
-    one teacher ``(instance, gen)``."""
+    one teacher ``(instance, gen)``: :meth:`begin_update`, :meth:`submit` per
+    trajectory, :meth:`collect`."""
 
     client: ScoringClient
     kind: str
@@ -111,21 +109,6 @@ class TeacherLink:
     # run.deterministic: ask the teacher to score each SCORE alone (never coalesced, no
     # prefix cache), so pipelined scoring gives the same bits however replies race.
     deterministic: bool = False
-    # The teacher's view of a trajectory: (traj, positions_P) -> (tokens_N, positions_P)
-    # it sends instead (teacher.mode: privileged_context, rollout/privileged.py). Reply
-    # rows follow the request's positions, so they stay aligned with positions_P.
-    view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
-    # kind "xvocab" (teacher.tokenizer: other): builds a trajectory's request with the
-    # student's tokenizer (xvocab_targets.XvocabRequests); replies become per-position
-    # targets of the selected positions (xvocab_targets.student_targets).
-    xvocab: Callable[[Trajectory], dict[str, Any] | None] | None = None
-    # loss.cross_vocab (sampled_token, hybrid, uld) and, for hybrid, the vocabulary map
-    # of the two tokenizers (teacher.teacher_vocab_map); exact_groups / uld_groups count
-    # the groups each hybrid target trained (xvocab_targets.student_targets).
-    cross_vocab: str = "sampled_token"
-    vocab_map: VocabMap | None = None
-    exact_groups: int = 0
-    uld_groups: int = 0
     version: int = 0
     binding: Identity | None = None
     wait_s: float = 0.0
@@ -148,37 +131,12 @@ class TeacherLink:
     def submit(self, traj: Trajectory, positions_P: np.ndarray) -> None:
         """Send one trajectory's positions now (the pipelined-scoring hook)."""
         job = _Job(traj, np.asarray(positions_P, dtype=np.int32))
-        self._send(job)
+        job.request_id = self._request(job) if len(job.positions_P) else None
         self._jobs.append(job)
 
-    def _send(self, job: _Job) -> None:
-        if len(job.positions_P) == 0:
-            job.request_id = None
-            return
-        if self.kind == "xvocab":
-            req = self.xvocab(job.traj)
-            if req is None:  # its rendering is not its tokens: nothing to align
-                job.request_id = None
-                return
-            job.request_id = self.client.submit_xvocab(
-                req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
-                temperature=self.temperature,
-                **({"deterministic": True} if self.deterministic else {}),
-            )
-            return
-        tokens_N = np.asarray(job.traj.tokens, dtype=np.int32)
-        positions_P = job.positions_P
-        if self.view is not None:
-            tokens_N, positions_P = self.view(job.traj, job.positions_P)
-        cu_seqlens = np.array([0, len(tokens_N)], dtype=np.int32)
-        job.request_id = self.client.submit(
-            tokens_N, cu_seqlens, positions_P, kind=self.kind, k=self.k,
-            temperature=self.temperature,
-            **({"deterministic": True} if self.deterministic else {}),
-        )
-
     def collect(self) -> list[Scored]:
-        """Wait for every submitted job; rebind and re-send the update if the teacher changed."""
+        """Wait for every submitted job, in the order they were submitted; rebind and
+        re-send the update if the teacher changed."""
         t0 = time.perf_counter()
         try:
             while True:
@@ -193,39 +151,56 @@ class TeacherLink:
                             teacher_identity(self.client), self.version, changed.how
                         )
                     for job in self._jobs:
-                        self._send(job)
+                        job.request_id = self._request(job) if len(job.positions_P) else None
         finally:
             self.wait_s += time.perf_counter() - t0
         identity = teacher_identity(self.client)
-        out: list[Scored] = []
-        for job in self._jobs:
-            positions_P = job.positions_P
-            if job.request_id is None:
-                arrays = empty_arrays(self.kind, self.k)
-                version = self.version
-                if self.kind == "xvocab":  # not sent (unaligned): trained on nowhere
-                    positions_P = positions_P[:0]
-                    arrays = empty_targets(self.cross_vocab, self.k)
-            else:
-                reply = replies[job.request_id]  # accepted once, by the client
-                arrays, version = reply.arrays, reply.student_version
-                if self.kind == "xvocab":  # over the teacher's positions: onto ours
-                    positions_P, arrays = student_targets(job.traj, positions_P, arrays,
-                                                          self.cross_vocab, self.vocab_map)
-                    if "group_exact" in arrays:
-                        groups = int(arrays["group_first"].sum())
-                        exact = int(arrays["group_exact"].sum())
-                        self.exact_groups, self.uld_groups = (self.exact_groups + exact,
-                                                              self.uld_groups + groups - exact)
-            out.append(Scored(job.traj, positions_P, arrays, version, identity))
+        # A reply is accepted once, by the client; a job never sent has nothing to score.
+        out = [self._scored(job, replies.get(job.request_id), identity) for job in self._jobs]
         self._jobs = []
         return out
+
+    def counters(self) -> dict[str, Any]:
+        """Counters of this link's own (none for the plain link)."""
+        return {}
+
+    def _flags(self) -> dict[str, Any]:
+        return {"deterministic": True} if self.deterministic else {}
+
+    def _request(self, job: _Job) -> int | None:
+        """Send ``job``'s SCORE; its request id (None: nothing was sent)."""
+        return self._submit(np.asarray(job.traj.tokens, dtype=np.int32), job.positions_P)
+
+    def _submit(self, tokens_N: np.ndarray, positions_P: np.ndarray) -> int:
+        cu_seqlens = np.array([0, len(tokens_N)], dtype=np.int32)
+        return self.client.submit(tokens_N, cu_seqlens, positions_P, kind=self.kind, k=self.k,
+                                  temperature=self.temperature, **self._flags())
+
+    def _scored(self, job: _Job, reply: Any, identity: dict[str, Any]) -> Scored:
+        """What ``job`` trains on: the reply's arrays, or none when it was not sent."""
+        if reply is None:
+            return Scored(job.traj, job.positions_P, empty_arrays(self.kind, self.k),
+                          self.version, identity)
+        return Scored(job.traj, job.positions_P, reply.arrays, reply.student_version, identity)
+
+
+@dataclass
+class PrivilegedLink(TeacherLink):
+    """``teacher.mode: privileged_context``: each SCORE carries the teacher's view of the
+    trajectory, ``view(traj, positions_P) -> (tokens_N, positions_P)``
+    (``rollout/privileged.py``). Reply rows follow the request's positions, so they stay
+    aligned with the trajectory's own ``positions_P``."""
+
+    view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+
+    def _request(self, job: _Job) -> int | None:
+        return self._submit(*self.view(job.traj, job.positions_P))
 
 
 def empty_arrays(kind: str, k: int) -> dict[str, np.ndarray]:
     """The arrays of a reply with no positions (a trajectory with nothing to score)."""
     if kind == "xvocab":
-        return empty_targets()
+        return {"target_logprobs": np.zeros(0, np.float32), "group_first": np.zeros(0, np.int32)}
     if kind == "topk":
         return {
             "ids": np.zeros((0, k), np.int32),

@@ -140,8 +140,15 @@ class Trainer:
             )
             if self.resume:
                 resume_from_checkpoint(state)
-            status, eval_before, final_eval = run(state, resumed=self.resume,
-                                                  show_progress=self.show_progress)
+            finished = threading.Event()
+            watcher = threading.Thread(target=self._end_waits_on_stop, args=(finished,),
+                                       name="stop-watcher", daemon=True)
+            watcher.start()
+            try:
+                status, eval_before, final_eval = run(state, resumed=self.resume,
+                                                      show_progress=self.show_progress)
+            finally:
+                finished.set()
             self.run.set_status(status)
         except KeyboardInterrupt:
             # A hard interrupt can land inside an optimizer step, so the parameters may be
@@ -164,6 +171,17 @@ class Trainer:
             eval_before=eval_before, eval=final_eval,
             wall_s=time.perf_counter() - self.started, counters=self.teacher.counters(),
         )
+
+    def _end_waits_on_stop(self, finished: threading.Event) -> None:
+        """On a stop request, end a wait on the teacher at once: a teacher that never
+        answers (or drips its answer) must not hold a stop. The loop then stops at the
+        update boundary it was waiting at and checkpoints (loop.run)."""
+        while not finished.is_set():
+            if self.stop_event.wait(0.1):
+                client = self.teacher.client
+                if client is not None:
+                    client.interrupt("stop requested while waiting on the teacher")
+                return
 
     @property
     def version(self) -> int:

@@ -1,6 +1,7 @@
-"""One optimizer step from a batch: SFT cross-entropy or distillation against targets.
+"""One optimizer step from a batch: distillation against targets, or SFT cross-entropy.
 
-Both steps follow the same shape: split the batch into ``grad_accum`` micro-batches, run
+:func:`distill_step` is the one step every mode takes (:func:`sft_step` is it with the
+SFT objective): split the batch into ``grad_accum`` micro-batches, run
 the decoder once per micro-batch (:func:`hidden_at_positions`), keep the hidden states at
 the selected positions only, evaluate the objective on them (``objectives/``: chunk by
 chunk, so ``[P, V]`` logits never exist whole, normalised by the number of selected
@@ -15,7 +16,6 @@ This module does not load the policy (``policy.py``), hold or pick an objective
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +25,13 @@ import torch
 from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.quant import check_trainable_grads
-from miniverl.student.train.objectives import (
+from miniverl.student.train.objectives.objective import (
+    SFT,
     LossSettings,
+    Objective,
     TeacherTargets,
-    sft_loss,
 )
-from miniverl.student.train.objectives.step_inputs import step_inputs, with_step_inputs
-from miniverl.student.train.objectives.table import objective_for_kind
+from miniverl.student.train.objectives.variants import with_step_inputs
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.teacher_link import Scored
 
@@ -101,60 +101,14 @@ def finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> t
     """Clip, step the optimizer and the schedule, clear gradients; ``(grad_norm, lr)``."""
     if policy.quantization != "none":
         check_trainable_grads(policy.model)  # never step with adapters silently frozen
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), max_grad_norm)
+    # The optimizer holds exactly the trainable parameters, in the order it was built with.
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), float(lr)
-
-
-def sft_step(
-    policy: Policy,
-    optimizer,
-    scheduler,
-    trajs: list[Trajectory],
-    *,
-    grad_accum: int,
-    max_grad_norm: float,
-    chunk_size: int,
-    autocast: Any = None,
-) -> StepStats:
-    """Cross-entropy on the model's own spans (assistant tokens) only."""
-    positions = [t.target_positions() for t in trajs]
-    total = int(sum(len(p) for p in positions))
-
-    def micro_loss(part: range) -> tuple[torch.Tensor, dict[str, float]]:
-        batch = [trajs[i] for i in part]
-        pos = [positions[i] for i in part]
-        hidden_P_H = hidden_at_positions(policy, batch, pos, autocast)
-        target_P = torch.from_numpy(next_tokens(batch, pos)).to(policy.device)
-        return sft_loss(hidden_P_H, policy.lm_head, target_P, chunk_size=chunk_size,
-                        num_global_positions=total)
-
-    return _step(policy, optimizer, scheduler, micro_batches(len(trajs), grad_accum),
-                 micro_loss, max_grad_norm=max_grad_norm, total=total,
-                 tokens=sum(len(t.tokens) for t in trajs))
-
-
-def _step(policy: Policy, optimizer, scheduler, parts: list[range],
-          micro_loss: Callable[[range], tuple[torch.Tensor, dict[str, float]]], *,
-          max_grad_norm: float, total: int, tokens: int) -> StepStats:
-    """Backward each micro-batch's loss (already divided by ``total``), then one step."""
-    loss_sum = div_sum = 0.0
-    for part in parts:
-        loss, metrics = micro_loss(part)
-        loss.backward()
-        loss_sum += float(loss.detach())
-        div_sum += metrics["divergence_sum"]
-    grad_norm, lr = finish_step(policy, optimizer, scheduler, max_grad_norm)
-    return StepStats(loss=loss_sum, divergence=div_sum / max(1, total), positions=total,
-                     tokens=tokens, grad_norm=grad_norm, lr=lr)
-
-
-def _concat(arrays: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
-    parts = [a[name] for a in arrays if name in a and len(a[name])]
-    return np.concatenate(parts) if parts else None
 
 
 def targets_for(scored: list[Scored], kind: str, device) -> TeacherTargets:
@@ -164,6 +118,11 @@ def targets_for(scored: list[Scored], kind: str, device) -> TeacherTargets:
     merged = {name: _concat(arrays, name) for name in arrays[0]} if arrays else {}
     merged = {k: v for k, v in merged.items() if v is not None}
     return TeacherTargets.from_arrays(merged, sampled_P, kind=kind, device=device)
+
+
+def _concat(arrays: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
+    parts = [a[name] for a in arrays if name in a and len(a[name])]
+    return np.concatenate(parts) if parts else None
 
 
 @dataclass
@@ -204,40 +163,61 @@ def distill_step(
     scheduler,
     scored: list[Scored],
     *,
-    loss_config: Any,
+    objective: Objective,
+    settings: LossSettings,
     kind: str,
     grad_accum: int,
     max_grad_norm: float,
     autocast: Any = None,
     early: EarlyForward | None = None,
 ) -> StepStats:
-    """Distillation on the scored positions of every trajectory in ``scored``, with the
-    objective the recipe's ``loss`` section picks for the target ``kind``
-    (``objectives.table.objective_for_kind``).
+    """One optimizer step: ``objective`` on the scored positions of every trajectory in
+    ``scored`` (targets of ``kind``), over ``grad_accum`` micro-batches, then clip and step.
 
-    ``early``, when it covers the first micro-batch exactly, is used as its forward.
+    Each micro-batch's loss is divided by the positions of the whole step, so the
+    accumulated gradient is that of one big batch. ``early``, when it covers the first
+    micro-batch exactly, is used as its forward.
     """
     total = int(sum(len(s.positions_P) for s in scored))
-    settings = LossSettings.of(loss_config)
-    objective = objective_for_kind(settings, kind)
-    # Weights and baselines read the whole step, not one micro-batch.
-    extra = step_inputs([s.traj for s in scored], [s.positions_P for s in scored], settings)
-    pending = early
-
-    def micro_loss(part: range) -> tuple[torch.Tensor, dict[str, float]]:
-        nonlocal pending
+    # Weights and baselines read the whole step, not one micro-batch (variants only).
+    extra = objective.step_inputs([s.traj for s in scored], [s.positions_P for s in scored],
+                                  settings)
+    loss_sum = div_sum = 0.0
+    for part in micro_batches(len(scored), grad_accum):
         batch = [scored[i] for i in part]
         trajs = [s.traj for s in batch]
-        pos = [s.positions_P.astype(np.int64) for s in batch]
-        if pending is not None and pending.matches(trajs, pos):
-            hidden_P_H, pending = pending.hidden_P_H, None
+        positions = [s.positions_P.astype(np.int64) for s in batch]
+        if early is not None and early.matches(trajs, positions):
+            hidden_P_H, early = early.hidden_P_H, None
         else:
-            hidden_P_H = hidden_at_positions(policy, trajs, pos, autocast)
-        targets = with_step_inputs(targets_for(batch, kind, policy.device),
-                                   [extra[i] for i in part], policy.device)
-        return objective.loss(hidden_P_H, policy.lm_head, targets, settings,
-                              num_global_positions=total)
+            hidden_P_H = hidden_at_positions(policy, trajs, positions, autocast)
+        targets = targets_for(batch, kind, policy.device)
+        if extra is not None:
+            targets = with_step_inputs(targets, [extra[i] for i in part], policy.device)
+        loss, metrics = objective.loss(hidden_P_H, policy.lm_head, targets, settings,
+                                       num_global_positions=total)
+        loss.backward()
+        loss_sum += float(loss.detach())
+        div_sum += metrics["divergence_sum"]
+    grad_norm, lr = finish_step(policy, optimizer, scheduler, max_grad_norm)
+    return StepStats(loss=loss_sum, divergence=div_sum / max(1, total), positions=total,
+                     tokens=sum(len(s.traj.tokens) for s in scored), grad_norm=grad_norm, lr=lr)
 
-    return _step(policy, optimizer, scheduler, micro_batches(len(scored), grad_accum),
-                 micro_loss, max_grad_norm=max_grad_norm, total=total,
-                 tokens=sum(len(s.traj.tokens) for s in scored))
+
+def sft_step(
+    policy: Policy,
+    optimizer,
+    scheduler,
+    trajs: list[Trajectory],
+    *,
+    grad_accum: int,
+    max_grad_norm: float,
+    chunk_size: int,
+    autocast: Any = None,
+) -> StepStats:
+    """Cross-entropy on the model's own spans (assistant tokens) only: :func:`distill_step`
+    with the :data:`~.objectives.SFT` objective, whose target is the next token."""
+    data = [Scored(t, t.target_positions(), {}, t.policy_version, {}) for t in trajs]
+    return distill_step(policy, optimizer, scheduler, data, objective=SFT,
+                        settings=LossSettings(chunk_size=chunk_size), kind="sft",
+                        grad_accum=grad_accum, max_grad_norm=max_grad_norm, autocast=autocast)

@@ -25,11 +25,15 @@ or ``hybrid`` each kept group also carries one row on its first position
 group that is one token per side and a pair of the :class:`VocabMap`, the teacher's
 top-k carried into the student's vocabulary (``objectives/group_uld.py`` reads them).
 
-This module does not send (``teacher_link.py``), compute a loss or align.
+:class:`XvocabLink` is the teacher link of such a run (``teacher_link.py``): it sends
+the request :class:`XvocabRequests` builds and turns each reply into these targets.
+
+This module does not compute a loss or align.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +50,7 @@ from miniverl.student.train.cross_vocab import (
     merge_group_topk,
     project_topk,
 )
+from miniverl.student.train.teacher_link import Scored, TeacherLink, _Job
 
 ARRAYS = ("target_logprobs", "group_first")
 CROSS_VOCAB = ("sampled_token", "hybrid", "uld")  # the values of loss.cross_vocab
@@ -185,3 +190,50 @@ def empty_targets(cross_vocab: str = "sampled_token", k: int = 1) -> dict[str, n
         out.update(ids=np.zeros((0, k), np.int32), logprobs=np.zeros((0, k), np.float32),
                    tail_logmass=np.zeros(0, np.float32), group_exact=np.zeros(0, np.int32))
     return out
+
+
+@dataclass
+class XvocabLink(TeacherLink):
+    """The teacher link of ``teacher.tokenizer: other`` (kind ``xvocab``): a trajectory's
+    request is its rendered messages (``xvocab``, an :class:`XvocabRequests`; None for a
+    trajectory whose rendering is not its tokens: sent nothing, trained on nowhere), and
+    a reply over the teacher's positions becomes targets over ours (:func:`student_targets`
+    with ``cross_vocab`` and, for hybrid, the ``vocab_map`` of the two tokenizers);
+    ``exact_groups`` / ``uld_groups`` count the groups each hybrid target trained."""
+
+    xvocab: XvocabRequests | None = None
+    cross_vocab: str = "sampled_token"
+    vocab_map: VocabMap | None = None
+    exact_groups: int = 0
+    uld_groups: int = 0
+
+    def counters(self) -> dict[str, Any]:
+        """How many trajectories were sent (``xvocab_sent``) and how many could not be
+        aligned and were trained on nowhere (``xvocab_unaligned``); with
+        ``loss.cross_vocab`` hybrid or uld, how many trained groups were exact pairs
+        (``xvocab_exact_groups``) and how many ULD (``xvocab_uld_groups``)."""
+        out = {"xvocab_sent": self.xvocab.sent, "xvocab_unaligned": self.xvocab.unaligned}
+        if self.cross_vocab != "sampled_token":
+            out.update(xvocab_exact_groups=self.exact_groups, xvocab_uld_groups=self.uld_groups)
+        return out
+
+    def _request(self, job: _Job) -> int | None:
+        req = self.xvocab(job.traj)
+        if req is None:  # its rendering is not its tokens: nothing to align
+            return None
+        return self.client.submit_xvocab(
+            req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
+            temperature=self.temperature, **self._flags())
+
+    def _scored(self, job: _Job, reply: Any, identity: dict[str, Any]) -> Scored:
+        if reply is None:  # not sent (unaligned or nothing selected): trained on nowhere
+            return Scored(job.traj, job.positions_P[:0], empty_targets(self.cross_vocab, self.k),
+                          self.version, identity)
+        positions_P, arrays = student_targets(job.traj, job.positions_P, reply.arrays,
+                                              self.cross_vocab, self.vocab_map)
+        if "group_exact" in arrays:
+            groups = int(arrays["group_first"].sum())
+            exact = int(arrays["group_exact"].sum())
+            self.exact_groups += exact
+            self.uld_groups += groups - exact
+        return Scored(job.traj, positions_P, arrays, reply.student_version, identity)

@@ -114,7 +114,7 @@ def teachers(dirs):
 
 def train(data: dict, endpoint: str, *, control: bool = False, during=None):
     """Train ``data`` against ``endpoint``; ``during(trainer)`` runs inside each update."""
-    import miniverl.student.train.steps as steps_module
+    import miniverl.student.train.updates as steps_module
     from miniverl.common.recipe import Recipe
     from miniverl.student.control import ControlServer
     from miniverl.student.train.trainer import Trainer
@@ -125,7 +125,7 @@ def train(data: dict, endpoint: str, *, control: bool = False, during=None):
 
     def step(*args, **kwargs):
         stats = real_step(*args, **kwargs)
-        if during is not None:
+        if during is not None and kwargs.get("kind") != "sft":  # distillation updates only
             during(trainer)
         return stats
 

@@ -40,9 +40,8 @@ from torch.utils.checkpoint import checkpoint
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, write_trajectories
-from miniverl.student.train.batches import cycle_episodes, group_size
 from miniverl.student.train.policy import Policy
-from miniverl.student.train.state import CycleResult, TrainState
+from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
 from miniverl.student.train.updates import (
     StepStats,
     finish_step,

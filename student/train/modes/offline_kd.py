@@ -14,8 +14,8 @@ version; a resume finds them in the cache (and the frozen student set in
 ``trajectories.jsonl``). Off-policy by construction, and reported as such.
 
 Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set
-(``batches.fixed_draw``; with ``train.on_policy_fraction`` part of the batch is sampled
-fresh instead, ``mixing.py``), or,
+(``state.fixed_draw``; with ``train.on_policy_fraction`` part of the batch is sampled
+fresh instead, "GKD-style mixing" below), or,
 for frozen student states, cycle ``c``'s own episodes, so update ``c`` sees the tasks
 OPD's update ``c`` sees, sampled by the starting policy instead of the current one.
 
@@ -41,21 +41,22 @@ import time
 from dataclasses import dataclass, field
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import on_policy_episodes
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.rollout.oracle import oracle_trajectories
-from miniverl.student.train.batches import fixed_draw
+from miniverl.student.train import updates
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
 from miniverl.student.train.fixed_sets import drawn_positions, teacher_set
-from miniverl.student.train.mixing import mixed_cycle, split
 from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import (
     CycleResult,
     TrainState,
     episode_seed,
+    fixed_draw,
     oracle_tasks,
     tasks_for,
 )
-from miniverl.student.train.steps import distill_update, positions_of
+from miniverl.student.train.steps import positions_of, rollout_and_score
 from miniverl.student.train.teacher_link import Scored
 
 
@@ -74,7 +75,7 @@ class LazyScoredSet:
 
     def draw(self, state: TrainState, cycle: int,
              count: int) -> tuple[list[Scored], list[Scored], float]:
-        """``count`` trajectories drawn for ``cycle`` (``batches.fixed_draw``) with their
+        """``count`` trajectories drawn for ``cycle`` (``state.fixed_draw``) with their
         targets; those scored now; and the seconds spent waiting for the teacher."""
         picked = fixed_draw(state.recipe, self.trajs, cycle, count)
         if any(t is None for t in picked):
@@ -115,12 +116,18 @@ class OfflineKdMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """One update on a seeded draw from the fixed set (with
-        ``train.on_policy_fraction``, part of the batch fresh: ``mixing.py``)."""
+        ``train.on_policy_fraction``, part of the batch fresh: :func:`mixed_cycle`)."""
         if state.recipe.train.on_policy_fraction is not None:
             return mixed_cycle(state, self.fixed)
         scored, replies, t_wait = fixed_batch(state, self.fixed, state.cycle)
         t1 = time.perf_counter()
-        stats = distill_update(state, scored)
+        train = state.recipe.train
+        stats = updates.distill_step(
+            state.policy, state.optimizer, state.scheduler, scored,
+            objective=state.objective, settings=state.loss, kind=state.kind,
+            grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm, autocast=state.autocast,
+        )
+        state.advance()
         # The row's positions_scored are what the teacher scored for this cycle.
         return CycleResult(stats, [s.traj for s in scored], 0.0, t_wait,
                            time.perf_counter() - t1, scored=replies or None)
@@ -271,3 +278,59 @@ def fixed_batch(state: TrainState, fixed: list[Scored] | LazyScoredSet,
         start = (cycle * n) % len(fixed)
         return fixed[start:start + n], [], 0.0
     return fixed_draw(state.recipe, fixed, cycle, n), [], 0.0
+
+
+# -- GKD-style mixing ------------------------------------------------------------------
+# GKD-style mixing (``train.on_policy_fraction``, GKD's lambda, Agarwal et al. 2024):
+# part of each offline KD batch is sampled fresh by the current policy, the rest drawn
+# from the fixed set, and one distillation update trains on both.
+#
+# The split of a batch of ``n = train.rollouts_per_cycle`` episodes is fixed, not drawn:
+# ``m = floor(fraction * n + 1/2)`` fresh episodes (:func:`split`), the first ``m``
+# episodes strict OPD would sample in this cycle (its tasks and episode seeds, played by
+# version ``v`` and scored for ``v``), and ``n - m`` episodes of the scored fixed set
+# (:func:`~miniverl.student.train.state.fixed_draw`, seeded by the run seed and the
+# cycle). Fraction 0 is offline KD's batch exactly, fraction 1 OPD's (the recipe sends
+# that to ``run.mode: opd``); 0.5 of 8 is 4 fresh and 4 fixed. Both parts go through the
+# loss the recipe names (``loss.divergence``, ``loss.jsd_beta``), normalised by the
+# positions of the whole batch. The fixed part's targets are bound to the version that
+# sampled the set, so the step is labelled off-policy; each metrics row says how many
+# episodes of each kind it trained on.
+
+
+def split(n: int, fraction: float) -> tuple[int, int]:
+    """``(fresh, fixed)`` episodes of a batch of ``n`` at ``on_policy_fraction``."""
+    fresh = on_policy_episodes(n, fraction)
+    return fresh, n - fresh
+
+
+def mixed_cycle(state: TrainState, fixed: list[Scored] | LazyScoredSet) -> CycleResult:
+    """One GKD cycle: fresh episodes of version v (scored for v) and a fixed-set draw
+    (a lazy set scores its first draws here, before the fresh part binds version v),
+    one optimizer step on both."""
+    recipe = state.recipe
+    fresh_n, fixed_n = split(recipe.train.rollouts_per_cycle, recipe.train.on_policy_fraction)
+    if isinstance(fixed, list):
+        drawn, fixed_scored, t_fixed = fixed_draw(recipe, fixed, state.cycle, fixed_n), [], 0.0
+    else:
+        drawn, fixed_scored, t_fixed = fixed.draw(state, state.cycle, fixed_n)
+    trajs, fresh, t_rollout, t_wait = [], [], 0.0, 0.0
+    if fresh_n:
+        batch = rollout_and_score(state, lag=0, count=fresh_n)
+        trajs, fresh, t_rollout, t_wait = batch.trajs, batch.scored, batch.t_rollout, batch.t_wait
+    t_wait += t_fixed
+    t1 = time.perf_counter()
+    train = recipe.train
+    stats = updates.distill_step(
+        state.policy, state.optimizer, state.scheduler, [*fresh, *drawn],
+        objective=state.objective, settings=state.loss, kind=state.kind,
+        grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm, autocast=state.autocast,
+    )
+    state.advance()
+    # The row's train_success is the fresh episodes' (the fixed set's are not the
+    # policy's), and its positions_scored what the teacher scored in this cycle.
+    return CycleResult(
+        stats, trajs or [s.traj for s in drawn], t_rollout, t_wait,
+        time.perf_counter() - t1, scored=[*fresh, *fixed_scored],
+        extra={"on_policy_episodes": len(fresh), "fixed_set_episodes": len(drawn)},
+    )

@@ -1,20 +1,32 @@
-"""Mode ``opd``: strict on-policy distillation.
+"""Mode ``opd``: strict on-policy distillation, one update read top to bottom.
 
-One cycle: sample fresh rollouts with version ``v``, request targets tagged ``v``
-(pipelined: each episode's SCORE leaves as soon as it ends), take exactly one optimizer
-step, ``v -> v + 1``. The client drops any reply not for ``v`` or not from the teacher
-the update is bound to; nothing stale reaches the loss. With pipelining and a resident
-teacher, the update's first forward runs while the teacher scores the last episodes
-(the :class:`~miniverl.student.train.steps.ScoredBatch` carries it to the update).
+:meth:`OpdMode.cycle` is the whole update, one stage per paragraph:
 
-This module keeps no state between cycles and does not log or checkpoint (``loop.py``);
-the steps it runs are shared with the other distillation modes (``steps.py``).
+1. draw the tasks: the cycle's tasks, each played ``rollout.group_size`` times, each
+   episode seeded by ``(run.seed, cycle, episode)``, so a resumed run draws the same;
+2. sample with version ``v``; each finished episode's SCORE, tagged ``v``, leaves at
+   once (``train.pipelining``), while the other episodes still sample
+   (``steps.sample``, ``rollout/runner.py``, ``teacher_link.py``);
+3. with pipelining and a resident teacher, the update's first forward pass, which needs
+   no targets, while the teacher scores the last episodes (``updates.early_forward``);
+4. collect the teacher's targets for ``v``: the client drops any reply not for ``v`` or
+   not from the teacher the update is bound to, so nothing stale reaches the loss
+   (``steps.collect``);
+5. the loss and exactly one optimizer step (``updates.distill_step``, the objective
+   the run picked at start, ``objectives/objective.py`` and ``objectives/formulas.py``);
+6. ``v -> v + 1``;
+7. what the cycle did goes back to the loop, which logs it (``loop.py``).
+
+This module keeps no state between cycles and does not checkpoint (``loop.py``).
 """
 
 from __future__ import annotations
 
-from miniverl.student.train.state import CycleResult, TrainState
-from miniverl.student.train.steps import rollout_and_score, train_on
+import time
+
+from miniverl.student.train import updates
+from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
+from miniverl.student.train.steps import collect, positions_of, sample
 
 
 class OpdMode:
@@ -27,6 +39,40 @@ class OpdMode:
         """Nothing to rebuild: the checkpoint holds everything a cycle reads."""
 
     def cycle(self, state: TrainState) -> CycleResult:
-        """One strict on-policy cycle: fresh rollouts of version v, scored for v, one step."""
-        batch = rollout_and_score(state, lag=0)
-        return train_on(state, batch, batch.scored, lag=0)
+        """One strict on-policy update: fresh rollouts of v, scored for v, one step."""
+        train = state.recipe.train
+        # 1. Draw the tasks.
+        tasks, seeds = cycle_episodes(state, state.cycle, train.rollouts_per_cycle,
+                                      group_size(state.recipe))
+
+        # 2. Sample with version v, each finished episode sent to the teacher.
+        trajs, t_rollout = sample(state, tasks, seeds, lag=0)
+
+        # 3. The first micro-batch's forward while the teacher scores (swap keeps it
+        #    after PARK, when the teacher's memory is free).
+        early, t_early = None, 0.0
+        if train.pipelining and state.teacher.memory != "swap":
+            t0 = time.perf_counter()
+            first = [trajs[i] for i in updates.first_micro_batch(len(trajs), train.grad_accum)]
+            early = updates.early_forward(state.policy, first, [positions_of(state, t) for t in first],
+                                  state.autocast)
+            t_early = time.perf_counter() - t0
+
+        # 4. Collect the teacher's targets for v.
+        scored, t_wait = collect(state, trajs)
+
+        # 5. The loss and one optimizer step.
+        t1 = time.perf_counter()
+        stats = updates.distill_step(
+            state.policy, state.optimizer, state.scheduler, scored,
+            objective=state.objective, settings=state.loss, kind=state.kind,
+            grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
+            autocast=state.autocast, early=early,
+        )
+
+        # 6. v -> v + 1.
+        state.advance()
+
+        # 7. To the loop, which logs it.
+        t_update = time.perf_counter() - t1 + t_early
+        return CycleResult(stats, trajs, t_rollout, t_wait, t_update, scored=scored)

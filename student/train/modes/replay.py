@@ -11,6 +11,7 @@ This module does not sample or score (``steps.rollout_and_score``) and does not 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +19,12 @@ import numpy as np
 
 from miniverl.common.trajectory import read_trajectories
 from miniverl.protocol.pending import within_lag
+from miniverl.student.train import updates
 from miniverl.student.train.cached_targets import scored_for_version
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed
-from miniverl.student.train.steps import positions_of, rollout_and_score, train_on
+from miniverl.student.train.steps import positions_of, rollout_and_score
 from miniverl.student.train.teacher_link import Scored, empty_arrays
+from miniverl.student.train.updates import StepStats
 
 # Salts the buffer draw's seed apart from the episodes' seeds of the same cycle.
 DRAW_SALT = 99_991
@@ -38,15 +41,30 @@ class ReplayMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """Fresh rollouts into the buffer, then updates on a draw of young-enough entries."""
-        lag = state.recipe.train.max_lag
-        batch = rollout_and_score(state, lag)
-        self.buffer.extend(batch.scored)
+        train = state.recipe.train
+        lag = train.max_lag
+        fresh = rollout_and_score(state, lag)
+        self.buffer.extend(fresh.scored)
         self.buffer = [s for s in self.buffer if within_lag(state.version, s.student_version, lag)]
         rng = np.random.default_rng(episode_seed(state.recipe.run.seed, state.cycle, DRAW_SALT))
-        n = min(len(self.buffer), state.recipe.train.rollouts_per_cycle)
+        n = min(len(self.buffer), train.rollouts_per_cycle)
         pick = rng.choice(len(self.buffer), size=n, replace=False)
-        drawn = [self.buffer[i] for i in sorted(pick)]
-        return train_on(state, batch, drawn, lag=lag)
+        scored = [self.buffer[i] for i in sorted(pick)]
+        t1 = time.perf_counter()
+        stats: StepStats | None = None
+        for _ in range(train.updates_per_batch):
+            # Each update advances the version, so the lag is re-checked per update: a
+            # target max_lag old at the first update is too old at the second.
+            scored = [s for s in scored if within_lag(state.version, s.student_version, lag)]
+            stats = updates.distill_step(
+                state.policy, state.optimizer, state.scheduler, scored,
+                objective=state.objective, settings=state.loss, kind=state.kind,
+                grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
+                autocast=state.autocast,
+            )
+            state.advance()
+        return CycleResult(stats, fresh.trajs, fresh.t_rollout, fresh.t_wait,
+                           time.perf_counter() - t1, scored=scored)
 
     def resume(self, state: TrainState) -> None:
         """Rebuild the checkpointed buffer from trajectories.jsonl and the targets cache.

@@ -21,29 +21,28 @@ group's estimate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.student.train.cross_vocab import group_logprob_G
+from miniverl.student.train.objectives.formulas import _student_logp
 from miniverl.student.train.objectives.objective import (
+    Head,
     LossSettings,
     Objective,
     TeacherTargets,
-    chunked_loss,
 )
-from miniverl.student.train.objectives.per_position import _student_logp
 
 
-def group_sampled_token(logits_C_V: torch.Tensor, *, settings: LossSettings,
-                        sampled_ids_P: torch.Tensor, group_advantage_P: torch.Tensor,
-                        group_size_P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def group_sampled_token(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,
+                        group_advantage_P: torch.Tensor, group_size_P: torch.Tensor, *,
+                        temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss_C, estimate_C)``: ``-advantage * log S(y)`` and the group's KL estimate
     spread over its positions."""
-    logp_C = _student_logp(logits_C_V, settings.temperature).gather(
+    logp_C = _student_logp(logits_C_V, temperature).gather(
         -1, sampled_ids_P.long().unsqueeze(-1)).squeeze(-1)
     advantage_C = group_advantage_P.to(logp_C.dtype)
     return -advantage_C * logp_C, -advantage_C / group_size_P.to(logp_C.dtype)
@@ -53,16 +52,22 @@ def group_sampled_token(logits_C_V: torch.Tensor, *, settings: LossSettings,
 class GroupSampledToken(Objective):
     """:class:`Objective` whose advantage is computed per group before the chunks."""
 
-    def loss(self, hidden_P_H: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
-             targets: TeacherTargets, settings: LossSettings, *,
+    name: ClassVar[str] = "xvocab group sampled_token reverse_kl"
+    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "target_logprobs_P", "group_first_P")
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        return group_sampled_token(lm_head(hidden_C_H), t.sampled_ids_P, t.group_advantage_P,
+                                   t.group_size_P, temperature=s.temperature)
+
+    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
+             settings: LossSettings, *,
              num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         n = int(hidden_P_H.shape[0])
         if n == 0:  # nothing aligned in this micro-batch: a zero loss that still backwards
-            loss, div_sum = chunked_loss(hidden_P_H, lm_head, self.per_position, {},
-                                         num_global_positions=num_global_positions)
-            return loss, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
-        inputs = self.inputs(targets)
-        sampled_P, first_P = inputs["sampled_ids_P"], inputs["group_first_P"].bool()
+            zero = lm_head(hidden_P_H).sum() * 0.0
+            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
+        self.inputs(targets)
+        sampled_P, first_P = targets.sampled_ids_P, targets.group_first_P.bool()
         if not bool(first_P[0]):
             raise ConfigError("xvocab targets must start a group at their first position; "
                               "build them with student/train/xvocab_targets.py")
@@ -78,20 +83,12 @@ class GroupSampledToken(Objective):
             ends_G = torch.cat([starts_G[1:], starts_G.new_tensor([n])])
             group_P = torch.cumsum(first_P.long(), 0) - 1
             student_G = group_logprob_G(logp_P, starts_G, ends_G)
-            teacher_G = inputs["target_logprobs_P"].float()[starts_G]
+            teacher_G = targets.target_logprobs_P.float()[starts_G]
             advantage_P = (teacher_G - student_G)[group_P]
             size_P = (ends_G - starts_G)[group_P]
-        chunk_inputs = {"sampled_ids_P": sampled_P, "group_advantage_P": advantage_P,
-                        "group_size_P": size_P}
-        loss, div_sum = chunked_loss(hidden_P_H, lm_head,
-                                     partial(self.per_position, settings=settings),
-                                     chunk_inputs, chunk_size=settings.chunk_size,
-                                     num_global_positions=num_global_positions)
-        metrics = {"divergence": float(div_sum) / max(1, n), "divergence_sum": float(div_sum),
-                   "positions": float(n)}
-        return loss, metrics
+        with_groups = replace(targets, group_advantage_P=advantage_P, group_size_P=size_P)
+        return super().loss(hidden_P_H, lm_head, with_groups, settings,
+                            num_global_positions=num_global_positions)
 
 
-GROUP_SAMPLED_TOKEN = GroupSampledToken(
-    "xvocab group sampled_token reverse_kl",
-    ("sampled_ids_P", "target_logprobs_P", "group_first_P"), group_sampled_token)
+GROUP_SAMPLED_TOKEN = GroupSampledToken()

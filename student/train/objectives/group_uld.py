@@ -30,12 +30,10 @@ longer than that is a chunk of its own), so a chunk boundary never falls inside 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from typing import ClassVar
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from miniverl.common.errors import ConfigError
 from miniverl.student.train.cross_vocab import (
@@ -44,10 +42,10 @@ from miniverl.student.train.cross_vocab import (
     uld_topk_distance_G,
 )
 from miniverl.student.train.objectives.objective import (
+    Head,
     LossSettings,
     Objective,
     TeacherTargets,
-    chunked_loss,
 )
 
 
@@ -65,14 +63,15 @@ def group_chunks(first_P: torch.Tensor, chunk_size: int) -> list[tuple[int, int]
     return chunks
 
 
-def group_uld(logits_C_V: torch.Tensor, *, settings: LossSettings, sampled_ids_P: torch.Tensor,
+def group_uld(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,
               group_first_P: torch.Tensor, group_exact_P: torch.Tensor,
               topk_ids_P_K: torch.Tensor, topk_logprobs_P_K: torch.Tensor,
-              tail_logmass_P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              tail_logmass_P: torch.Tensor, *, temperature: float,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss_C, loss_C)`` over a chunk of whole groups: each group's loss on its first
     position, 0 on the others (see the module doc)."""
     n = logits_C_V.shape[0]
-    scaled_C_V = logits_C_V.float() / settings.temperature
+    scaled_C_V = logits_C_V.float() / temperature
     probs_C_V = torch.softmax(scaled_C_V, dim=-1)
     starts_G = torch.nonzero(group_first_P.bool()).squeeze(-1)
     ends_G = torch.cat([starts_G[1:], starts_G.new_tensor([n])])
@@ -93,44 +92,35 @@ def group_uld(logits_C_V: torch.Tensor, *, settings: LossSettings, sampled_ids_P
 
 @dataclass(frozen=True)
 class GroupULD(Objective):
-    """:class:`Objective` whose chunks hold whole groups."""
+    """:class:`Objective` whose chunks hold whole groups (``hybrid``: exact groups by
+    forward KL; the same formula, which reads ``group_exact_P``)."""
 
-    def loss(self, hidden_P_H: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
-             targets: TeacherTargets, settings: LossSettings, *,
+    name: str
+    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "group_first_P", "group_exact_P", "topk_ids_P_K",
+             "topk_logprobs_P_K", "tail_logmass_P")
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        return group_uld(lm_head(hidden_C_H), t.sampled_ids_P, t.group_first_P,
+                         t.group_exact_P, t.topk_ids_P_K, t.topk_logprobs_P_K,
+                         t.tail_logmass_P, temperature=s.temperature)
+
+    def chunks(self, targets: TeacherTargets, n: int, chunk_size: int) -> list[tuple[int, int]]:
+        return group_chunks(targets.group_first_P, chunk_size)
+
+    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
+             settings: LossSettings, *,
              num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         n = int(hidden_P_H.shape[0])
         if n == 0:  # nothing aligned in this micro-batch: a zero loss that still backwards
-            loss, _ = chunked_loss(hidden_P_H, lm_head, self.per_position, {},
-                                   num_global_positions=num_global_positions)
-            return loss, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
-        inputs = self.inputs(targets)
-        if not bool(inputs["group_first_P"][0]):
+            zero = lm_head(hidden_P_H).sum() * 0.0
+            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
+        self.inputs(targets)
+        if not bool(targets.group_first_P[0]):
             raise ConfigError("xvocab targets must start a group at their first position; "
                               "build them with student/train/xvocab_targets.py")
-        names = list(inputs)
-        per_position = partial(self.per_position, settings=settings)
-
-        def run_chunk(hidden_C_H, *chunk_inputs):
-            loss_C, _ = per_position(lm_head(hidden_C_H),
-                                     **dict(zip(names, chunk_inputs, strict=True)))
-            return loss_C.sum()
-
-        acc_dtype = torch.promote_types(hidden_P_H.dtype, torch.float32)
-        total = hidden_P_H.new_zeros((), dtype=acc_dtype)
-        for lo, hi in group_chunks(inputs["group_first_P"], settings.chunk_size):
-            part = [inputs[name][lo:hi] for name in names]
-            if torch.is_grad_enabled():
-                value = checkpoint(run_chunk, hidden_P_H[lo:hi], *part, use_reentrant=False)
-            else:
-                value = run_chunk(hidden_P_H[lo:hi], *part)
-            total = total + value.to(acc_dtype)
-        denom = max(1, n if num_global_positions is None else num_global_positions)
-        div_sum = float(total.detach())
-        return total / denom, {"divergence": div_sum / n, "divergence_sum": div_sum,
-                               "positions": float(n)}
+        return super().loss(hidden_P_H, lm_head, targets, settings,
+                            num_global_positions=num_global_positions)
 
 
-_READS = ("sampled_ids_P", "group_first_P", "group_exact_P", "topk_ids_P_K",
-          "topk_logprobs_P_K", "tail_logmass_P")
-GROUP_ULD = GroupULD("xvocab group uld", _READS, group_uld)
-GROUP_HYBRID = GroupULD("xvocab group hybrid (exact + uld)", _READS, group_uld)
+GROUP_ULD = GroupULD("xvocab group uld")
+GROUP_HYBRID = GroupULD("xvocab group hybrid (exact + uld)")

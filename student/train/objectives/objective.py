@@ -1,39 +1,61 @@
-"""What an objective is: an :class:`Objective` names the per-position inputs it reads and
-its per-position function, and :meth:`Objective.loss` evaluates it chunk by chunk.
+"""The objectives: what each one reads, the formula it calls, and the chunking.
+
+An :class:`Objective` is one loss of the recipe's ``loss`` section (torchtune's
+``ForwardKLWithChunkedOutputLoss`` beside its plain form): :meth:`Objective.loss`
+evaluates it chunk by chunk, and each objective's :meth:`~Objective.per_position` is
+the one place it calls its formula (``formulas.py``), every input passed by name::
+
+    BucketedTopkTail.per_position -> formulas.bucketed_topk_tail_divergence_P(
+        logits_C_V, t.topk_ids_P_K, t.topk_logprobs_P_K, t.tail_logmass_P, ...)
 
 The records an objective reads are here too: :class:`TeacherTargets` (every
-per-position input, one tensor per field, the positions in the order the loss sees
-them) and :class:`LossSettings` (the recipe's ``loss`` fields the functions read).
+per-position input, one tensor per field, in the order the loss sees the positions) and
+:class:`LossSettings` (the recipe's ``loss`` fields, copied once per run).
+:data:`OBJECTIVES` is the table the recipe picks from (``table.py`` makes the pick, once
+per run) and :data:`SFT` the cross-entropy the SFT step and the warm-up train with.
 
-:func:`chunked_loss` is the chunking: the LM head runs ``chunk_size`` positions at a
-time under activation checkpointing, so ``[P, V]`` logits never exist whole, and the sum
-is divided by the positions of the whole optimizer step.
+The chunking: the LM head runs ``chunk_size`` positions at a time under activation
+checkpointing, so ``[P, V]`` logits never exist whole, and the sum is divided by the
+positions of the whole optimizer step.
 
-This module holds no formula (``per_position.py``) and picks no objective from the
-recipe (``table.py``).
+To add an objective: write its formula in ``formulas.py``, a class here whose
+``per_position`` calls it with the :class:`TeacherTargets` fields it reads (a new input
+is a new field there), and a row of :data:`OBJECTIVES` under the recipe values that
+pick it. The standard variants (``variants.py``) and the objectives of a teacher with
+another tokenizer (``group_sampled_token.py``, ``group_uld.py``) are objectives too.
+
+This module holds no formula (``formulas.py``), does not pick from the recipe
+(``table.py``), micro-batch or step an optimizer (``student/train/updates.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from miniverl.common.errors import ConfigError
+from miniverl.student.train.objectives.formulas import (
+    DIVERGENCES,
+    bucketed_topk_tail_divergence_P,
+    cross_entropy_P,
+    exact_divergence_P,
+    sampled_token_reverse_kl_P,
+)
 
-# ``per_position(logits_C_V, settings=..., **fields_C) -> (loss_C, divergence_C)``.
-PerPosition = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Head = Callable[[torch.Tensor], torch.Tensor]  # [C, H] hidden -> [C, V] logits
+TARGETS = ("exact_full_vocab", "bucketed_topk_tail")  # the values of loss.objective
+ESTIMATORS = ("full", "sampled_token")
 
 
 @dataclass(frozen=True)
 class LossSettings:
     """The recipe's ``loss`` fields the objectives read (:meth:`of` copies them from any
-    object that has them, the recipe's ``loss`` section included)."""
+    object that has them, the recipe's ``loss`` section included; a run does it once)."""
 
     objective: str = "bucketed_topk_tail"
     divergence: str = "forward_kl"
@@ -55,6 +77,8 @@ class LossSettings:
     @classmethod
     def of(cls, config: Any = None) -> LossSettings:
         """The settings ``config`` names (defaults for what it lacks; None: all defaults)."""
+        if isinstance(config, LossSettings):
+            return config
         values = {f.name: getattr(config, f.name, f.default) for f in fields(cls)}
 
         def optional_float(name: str) -> float | None:
@@ -87,7 +111,7 @@ WIRE_NAMES = {
     "group_first_P": "group_first [P] (xvocab: the position starts a byte group)",
     "group_exact_P": "group_exact [P] (xvocab uld/hybrid: the group is an exact pair)",
 }
-# The fields that are not the teacher's: the step fills them (``step_inputs.py``).
+# The fields that are not the teacher's: the step fills them (``variants.step_inputs``).
 STEP_FIELDS = ("sampling_logprobs_P", "weight_P", "advantage_P")
 
 
@@ -100,9 +124,8 @@ class TeacherTargets:
     estimator and SFT read it). Top-k targets fill ``topk_ids_P_K``,
     ``topk_logprobs_P_K`` and ``tail_logmass_P``; exact ones fill ``logprobs_P_V``;
     both fill ``target_logprobs_P`` (the teacher's log-prob of the sampled token). An
-    objective names the fields it reads (:attr:`Objective.reads`); an input that is not
-    the teacher's (a log-prob recorded at sampling time, the sequence a position belongs
-    to) is one more field here, read the same way.
+    input that is not the teacher's (a log-prob recorded at sampling time, the sequence
+    a position belongs to) is one more field here.
     """
 
     sampled_ids_P: torch.Tensor
@@ -118,7 +141,11 @@ class TeacherTargets:
     # group's row of topk_ids_P_K / topk_logprobs_P_K sits on its first position
     # (objectives/group_uld.py says what the row holds).
     group_exact_P: torch.Tensor | None = None
-    # Not the teacher's: filled per step by ``step_inputs.py`` when a variant reads them.
+    # xvocab sampled-token: each position's group advantage and group size, computed
+    # over the whole micro-batch before the chunks (objectives/group_sampled_token.py).
+    group_advantage_P: torch.Tensor | None = None
+    group_size_P: torch.Tensor | None = None
+    # Not the teacher's: filled per step by ``variants.step_inputs`` when a variant reads them.
     sampling_logprobs_P: torch.Tensor | None = None
     weight_P: torch.Tensor | None = None
     advantage_P: torch.Tensor | None = None
@@ -132,7 +159,8 @@ class TeacherTargets:
         kind: str,
         device: torch.device | str = "cpu",
     ) -> TeacherTargets:
-        """Build from a ``SCORE_OK`` / cache entry's arrays (``ids``, ``logprobs``, ...)."""
+        """Build from a ``SCORE_OK`` / cache entry's arrays (``ids``, ``logprobs``, ...);
+        kind ``sft`` reads none (the next token is the target)."""
 
         def t(name: str) -> torch.Tensor | None:
             value = arrays.get(name)
@@ -154,24 +182,44 @@ class TeacherTargets:
                        group_first_P=t("group_first"), group_exact_P=t("group_exact"),
                        topk_ids_P_K=t("ids"), topk_logprobs_P_K=t("logprobs"),
                        tail_logmass_P=t("tail_logmass"))
+        if kind == "sft":
+            return cls(sampled)
         raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
 
+    def rows(self, lo: int, hi: int) -> TeacherTargets:
+        """Positions ``lo:hi`` of every field that is set (one chunk's targets)."""
+        return TeacherTargets(**{
+            f.name: None if (value := getattr(self, f.name)) is None else value[lo:hi]
+            for f in fields(self)
+        })
 
-@dataclass(frozen=True)
+
 class Objective:
-    """One objective: the :class:`TeacherTargets` fields it reads and its per-position
-    function (torchtune's ``ForwardKLWithChunkedOutputLoss`` beside its plain form).
-
-    ``per_position(logits_C_V, settings=LossSettings, **{field: tensor_C})`` returns
-    ``(loss_C, divergence_C)``: the term to minimise and the figure reported as the
-    divergence (the same tensor for an exact divergence; the detached KL estimate for
-    the sampled-token estimator). Every field in ``reads`` is passed under its own
-    name, sliced to the chunk.
-    """
+    """One objective: the :class:`TeacherTargets` fields it reads (``reads``: checked
+    present before the first chunk, so a missing one is a one-line error naming it) and
+    :meth:`per_position`, which calls its formula with them by name."""
 
     name: str
     reads: tuple[str, ...]
-    per_position: PerPosition
+
+    def per_position(self, hidden_C_H: torch.Tensor, lm_head: Head, t: TeacherTargets,
+                     s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_C, divergence_C)`` for one chunk: the term to minimise and the figure
+        reported as the divergence (the same tensor for an exact divergence; the detached
+        KL estimate for the sampled-token estimator). ``lm_head`` turns ``hidden_C_H``
+        into the chunk's logits inside the checkpoint (a variant that has the logits
+        already passes them with :func:`given_logits` as the head)."""
+        raise NotImplementedError
+
+    def chunks(self, targets: TeacherTargets, n: int, chunk_size: int) -> list[tuple[int, int]]:
+        """``[(start, end)]`` of the chunks: ``chunk_size`` positions each."""
+        return [(lo, min(lo + chunk_size, n)) for lo in range(0, n, chunk_size)]
+
+    def step_inputs(self, trajs: list[Any], positions: list[np.ndarray],
+                    s: LossSettings) -> list[dict[str, np.ndarray]] | None:
+        """Per trajectory, the inputs this objective reads that are not the teacher's,
+        built over the whole optimizer step (``variants.py``); None: it reads none."""
+        return None
 
     def inputs(self, targets: TeacherTargets) -> dict[str, torch.Tensor]:
         """The fields this objective reads, checked present; a missing one is a one-line
@@ -182,7 +230,8 @@ class Objective:
             if value is None and name in STEP_FIELDS:
                 raise ConfigError(
                     f"loss '{self.name}' needs {WIRE_NAMES[name]}, which these targets lack; "
-                    "build them with objectives.step_inputs for the recipe's loss section"
+                    "build them with objectives.variants.step_inputs for the recipe's loss "
+                    "section"
                 )
             if value is None:
                 raise ConfigError(
@@ -196,7 +245,7 @@ class Objective:
     def loss(
         self,
         hidden_P_H: torch.Tensor,
-        lm_head: Callable[[torch.Tensor], torch.Tensor],
+        lm_head: Head,
         targets: TeacherTargets,
         settings: LossSettings,
         *,
@@ -208,75 +257,122 @@ class Objective:
             hidden_P_H: the student's final hidden states at the selected positions.
             lm_head: maps ``[C, H] -> [C, V]`` logits (``model.lm_head`` or any callable).
             targets: the per-position inputs for the same positions, in the same order.
-            settings: the loss settings (``chunk_size`` and what the function reads).
-            num_global_positions: selected positions over the whole optimizer step.
+            settings: the loss settings (``chunk_size`` and what the formula reads).
+            num_global_positions: selected positions over the whole optimizer step; the
+                summed loss is divided by it (default ``P``), or the mean becomes a mean
+                of means and small micro-batches get over-weighted.
         Returns:
             ``(loss, metrics)`` with metrics ``divergence`` (mean over these positions),
             ``divergence_sum`` (to aggregate over micro-batches) and ``positions``.
+
+        Each chunk runs under ``torch.utils.checkpoint``, so neither the forward nor the
+        backward ever holds more than one chunk's ``[C, V]`` logits.
         """
-        inputs = self.inputs(targets)
-        per_position = partial(self.per_position, settings=settings)
-        loss, div_sum = chunked_loss(hidden_P_H, lm_head, per_position, inputs,
-                                     chunk_size=settings.chunk_size,
-                                     num_global_positions=num_global_positions)
-        num_positions = int(hidden_P_H.shape[0])
-        metrics = {
-            "divergence": float(div_sum) / max(1, num_positions),
-            "divergence_sum": float(div_sum),
-            "positions": float(num_positions),
-        }
-        return loss, metrics
+        if settings.chunk_size < 1:
+            raise ConfigError(f"loss.chunk_size={settings.chunk_size} must be >= 1; fix the recipe")
+        self.inputs(targets)
+        n = int(hidden_P_H.shape[0])
+        if n == 0:
+            # Still run the head on the empty batch so every parameter gets a (zero)
+            # gradient and backward() works in a step where a micro-batch selected nothing.
+            zero = lm_head(hidden_P_H).sum() * 0.0
+            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
+        # Accumulate in at least fp32 (bf16 sums over thousands of positions drift), and
+        # in fp64 when the caller computes in fp64.
+        acc_dtype = torch.promote_types(hidden_P_H.dtype, torch.float32)
+        loss_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
+        div_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
+        for lo, hi in self.chunks(targets, n, settings.chunk_size):
+            t = targets.rows(lo, hi)
+            if torch.is_grad_enabled():
+                loss_C, div_C = checkpoint(self.per_position, hidden_P_H[lo:hi], lm_head, t,
+                                           settings, use_reentrant=False)
+            else:
+                loss_C, div_C = self.per_position(hidden_P_H[lo:hi], lm_head, t, settings)
+            loss_sum = loss_sum + loss_C.sum().to(acc_dtype)
+            div_sum = div_sum + div_C.detach().sum().to(acc_dtype)
+        denom = max(1, n if num_global_positions is None else num_global_positions)
+        metrics = {"divergence": float(div_sum) / n, "divergence_sum": float(div_sum),
+                   "positions": float(n)}
+        return loss_sum / denom, metrics
 
 
-def chunked_loss(
-    hidden_P_H: torch.Tensor,
-    lm_head: Callable[[torch.Tensor], torch.Tensor],
-    per_position: PerPosition,
-    inputs: dict[str, torch.Tensor],
-    *,
-    chunk_size: int = 1024,
-    num_global_positions: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum a per-position loss chunk by chunk; ``(loss, divergence_sum)``.
+def given_logits(logits_C_V: torch.Tensor) -> torch.Tensor:
+    """The head of logits already computed: a variant passes its chunk's logits to the
+    base objective's :meth:`~Objective.per_position` with this as ``lm_head``."""
+    return logits_C_V
 
-    ``per_position(logits_C_V, **inputs_chunk) -> (loss_C, divergence_C)`` is called
-    on ``chunk_size`` positions at a time; each chunk runs under
-    ``torch.utils.checkpoint`` so neither the forward nor the backward ever holds
-    more than one chunk's ``[C, V]`` logits. ``loss`` is the summed loss divided by
-    ``num_global_positions`` (default ``P``): with micro-batches pass the count over
-    the whole optimizer step, or the mean becomes a mean of means and small
-    micro-batches get over-weighted. ``divergence_sum`` is detached.
-    """
-    if chunk_size < 1:
-        raise ConfigError(f"loss.chunk_size={chunk_size} must be >= 1; fix the recipe")
-    num_positions = hidden_P_H.shape[0]
-    denom = max(1, num_positions if num_global_positions is None else num_global_positions)
-    if num_positions == 0:
-        # Still run the head on the empty batch so every parameter gets a (zero) gradient
-        # and backward() works in a step where a micro-batch selected nothing.
-        zero = lm_head(hidden_P_H).sum() * 0.0
-        return zero, zero.detach()
-    names = list(inputs)
 
-    def run_chunk(hidden_C_H, *chunk_inputs):
-        logits_C_V = lm_head(hidden_C_H)
-        loss_C, div_C = per_position(logits_C_V, **dict(zip(names, chunk_inputs, strict=True)))
-        return loss_C.sum(), div_C.detach().sum()
+@dataclass(frozen=True)
+class ExactFullVocab(Objective):
+    """The exact full-vocabulary divergence against teacher log-probs ``[P, V]``; it is
+    both the loss and the figure."""
 
-    # Accumulate in at least fp32 (bf16 sums over thousands of positions drift), and in
-    # fp64 when the caller computes in fp64.
-    acc_dtype = torch.promote_types(hidden_P_H.dtype, torch.float32)
-    loss_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
-    div_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
-    for start in range(0, num_positions, chunk_size):
-        end = min(start + chunk_size, num_positions)
-        chunk_inputs = [inputs[name][start:end] for name in names]
-        if torch.is_grad_enabled():
-            loss_c, div_c = checkpoint(
-                run_chunk, hidden_P_H[start:end], *chunk_inputs, use_reentrant=False
-            )
-        else:
-            loss_c, div_c = run_chunk(hidden_P_H[start:end], *chunk_inputs)
-        loss_sum = loss_sum + loss_c.to(acc_dtype)
-        div_sum = div_sum + div_c.to(acc_dtype)
-    return loss_sum / denom, div_sum
+    divergence: str
+    reads: ClassVar[tuple[str, ...]] = ("logprobs_P_V",)
+
+    @property
+    def name(self) -> str:
+        return f"exact_full_vocab {self.divergence}"
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        div_C = exact_divergence_P(lm_head(hidden_C_H), t.logprobs_P_V, divergence=self.divergence,
+                                   jsd_beta=s.jsd_beta, temperature=s.temperature)
+        return div_C, div_C
+
+
+@dataclass(frozen=True)
+class BucketedTopkTail(Objective):
+    """The divergence between the ``K + 1``-bucket distributions of the teacher's top-k
+    and a tail bucket; it is both the loss and the figure."""
+
+    divergence: str
+    reads: ClassVar[tuple[str, ...]] = ("topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P")
+
+    @property
+    def name(self) -> str:
+        return f"bucketed_topk_tail {self.divergence}"
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        div_C = bucketed_topk_tail_divergence_P(
+            lm_head(hidden_C_H), t.topk_ids_P_K, t.topk_logprobs_P_K, t.tail_logmass_P,
+            divergence=self.divergence, jsd_beta=s.jsd_beta, temperature=s.temperature,
+            tail_epsilon=s.tail_epsilon,
+        )
+        return div_C, div_C
+
+
+@dataclass(frozen=True)
+class SampledToken(Objective):
+    """The sampled-token reverse-KL estimator: the policy-gradient loss and the detached
+    KL estimate ``log S(y) - log T(y)`` as the figure. It reads only the teacher's
+    log-prob of the sampled token, which both target kinds carry."""
+
+    name: ClassVar[str] = "sampled_token reverse_kl"
+    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "target_logprobs_P")
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        return sampled_token_reverse_kl_P(lm_head(hidden_C_H), t.sampled_ids_P,
+                                          t.target_logprobs_P, temperature=s.temperature)
+
+
+@dataclass(frozen=True)
+class CrossEntropy(Objective):
+    """SFT: ``-log S(next token)``, always at temperature 1 (``loss.temperature`` tempers
+    the distillation targets, not the data)."""
+
+    name: ClassVar[str] = "sft"
+    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P",)
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        nll_C = cross_entropy_P(lm_head(hidden_C_H), t.sampled_ids_P)
+        return nll_C, nll_C
+
+
+OBJECTIVES: dict[tuple[str, str, str], Objective] = {
+    **{("full", "exact_full_vocab", d): ExactFullVocab(d) for d in DIVERGENCES},
+    **{("full", "bucketed_topk_tail", d): BucketedTopkTail(d) for d in DIVERGENCES},
+    **{("sampled_token", target, "reverse_kl"): SampledToken() for target in TARGETS},
+}
+
+SFT = CrossEntropy()

@@ -1,94 +1,34 @@
-"""The table of objectives, and the recipe's pick from it.
+"""The recipe's pick from the table of objectives, made once per run.
 
-:data:`OBJECTIVES` maps the recipe's ``loss`` values ``(estimator, objective,
-divergence)`` to one :class:`~.objective.Objective` each; :func:`objective_for` looks
-the recipe up in it, and a combination the table lacks is a one-line error naming the
-value, the rule and the fix. :data:`SFT` is the cross-entropy objective the SFT step
-and the warm-up train with. :func:`distillation_loss` and :func:`sft_loss` are the two
-calls the update step makes.
+:func:`objective_for` looks the recipe's ``loss`` values ``(estimator, objective,
+divergence)`` up in :data:`~.objective.OBJECTIVES` and adds the standard variants the
+section sets (``variants.py``); a combination the table lacks is a one-line error naming
+the value, the rule and the fix. :func:`objective_for_kind` is the pick for the targets
+a run asks for (``xvocab``: the objectives of a teacher with another tokenizer), and
+:func:`request_kind` the targets a recipe asks for. The trainer calls them when the run
+starts (``state.py``), so a recipe the table refuses stops the run before any work, and
+no update looks anything up.
 
-To add an objective: write its per-position function (``per_position.py`` for a pure
-formula), name the :class:`~.objective.TeacherTargets` fields it reads (a new input is
-a new field there), and add a row under the recipe values that pick it.
-
-This module holds no formula and does not chunk (``per_position.py``,
-``objective.py``); it does not micro-batch or step an optimizer (``updates.py``).
+This module holds no objective or formula (``objective.py``, ``formulas.py``); it does
+not micro-batch or step an optimizer (``student/train/updates.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
-import torch
-
 from miniverl.common.errors import ConfigError
+from miniverl.student.train.objectives.formulas import DIVERGENCES
 from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
 from miniverl.student.train.objectives.group_uld import GROUP_HYBRID, GROUP_ULD
-from miniverl.student.train.objectives.objective import LossSettings, Objective, TeacherTargets
-from miniverl.student.train.objectives.per_position import (
-    DIVERGENCES,
-    bucketed_topk_tail_divergence_P,
-    cross_entropy_P,
-    exact_divergence_P,
-    sampled_token_reverse_kl_P,
+from miniverl.student.train.objectives.objective import (
+    ESTIMATORS,
+    OBJECTIVES,
+    TARGETS,
+    LossSettings,
+    Objective,
 )
 from miniverl.student.train.objectives.variants import uses_variants, with_variants
-
-TARGETS = ("exact_full_vocab", "bucketed_topk_tail")  # the values of loss.objective
-ESTIMATORS = ("full", "sampled_token")
-
-
-def exact(logits_C_V, *, settings: LossSettings, logprobs_P_V, divergence: str):
-    """The exact full-vocabulary divergence; it is both the loss and the figure."""
-    div_C = exact_divergence_P(logits_C_V, logprobs_P_V, divergence=divergence,
-                               jsd_beta=settings.jsd_beta, temperature=settings.temperature)
-    return div_C, div_C
-
-
-def bucketed(logits_C_V, *, settings: LossSettings, topk_ids_P_K, topk_logprobs_P_K,
-             tail_logmass_P, divergence: str):
-    """The ``K + 1``-bucket divergence; it is both the loss and the figure."""
-    div_C = bucketed_topk_tail_divergence_P(
-        logits_C_V, topk_ids_P_K, topk_logprobs_P_K, tail_logmass_P, divergence=divergence,
-        jsd_beta=settings.jsd_beta, temperature=settings.temperature,
-        tail_epsilon=settings.tail_epsilon,
-    )
-    return div_C, div_C
-
-
-def sampled_token(logits_C_V, *, settings: LossSettings, sampled_ids_P, target_logprobs_P):
-    """The sampled-token reverse-KL estimator: the policy-gradient loss and the detached
-    KL estimate ``log S(y) - log T(y)`` as the figure."""
-    return sampled_token_reverse_kl_P(logits_C_V, sampled_ids_P, target_logprobs_P,
-                                      temperature=settings.temperature)
-
-
-def cross_entropy(logits_C_V, *, settings: LossSettings, sampled_ids_P):
-    """SFT: ``-log S(next token)``, always at temperature 1 (``loss.temperature`` tempers
-    the distillation targets, not the data)."""
-    nll_C = cross_entropy_P(logits_C_V, sampled_ids_P)
-    return nll_C, nll_C
-
-
-_SAMPLED_TOKEN = Objective("sampled_token reverse_kl", ("sampled_ids_P", "target_logprobs_P"),
-                           sampled_token)
-
-OBJECTIVES: dict[tuple[str, str, str], Objective] = {
-    **{("full", "exact_full_vocab", d): Objective(
-        f"exact_full_vocab {d}", ("logprobs_P_V",), partial(exact, divergence=d))
-       for d in DIVERGENCES},
-    **{("full", "bucketed_topk_tail", d): Objective(
-        f"bucketed_topk_tail {d}", ("topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P"),
-        partial(bucketed, divergence=d))
-       for d in DIVERGENCES},
-    # The estimator reads only the teacher's log-prob of the sampled token, which both
-    # target kinds carry.
-    **{("sampled_token", target, "reverse_kl"): _SAMPLED_TOKEN for target in TARGETS},
-}
-
-SFT = Objective("sft", ("sampled_ids_P",), cross_entropy)
 
 
 def objective_for(config: Any) -> Objective:
@@ -151,35 +91,3 @@ def request_kind(config: Any) -> str:
     ``exact_full_vocab``, else ``topk`` (the sampled-token estimator reads the target
     log-prob both kinds carry, so it follows ``loss.objective`` as well)."""
     return "exact" if LossSettings.of(config).objective == "exact_full_vocab" else "topk"
-
-
-def distillation_loss(
-    hidden_P_H: torch.Tensor,
-    lm_head: Callable[[torch.Tensor], torch.Tensor],
-    targets: TeacherTargets,
-    config: Any = None,
-    *,
-    num_global_positions: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The distillation loss the recipe asks for, over ``P`` selected positions.
-
-    ``config`` is the recipe's ``loss`` section (or :class:`LossSettings`; None: the
-    defaults). See :meth:`Objective.loss` for the arguments and what it returns.
-    """
-    settings = LossSettings.of(config)
-    return objective_for(settings).loss(hidden_P_H, lm_head, targets, settings,
-                                        num_global_positions=num_global_positions)
-
-
-def sft_loss(
-    hidden_P_H: torch.Tensor,
-    lm_head: Callable[[torch.Tensor], torch.Tensor],
-    target_ids_P: torch.Tensor,
-    *,
-    chunk_size: int = 1024,
-    num_global_positions: int | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Chunked SFT cross-entropy; ``(loss, metrics)`` with the mean NLL as ``divergence``."""
-    return SFT.loss(hidden_P_H, lm_head, TeacherTargets(sampled_ids_P=target_ids_P),
-                    LossSettings(chunk_size=chunk_size),
-                    num_global_positions=num_global_positions)

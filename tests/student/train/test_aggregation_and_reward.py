@@ -15,7 +15,8 @@ from test_losses import DT, _logits
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult
 from miniverl.student.train.objectives import LossSettings, TeacherTargets, objective_for
-from miniverl.student.train.objectives.step_inputs import (
+from miniverl.student.train.objectives.objective import given_logits
+from miniverl.student.train.objectives.variants import (
     aggregation_weights,
     step_inputs,
     task_advantages,
@@ -101,8 +102,8 @@ def test_reward_term_gradient_is_reinforce():
     assert advantage.tolist() == [1.0, 1.0, -1.0, -1.0, -1.0]
     objective = objective_for(s)
     teacher = F.log_softmax(_logits(5, V, 12), -1)
-    loss_C, _ = objective.per_position(logits, settings=s, sampled_ids_P=ids,
-                                       logprobs_P_V=teacher, advantage_P=advantage)
+    targets = TeacherTargets(sampled_ids_P=ids, logprobs_P_V=teacher, advantage_P=advantage)
+    loss_C, _ = objective.per_position(logits, given_logits, targets, s)
     (loss_C.sum() / 5).backward()
     soft = F.softmax(logits.detach(), -1)
     closed = -(advantage[:, None] * (F.one_hot(ids, V) - soft)) / 5

@@ -22,10 +22,9 @@ from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import read_trajectories, select_positions_for
 from miniverl.student.environments import make_tasks
 from miniverl.student.rollout.runner import RolloutRunner
-from miniverl.student.train.batches import fixed_draw
 from miniverl.student.train.fixed_sets import TEACHER_SET_CYCLE
-from miniverl.student.train.mixing import split
-from miniverl.student.train.state import episode_seed
+from miniverl.student.train.modes.offline_kd import split
+from miniverl.student.train.state import episode_seed, fixed_draw
 from miniverl.student.train.trainer import Trainer
 from tests.student.train.trainer_kit import (
     LossRecorder,
@@ -58,8 +57,7 @@ def test_the_mixing_split_and_the_fixed_draw():
 def test_group_size_and_the_episodes_of_a_cycle():
     from types import SimpleNamespace
 
-    from miniverl.student.train.batches import cycle_episodes, group_size
-    from miniverl.student.train.state import tasks_for
+    from miniverl.student.train.state import cycle_episodes, group_size, tasks_for
 
     assert group_size(make_recipe("opd", "runs")) == 1
     assert group_size(make_recipe("opd", "runs", sections={"rollout": {"group_size": 2}})) == 2

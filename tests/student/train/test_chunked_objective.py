@@ -19,14 +19,25 @@ from miniverl.student.train.objectives import (
     LossSettings,
     TeacherTargets,
     bucketed_topk_tail_divergence_P,
-    distillation_loss,
     exact_divergence_P,
     objective_for,
     request_kind,
-    sft_loss,
 )
 
 torch.set_num_threads(1)
+
+
+def distillation_loss(hidden_P_H, lm_head, targets, config, *, num_global_positions=None):
+    """The recipe's objective over the positions (the pick a run makes once, then its loss)."""
+    settings = LossSettings.of(config)
+    return objective_for(settings).loss(hidden_P_H, lm_head, targets, settings,
+                                        num_global_positions=num_global_positions)
+
+
+def sft_loss(hidden_P_H, lm_head, target_ids_P, *, chunk_size=1024, num_global_positions=None):
+    """The SFT objective (the next token is the target) over the positions."""
+    return SFT.loss(hidden_P_H, lm_head, TeacherTargets(sampled_ids_P=target_ids_P),
+                    LossSettings(chunk_size=chunk_size), num_global_positions=num_global_positions)
 
 
 # -- chunked driver and dispatcher ---------------------------------------------------------------------

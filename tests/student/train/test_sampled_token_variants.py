@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from test_losses import DT, _logits
 
 from miniverl.student.train.objectives import exact_reverse_kl_P, sampled_token_reverse_kl_P
-from miniverl.student.train.objectives.sampled_token import (
+from miniverl.student.train.objectives.formulas import (
     sampled_token_reverse_kl_ratio_P,
     truncated_ratio_P,
 )

@@ -20,7 +20,7 @@ import yaml
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import loads_recipe, recipe_digest
 from miniverl.student.environments import make_tasks
-from miniverl.student.train.batches import fixed_draw
+from miniverl.student.train.state import fixed_draw
 from miniverl.student.train.trainer import Trainer
 from tests.student.train.trainer_kit import LossRecorder, parameters, same_parameters
 from tests.toy_kit import events, make_recipe, metrics, recipe_dict

@@ -88,17 +88,17 @@ def test_a_group_baseline_finds_each_tasks_episodes_in_the_update(tmp_path, toy)
 def test_replay_weighs_its_older_tokens_by_a_ratio_away_from_one(tmp_path, toy, monkeypatch):
     # Replay trains on episodes of older versions: there the weight is not 1, and it
     # never exceeds the cap.
-    from miniverl.student.train.objectives import sampled_token
+    from miniverl.student.train.objectives import formulas
 
     seen: list[torch.Tensor] = []
-    real = sampled_token.truncated_ratio_P
+    real = formulas.truncated_ratio_P
 
     def spy(logp_P, sampling_logprobs_P, cap):
         weight_P = real(logp_P, sampling_logprobs_P, cap)
         seen.append(weight_P.detach().clone())
         return weight_P
 
-    monkeypatch.setattr(sampled_token, "truncated_ratio_P", spy)
+    monkeypatch.setattr(formulas, "truncated_ratio_P", spy)
     loss = {"estimator": "sampled_token", "divergence": "reverse_kl", "importance_ratio_cap": 1.5}
     recipe = make_recipe("replay", tmp_path, cycles=3, max_lag=1, updates_per_batch=2,
                          sections={"loss": loss})

@@ -11,8 +11,8 @@ import torch
 from miniverl.common.alignment import MODEL, TEMPLATE, Alignment
 from miniverl.protocol.xvocab import groups_of_alignment
 from miniverl.student.train.objectives import LossSettings, TeacherTargets
+from miniverl.student.train.objectives.formulas import sampled_token_reverse_kl_P
 from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
-from miniverl.student.train.objectives.per_position import sampled_token_reverse_kl_P
 from miniverl.student.train.xvocab_targets import student_targets
 
 

@@ -66,18 +66,20 @@ def load_toy_teacher(shape: dict[str, int] = TEACHER) -> ToyTeacher:
 
 @dataclass
 class LossRecorder:
-    """Wraps ``distill_step`` where every distillation update calls it
-    (``steps.py``): what reached the loss, and at which version."""
+    """Wraps ``updates.distill_step``, which every distillation update calls: what
+    reached the loss, and at which version."""
 
     trainer: Any = None
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     def install(self, monkeypatch) -> LossRecorder:
-        import miniverl.student.train.steps as steps_module
+        import miniverl.student.train.updates as steps_module
 
         real = steps_module.distill_step
 
         def recording(policy, optimizer, scheduler, scored, **kw):
+            if kw.get("kind") == "sft":  # an SFT step (the warm-up): not a distillation update
+                return real(policy, optimizer, scheduler, scored, **kw)
             self.calls.append({
                 "version": self.trainer.version,
                 "cycle": self.trainer.state.cycle,
