@@ -28,12 +28,19 @@ What the engine cannot say, this client checks itself:
   competence gate like any new teacher.
 
 Transport: httpx (the ``engine`` extra, imported when a client is made), requests
-pipelined up to ``max_inflight`` at once, each with a timeout and at most
-``max_retries`` retries (a refused connection, a timeout, ``429`` or ``5xx``), then a
-one-line :class:`~miniverl.common.errors.TeacherUnavailable`. An answer that is not the
-documented shape is a one-line :class:`~miniverl.common.errors.TeacherError`, never
-retried. The API key is read from the environment variable the recipe names
-(``teacher.api_key_env``) and is sent only in the ``Authorization`` header.
+pipelined up to ``max_inflight`` at once. Each try of a request has one deadline for the
+whole exchange (``request_timeout_s``: connect, send and every read together, so a server
+that drips its answer is cut off like one that never answers), and its answer is read as
+a stream, refused past a size cap (``max_reply_bytes``; by default what the request's
+answer can need). A refused connection, a deadline, ``429`` or ``5xx`` is retried at
+most ``max_retries`` times, then a one-line
+:class:`~miniverl.common.errors.TeacherUnavailable`. An answer that is not the documented
+shape, or whose numbers are not log-probabilities (``protocol/engine_replies.py``), is
+a one-line :class:`~miniverl.common.errors.TeacherError` naming the endpoint, the
+position or field and the fix, never retried and never trained on. The bytes counters
+count every byte sent and read. The API key is read from the environment variable the
+recipe names (``teacher.api_key_env``) and is sent only in the ``Authorization`` header.
+:meth:`~EngineTeacherClient.interrupt` ends a wait from another thread (a stop signal).
 
 Torch-free; numpy only. This module does not connect a run or gate a teacher
 (``student/train/teacher.py``).
@@ -42,12 +49,12 @@ Torch-free; numpy only. This module does not connect a run or gate a teacher
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Literal
 
@@ -61,10 +68,29 @@ from miniverl.common.errors import (
     TokenizerMismatch,
 )
 from miniverl.protocol.checks import validate_score
+from miniverl.protocol.engine_replies import (
+    MAX_K,
+    REPLY_BASE_BYTES,
+    REPLY_BYTES_PER_ENTRY,
+    DuplicateKey,
+    EngineGarbage,
+    EngineModelChanged,
+    EngineNotLogprobs,
+    parse_json,
+    parse_score,
+    score_body,
+    served_models,
+)
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.messages import HelloOk, ParkOk, Score, ScoreOk, TeacherState, WakeOk
 from miniverl.protocol.pending import PendingTable
-from miniverl.protocol.scoring_client import Identity, ScoreResult, as_async, connected
+from miniverl.protocol.scoring_client import (
+    Identity,
+    ScoreResult,
+    StoppableCalls,
+    as_async,
+    connected,
+)
 
 Flavour = Literal["vllm", "sglang"]
 FLAVOURS: tuple[str, ...] = ("vllm", "sglang")
@@ -83,32 +109,7 @@ PROBES: tuple[str, ...] = (
     "def f(x):\n    return [i for i in range(x) if i % 2 == 0]\n",
 )
 
-# The smallest normal float32: the least mass the tail is given when the top-k's
-# probabilities sum to 1 or more after rounding (a finite tail of at most -87.3).
-TAIL_FLOOR = float(np.finfo(np.float32).tiny)
 RETRY_STATUS = {429, 500, 502, 503, 504}
-MAX_K = 1024  # the most prompt log-probs asked per position (vLLM's default cap is 20)
-# How far above 0 a log-prob, and above 1 a top-k's probability mass, may round before
-# the reply is refused: engines compute log-softmax in float32 (a log-prob of +5.0 is a
-# "probability" of 148: raw logits, not log-probs, and never trained on).
-LOGPROB_TOLERANCE = 1e-3
-# A reply's size is capped before it is parsed: a fixed allowance for the envelope plus
-# REPLY_BYTES_PER_ENTRY per log-prob asked (a vLLM entry with its decoded token is ~80).
-REPLY_BASE_BYTES = 1 << 20
-REPLY_BYTES_PER_ENTRY = 256
-
-
-class EngineModelChanged(TeacherError):
-    """The engine now serves another model than the one this client was made for
-    (``served``: what it names now)."""
-
-    def __init__(self, message: str, served: Any = None):
-        super().__init__(message)
-        self.served = served
-
-
-class EngineGarbage(TeacherError):
-    """The engine answered with something that is not the documented shape."""
 
 
 def require_httpx() -> Any:
@@ -140,227 +141,6 @@ def check_engine_endpoint(endpoint: str) -> str:
             "query or credentials; put the key in the variable teacher.api_key_env names)"
         )
     return endpoint.rstrip("/")
-
-
-# ----------------------------------------------------------------------- targets
-
-
-def tail_logmass(logprobs_P_K: np.ndarray, *, k: int, vocab_size: int) -> np.ndarray:
-    """log of the mass outside each row's top-k, ``log1p(-sum p)`` in float64.
-
-    ``-inf`` exactly where the top-k is the whole vocabulary (``k >= vocab_size``, the
-    one non-finite value ``checks.nonfinite_report`` allows); otherwise finite: a sum
-    that rounds to 1 or more gives the tail :data:`TAIL_FLOOR`'s log.
-    """
-    p = len(logprobs_P_K)
-    if k >= vocab_size:
-        return np.full(p, -np.inf, np.float32)
-    mass = np.exp(logprobs_P_K.astype(np.float64)).sum(axis=1)
-    with np.errstate(invalid="ignore"):  # NaN stays NaN: the reply check refuses it
-        rest = np.where(np.isnan(mass), np.nan, np.maximum(1.0 - mass, TAIL_FLOOR))
-    return np.log(rest).astype(np.float32)
-
-
-def _best_k(entries: list[tuple[int, float]], k: int, where: str) -> list[tuple[int, float]]:
-    """The ``k`` highest of ``entries`` (an engine may add the actual token as a ``k+1``-th)."""
-    if len(entries) < k or len(entries) > k + 1:
-        raise EngineGarbage(f"{where} holds {len(entries)} log-probs; asked for {k} (k or "
-                            f"k+1 expected)")
-    if len({i for i, _ in entries}) != len(entries):
-        raise EngineGarbage(f"{where} names a token id twice")
-    # Highest first; equal log-probs by id, so the order is the same however they came.
-    return sorted(entries, key=lambda e: (-e[1], e[0]))[:k]
-
-
-class EngineNotLogprobs(EngineGarbage):
-    """The engine's numbers are not log-probabilities (above 0, or a top-k mass above 1)."""
-
-
-def _number(value: Any, where: str) -> float:
-    """A log-prob: a finite number at most :data:`LOGPROB_TOLERANCE` (clamped to 0)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EngineGarbage(f"{where} is {str(value)[:40]!r}, not a number")
-    value = float(value)
-    if not np.isfinite(value):
-        shown = "NaN" if value != value else value
-        raise EngineGarbage(f"{where} is {shown}, a non-finite number, not a log-prob")
-    if value > LOGPROB_TOLERANCE:
-        raise EngineNotLogprobs(f"{where} is {value:+.4g}, above 0 (a probability of "
-                                f"{np.exp(min(value, 700.0)):.4g})")
-    return min(value, 0.0)
-
-
-def _check_mass(entries: list[tuple[int, float]], where: str) -> None:
-    """One position names each token once, and its tokens hold at most all the
-    probability."""
-    if len({i for i, _ in entries}) != len(entries):
-        raise EngineGarbage(f"{where} names a token id twice")
-    mass = float(np.exp(np.array([lp for _, lp in entries], np.float64)).sum())
-    if mass > 1.0 + LOGPROB_TOLERANCE:
-        raise EngineNotLogprobs(f"{where}: the {len(entries)} log-probs sum to a probability "
-                                f"of {mass:.4g}, above 1")
-
-
-def _token_id(value: Any, where: str) -> int:
-    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 12:
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise EngineGarbage(f"{where} is {str(value)[:40]!r}, not a token id")
-    return value
-
-
-def _in_vocab(token: int, vocab_size: int, where: str) -> int:
-    if not 0 <= token < vocab_size:
-        raise EngineGarbage(f"{where} names token id {token}, outside the student's "
-                            f"vocabulary [0, {vocab_size})")
-    return token
-
-
-def _arrays(rows: list[list[tuple[int, float]]], targets: list[float], *, k: int,
-            vocab_size: int) -> dict[str, np.ndarray]:
-    p = len(rows)
-    ids = np.array([[i for i, _ in r] for r in rows], np.int64).reshape(p, k)
-    lps = np.array([[lp for _, lp in r] for r in rows], np.float64).reshape(p, k)
-    logprobs = lps.astype(np.float32)
-    return {
-        "ids": ids.astype(np.int32),
-        "logprobs": logprobs,
-        "tail_logmass": tail_logmass(logprobs, k=k, vocab_size=vocab_size),
-        "target_logprobs": np.array(targets, np.float32).reshape(p),
-    }
-
-
-def targets_from_vllm(entries: Sequence[Any], seq: Sequence[int], local_P: Sequence[int], *,
-                      k: int, vocab_size: int, where: str = "reply") -> dict[str, np.ndarray]:
-    """Our top-k + tail targets from one vLLM choice's ``prompt_logprobs``.
-
-    ``entries[j]`` (``None`` at ``j = 0``) maps a token id (a JSON string) to
-    ``{"logprob", "rank", "decoded_token"}``: the distribution of token ``j`` given the
-    tokens before it, ``k`` entries, or ``k + 1`` when the actual token ``seq[j]`` is not
-    among the top ``k``. Position ``p`` of ours predicts token ``p + 1``, so it reads
-    ``entries[p + 1]``; ``target_logprobs`` is the actual token's log-prob.
-    """
-    if not isinstance(entries, list) or len(entries) != len(seq):
-        n = len(entries) if isinstance(entries, list) else type(entries).__name__
-        raise EngineGarbage(f"{where}: prompt_logprobs has {n} entries for a prompt of "
-                            f"{len(seq)} tokens")
-    rows, targets = [], []
-    for p in local_P:
-        entry, actual, at = entries[p + 1], int(seq[p + 1]), f"{where} position {p + 1}"
-        if not isinstance(entry, dict):
-            raise EngineGarbage(f"{at}: prompt_logprobs entry is {type(entry).__name__}, "
-                                "not an object")
-        parsed = []
-        for key, value in entry.items():
-            lp = value.get("logprob") if isinstance(value, dict) else value
-            token = _in_vocab(_token_id(key, f"{at} key"), vocab_size, at)
-            parsed.append((token, _number(lp, f"{at} logprob of token {token}")))
-        _check_mass(parsed, at)
-        found = dict(parsed)
-        if actual not in found:
-            raise EngineGarbage(f"{at}: the actual token {actual} has no log-prob")
-        targets.append(found[actual])
-        rows.append(_best_k(parsed, k, at))
-    return _arrays(rows, targets, k=k, vocab_size=vocab_size)
-
-
-def targets_from_sglang(meta: Any, seq: Sequence[int], local_P: Sequence[int], *, k: int,
-                        vocab_size: int, where: str = "reply") -> dict[str, np.ndarray]:
-    """Our top-k + tail targets from one SGLang ``meta_info`` (``logprob_start_len: 0``).
-
-    ``input_token_logprobs[j]`` is ``[logprob, token_id, text]`` of the prompt's token
-    ``j`` (logprob ``None`` at ``j = 0``); ``input_top_logprobs[j]`` a list of ``k`` such
-    triples (``None`` at ``j = 0``). Position ``p`` of ours reads entry ``p + 1``.
-    """
-    if not isinstance(meta, dict):
-        raise EngineGarbage(f"{where}: meta_info is {type(meta).__name__}, not an object")
-    tokens, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
-    for name, value in (("input_token_logprobs", tokens), ("input_top_logprobs", tops)):
-        if not isinstance(value, list) or len(value) != len(seq):
-            n = len(value) if isinstance(value, list) else repr(value)[:40]
-            raise EngineGarbage(f"{where}: meta_info.{name} has {n} entries for a prompt of "
-                                f"{len(seq)} tokens")
-    rows, targets = [], []
-    for p in local_P:
-        at = f"{where} position {p + 1}"
-        token, top = tokens[p + 1], tops[p + 1]
-        if not isinstance(token, list) or len(token) < 2:
-            raise EngineGarbage(f"{at}: input_token_logprobs entry is {str(token)[:40]!r}")
-        if _token_id(token[1], f"{at} token") != int(seq[p + 1]):
-            raise EngineGarbage(f"{at}: the server scored token {token[1]}, the prompt holds "
-                                f"{int(seq[p + 1])}")
-        targets.append(_number(token[0], f"{at} logprob"))
-        if not isinstance(top, list):
-            raise EngineGarbage(f"{at}: input_top_logprobs entry is {type(top).__name__}")
-        parsed = []
-        for triple in top:
-            if not isinstance(triple, list) or len(triple) < 2:
-                raise EngineGarbage(f"{at}: input_top_logprobs entry {str(triple)[:40]!r}")
-            token = _in_vocab(_token_id(triple[1], f"{at} id"), vocab_size, at)
-            parsed.append((token, _number(triple[0], f"{at} logprob of token {token}")))
-        _check_mass(parsed, at)
-        rows.append(_best_k(parsed, k, at))
-    return _arrays(rows, targets, k=k, vocab_size=vocab_size)
-
-
-# ----------------------------------------------------------------------- the flavours
-
-
-def score_body(flavour: str, model: str, prompts: list[list[int]], k: int) -> tuple[str, dict]:
-    """``(route, JSON body)`` asking for ``k`` prompt log-probs of every token of ``prompts``."""
-    if flavour == "vllm":
-        return "/v1/completions", {"model": model, "prompt": prompts, "max_tokens": 1,
-                                   "prompt_logprobs": k}
-    return "/generate", {"input_ids": prompts, "sampling_params": {"max_new_tokens": 1},
-                         "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": k}
-
-
-def parse_score(flavour: str, body: Any, model: str, seqs: list[list[int]],
-                local: list[list[int]], *, k: int, vocab_size: int,
-                where: str) -> dict[str, np.ndarray]:
-    """The reply arrays of one request (its positions in order), from the engine's body.
-
-    Raises :class:`EngineModelChanged` when a vLLM reply names another ``model``, and
-    :class:`EngineGarbage` for anything but the documented shape.
-    """
-    parts = []
-    if flavour == "vllm":
-        if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
-            raise EngineGarbage(f"{where}: no 'choices' list in the completion response")
-        if body.get("model") != model:
-            named = str(body.get("model"))[:200]
-            raise EngineModelChanged(f"{where} names model {named!r}, not {model!r}",
-                                     served=named)
-        by_index = {c.get("index"): c for c in body["choices"] if isinstance(c, dict)}
-        if sorted(by_index, key=str) != sorted(range(len(seqs)), key=str):
-            raise EngineGarbage(f"{where}: {len(body['choices'])} choices for {len(seqs)} prompts")
-        for b, (seq, pos) in enumerate(zip(seqs, local, strict=True)):
-            choice = by_index[b]
-            echoed = choice.get("prompt_token_ids")
-            if echoed is not None and list(echoed) != seq:
-                raise EngineGarbage(f"{where} choice {b}: prompt_token_ids differ from the prompt")
-            parts.append(targets_from_vllm(choice.get("prompt_logprobs"), seq, pos, k=k,
-                                           vocab_size=vocab_size, where=f"{where} choice {b}"))
-    else:
-        items = body if isinstance(body, list) else [body]
-        if len(items) != len(seqs) or not all(isinstance(i, dict) for i in items):
-            raise EngineGarbage(f"{where}: {len(items)} answers for {len(seqs)} prompts")
-        for b, (item, seq, pos) in enumerate(zip(items, seqs, local, strict=True)):
-            parts.append(targets_from_sglang(item.get("meta_info"), seq, pos, k=k,
-                                             vocab_size=vocab_size, where=f"{where} prompt {b}"))
-    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
-
-
-def served_models(flavour: str, body: Any) -> list[str]:
-    """The model names a ``/v1/models`` (vLLM) or ``/get_model_info`` (SGLang) body lists."""
-    if flavour == "vllm":
-        data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, list):
-            raise EngineGarbage("/v1/models answered without a 'data' list")
-        return [str(m.get("id")) for m in data if isinstance(m, dict)]
-    if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
-        raise EngineGarbage("/get_model_info answered without 'model_path'")
-    return [body["model_path"]]
 
 
 # ----------------------------------------------------------------------- the client
@@ -406,6 +186,7 @@ class EngineTeacherClient:
         self._headers = {"Authorization": f"Bearer {_api_key(api_key_env)}"} if api_key_env else {}
         self._portal_cm = self._portal = self._http = self._slots = None
         self._tasks: set[Any] = set()
+        self._calls = StoppableCalls()
         self._extra = {"http_requests": 0, "model_changed": 0, "engine_garbage": 0,
                        "deadline_exceeded": 0}
 
@@ -425,7 +206,12 @@ class EngineTeacherClient:
             timeout=self._httpx.Timeout(self.request_timeout_s))
 
     def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._start().call(functools.partial(fn, *args, **kwargs))
+        return self._calls.call(self._start(), fn, *args, **kwargs)
+
+    def interrupt(self, reason: str) -> None:
+        """End every call in progress (a wait, the handshake's retries) and every later one
+        with ``StopRequested``; any thread may call it."""
+        self._calls.interrupt(reason)
 
     # ------------------------------------------------------------- HTTP
     async def _request(self, method: str, route: str, body: Any = None, *,
@@ -498,7 +284,7 @@ class EngineTeacherClient:
     def _json(self, data: bytes, url: str) -> Any:
         """The parsed answer; non-JSON, duplicate keys or absurd nesting is garbage."""
         try:
-            return json.loads(data, object_pairs_hook=_unique_keys)
+            return parse_json(data)
         except (ValueError, RecursionError) as exc:
             self._extra["engine_garbage"] += 1
             why = ("JSON nested too deep" if isinstance(exc, RecursionError)
@@ -789,6 +575,8 @@ class EngineTeacherClient:
         try:
             portal.call(self._aclose)
         finally:
+            with contextlib.suppress(RuntimeError):  # cancel a wait a signal left behind
+                portal.call(portal.stop, True)
             portal_cm.__exit__(None, None, None)
 
     async def _aclose(self) -> None:
@@ -812,19 +600,6 @@ def _api_key(env: str) -> str:
         raise ConfigError(f"teacher.api_key_env names {env!r}, which is not set; export "
                           f"{env}=KEY before the run (or drop teacher.api_key_env)")
     return key
-
-
-class DuplicateKey(ValueError):
-    """A JSON object names one key twice (``json`` would keep the last silently)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise DuplicateKey(f"an object that names key {twice[:20]!r} twice")
-    return out
 
 
 def _message(data: bytes) -> str:

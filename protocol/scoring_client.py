@@ -23,8 +23,9 @@ the errors it raises; it sends nothing.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,6 +50,12 @@ class TeacherChanged(MiniverlError, RuntimeError):
             f"{new[0]} gen {new[1]}; call bind() and re-submit the update"
         )
         self.old, self.new, self.how = old, new, how
+
+
+class StopRequested(MiniverlError, RuntimeError):
+    """A stop (SIGTERM, SIGINT, the control socket's ``STOP``) ended a call on the teacher:
+    :meth:`ScoringClient.interrupt` was called. Not a teacher failure: the run stops as
+    interrupted, at the update boundary it was waiting at."""
 
 
 class ScoreTimeout(TeacherUnavailable, TimeoutError):
@@ -126,6 +133,49 @@ class ScoringClient(Protocol):
 
     def close(self) -> None:
         """Release the connection (idempotent)."""
+
+    def interrupt(self, reason: str) -> None:
+        """End every call in progress, and every later one, with :class:`StopRequested`
+        (``reason`` its message). Called from another thread (the trainer's, on a stop
+        request), so a teacher that never answers cannot hold a stop."""
+
+
+class StoppableCalls:
+    """Blocking calls into a client's event-loop thread (an anyio blocking portal) that
+    :meth:`interrupt` ends from any thread, and that a ``KeyboardInterrupt`` in the
+    caller cancels instead of leaving the call running (which then held the loop's
+    thread, and the process, at exit)."""
+
+    def __init__(self) -> None:
+        self._futures: set[Future] = set()
+        self._lock = threading.Lock()
+        self.stopped: StopRequested | None = None
+
+    def call(self, portal: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.stopped is not None:
+            raise StopRequested(str(self.stopped))
+        future = portal.start_task_soon(functools.partial(fn, *args, **kwargs))
+        with self._lock:
+            self._futures.add(future)
+        try:
+            return future.result()
+        except CancelledError:
+            if self.stopped is not None:
+                raise StopRequested(str(self.stopped)) from None
+            raise
+        except BaseException:
+            future.cancel()  # a KeyboardInterrupt here: the call must not outlive it
+            raise
+        finally:
+            with self._lock:
+                self._futures.discard(future)
+
+    def interrupt(self, reason: str) -> None:
+        self.stopped = StopRequested(reason)
+        with self._lock:
+            futures = list(self._futures)
+        for future in futures:
+            future.cancel()
 
 
 def connected(client: Any) -> Any:

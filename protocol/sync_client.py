@@ -10,7 +10,7 @@ typed against. It adds no behaviour of its own: the staleness rule lives in
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -26,7 +26,13 @@ from miniverl.protocol.messages import (
     ShutdownOk,
     WakeOk,
 )
-from miniverl.protocol.scoring_client import Identity, ScoreResult, as_async, connected
+from miniverl.protocol.scoring_client import (
+    Identity,
+    ScoreResult,
+    StoppableCalls,
+    as_async,
+    connected,
+)
 
 
 class SyncTeacherClient:
@@ -42,6 +48,7 @@ class SyncTeacherClient:
         self._portal_cm = None
         self._portal = None
         self._client_cm = None
+        self._calls = StoppableCalls()
 
     def _start(self) -> Any:
         if self._portal is None:
@@ -52,7 +59,12 @@ class SyncTeacherClient:
         return self._portal
 
     def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._start().call(functools.partial(fn, *args, **kwargs))
+        return self._calls.call(self._start(), fn, *args, **kwargs)
+
+    def interrupt(self, reason: str) -> None:
+        """End every call in progress (a wait, a handshake) and every later one with
+        ``StopRequested`` (``scoring_client.py``); any thread may call it."""
+        self._calls.interrupt(reason)
 
     # Read-only views of the async core's state.
     endpoint = property(lambda self: self._core.endpoint, doc="The teacher endpoint in use.")
@@ -127,11 +139,15 @@ class SyncTeacherClient:
         """Close the connection and stop the event-loop thread (idempotent)."""
         if self._portal is None:
             return
-        client_cm, portal_cm = self._client_cm, self._portal_cm
+        client_cm, portal_cm, portal_cm_portal = self._client_cm, self._portal_cm, self._portal
         self._portal = self._client_cm = self._portal_cm = None
         try:
             client_cm.__exit__(None, None, None)
         finally:
+            # Cancel what is still running (a wait a signal left behind): stopping the
+            # portal without cancelling waits for it, possibly forever.
+            with contextlib.suppress(RuntimeError):
+                portal_cm_portal.call(portal_cm_portal.stop, True)
             portal_cm.__exit__(None, None, None)
 
     def __enter__(self) -> SyncTeacherClient:

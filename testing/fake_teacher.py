@@ -46,7 +46,12 @@ from miniverl.protocol.client import TeacherClient
 from miniverl.protocol.codec import decode, decode_header_only, encode
 from miniverl.protocol.limits import Limits
 from miniverl.protocol.pending import RETRYABLE_CODES, Pending, accept_reply
-from miniverl.protocol.scoring_client import Identity, ScoreResult, TeacherChanged
+from miniverl.protocol.scoring_client import (
+    Identity,
+    ScoreResult,
+    StopRequested,
+    TeacherChanged,
+)
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.protocol.xvocab import parse_xvocab_score
 from miniverl.teacher_server.backend import BackendError, ScoreJob
@@ -422,6 +427,7 @@ class FakeTeacherClient:
         self._version = 0
         self._lag = 0
         self._bound: Identity | None = None
+        self._stopped: str | None = None
 
     @property
     def hello(self) -> m.HelloOk:
@@ -502,6 +508,8 @@ class FakeTeacherClient:
                             bound_teacher=self._bound) is None
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
+        if self._stopped is not None:
+            raise StopRequested(self._stopped)
         ids = list(ids)
         if self.reload_before_next_wait:
             self.reload_before_next_wait = False
@@ -540,6 +548,10 @@ class FakeTeacherClient:
 
     def wake(self) -> m.WakeOk:
         return m.WakeOk(id=0, state=m.TeacherState.READY)
+
+    def interrupt(self, reason: str) -> None:
+        """Every later :meth:`wait` raises ``StopRequested`` (nothing here blocks)."""
+        self._stopped = reason
 
     def close(self) -> None:
         """Nothing to release: no connection was opened."""

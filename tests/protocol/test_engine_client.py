@@ -31,8 +31,8 @@ require("httpx")
 from miniverl.protocol.engine_client import (  # noqa: E402 (after the skip)
     EngineModelChanged,
     EngineTeacherClient,
-    tail_logmass,
 )
+from miniverl.protocol.engine_replies import tail_logmass  # noqa: E402
 from tests.protocol.engine_fake import FakeEngine  # noqa: E402
 from tests.toy_kit import TEACHER, make_recipe, toy_dir  # noqa: E402
 
