@@ -1,13 +1,18 @@
-"""The distillation benchmark's tables as Markdown, every figure annotated with its record.
+"""The distillation benchmark's tables as Markdown, each one annotated with its record.
 
-    python benchmarks/distill_report.py --commit <sha>   # the commit holding the record
+    python benchmarks/distill_report.py --record benchmarks/results/distill_bench_v2.json --commit <sha>
+    python benchmarks/distill_report.py --record benchmarks/results/distill_bench_v2.json --table updates=32
 
-Reads ``benchmarks/results/distill_bench.json`` (what ``benchmarks/distill_bench.py
---update-committed`` writes) and prints the tables of docs/distillbench.md's results:
-the start points, the learning-rate grid, both budgets (equal updates, equal training
-seconds) with both evaluations (T=1, greedy), and each arm's cost. Every number is
-followed by a figure annotation naming its path in the record at ``--commit``
-(tests/docs/figures.py checks them), so the page's tables are the record's numbers.
+Reads a distillation benchmark's analysis (``benchmarks/results/distill_bench*.json``, what
+``benchmarks/distill_bench.py --update-committed`` writes) and prints the tables of
+docs/distillbench.md's results: the start points, the learning-rate grid, each reading
+of both budgets (equal updates, equal training seconds) with both evaluations (T=1,
+greedy) and each arm's paired difference to the baseline and to every arm of the
+analysis's ``also_against``, and each arm's cost. ``--table NAME`` prints one table
+(``start``, ``grid``, ``updates=N``, ``seconds=S``, ``cost``). With ``--commit`` (the
+commit that holds the record) each table is followed by one table annotation naming the
+record, the commit and the command that prints it (tests/docs/figures.py): the docs test
+prints the table again from the record at that commit and compares it whole.
 """
 
 from __future__ import annotations
@@ -23,124 +28,159 @@ RECORD = "benchmarks/results/distill_bench.json"
 
 
 class Table:
-    """Rows of printed cells and the annotations of the numbers they print."""
+    """A header and rows of printed cells."""
 
-    def __init__(self, record: str, commit: str, header: list[str]):
-        self.record, self.commit, self.header = record, commit, header
+    def __init__(self, header: list[str]):
+        self.header = header
         self.rows: list[list[str]] = []
-        self.notes: list[str] = []
 
-    def fig(self, value: float | None, pointer: str, fmt: str = "{:.3f}") -> str:
-        if value is None:
-            return "-"
-        shown = fmt.format(value)
-        self.notes.append(f"<!-- figure: {shown} = {self.record}#{pointer} @ {self.commit} -->")
-        return shown
+    @staticmethod
+    def fig(value: float | None, fmt: str = "{:.3f}") -> str:
+        return "-" if value is None else fmt.format(value)
 
-    def interval(self, entry: dict[str, Any] | None, pointer: str, signed: bool = False) -> str:
+    @staticmethod
+    def interval(entry: dict[str, Any] | None, signed: bool = False) -> str:
         if not entry:
             return "-"
         fmt = "{:+.3f}" if signed else "{:.3f}"
-        return (f"{self.fig(entry['mean'], pointer + '.mean', fmt)} "
-                f"[{self.fig(entry['low'], pointer + '.low', fmt)}, "
-                f"{self.fig(entry['high'], pointer + '.high', fmt)}]")
+        shown = f"{fmt.format(entry['mean'])} [{fmt.format(entry['low'])}, {fmt.format(entry['high'])}]"
+        if "above" in entry and "per_seed" in entry:
+            shown += f", {entry['above']} of {len(entry['per_seed'])} above"
+        return shown
 
     def markdown(self) -> str:
         lines = ["| " + " | ".join(self.header) + " |",
                  "| " + " | ".join("---" for _ in self.header) + " |"]
         lines += ["| " + " | ".join(row) + " |" for row in self.rows]
-        return "\n".join(lines + [""] + self.notes) + "\n"
+        return "\n".join(lines) + "\n"
 
 
-def start_table(data: dict[str, Any], record: str, commit: str) -> Table:
-    t = Table(record, commit, ["model", "split", "greedy", "T=1 (2 per task)", "tasks"])
+def start_table(data: dict[str, Any]) -> Table:
+    t = Table(["model", "split", "greedy", "T=1 (2 per task)", "unseen states (T=1)", "tasks"])
     start = data["start"]
     for who in ("warm_student", "teacher"):
         row = start.get(who)
         if row:
             t.rows.append([who.replace("_", " ") + " (its preparation's eval)", row["split"],
-                           t.fig(row["greedy"], f"start.{who}.greedy"),
-                           t.fig(row["t1"], f"start.{who}.t1"), str(row["n"])])
+                           t.fig(row["greedy"]), t.fig(row["t1"]), "-", str(row["n"])])
     for key, row in (data.get("start_evals") or {}).items():
         name, split = key.split(":")
         if split == data["distill"]["main_split"]:
             t.rows.append([("warm student" if name == "warm" else name) + " (measured once)",
-                           split, t.fig(row["greedy"], f"start_evals.{key}.greedy"),
-                           t.fig(row["t1"], f"start_evals.{key}.t1"), str(row["n"])])
+                           split, t.fig(row["greedy"]), t.fig(row["t1"]),
+                           t.fig(row.get("unseen_states")), str(row["n"])])
     return t
 
 
-def grid_table(data: dict[str, Any], record: str, commit: str) -> Table:
+def grid_table(data: dict[str, Any]) -> Table:
     grid = data["distill"]["lr_grid"]
-    t = Table(record, commit, ["arm", *(f"lr {lr:g}: T=1 / greedy" for lr in grid), "chosen"])
+    t = Table(["arm", *(f"lr {lr:g}: T=1 / greedy" for lr in grid), "chosen"])
     for arm, row in (data["grid"].get("choice") or {}).items():
-        cells = []
-        for i, r in enumerate(row["grid"]):
-            cells.append(f"{t.fig(r['t1'], f'grid.choice.{arm}.grid.{i}.t1')} / "
-                         f"{t.fig(r['greedy'], f'grid.choice.{arm}.grid.{i}.greedy')}")
-        t.rows.append([arm, *cells, t.fig(row["chosen_lr"], f"grid.choice.{arm}.chosen_lr",
-                                          "{:g}")])
+        cells = [f"{t.fig(r['t1'])} / {t.fig(r['greedy'])}" for r in row["grid"]]
+        t.rows.append([arm, *cells, t.fig(row["chosen_lr"], "{:g}")])
     return t
 
 
-def budget_table(data: dict[str, Any], record: str, commit: str, label: str) -> Table:
-    """One reading (an update count or a wall-clock point): both evaluations per arm."""
+def budget_table(data: dict[str, Any], label: str) -> Table:
+    """One reading (an update count or a wall-clock point): both evaluations per arm, each
+    paired with the baseline and with every arm of ``also_against``."""
     main, base = data["main"], data["baseline"]
-    t = Table(record, commit, ["arm", "cells ok", "T=1 mean [95%]", f"T=1 Δ vs {base} [95%]",
-                               "greedy mean [95%]", f"greedy Δ vs {base} [95%]",
-                               "updates reached (seeds in order)"])
+    others = [base, *main.get("also_against", [])]
+    header = ["arm", "cells ok"]
+    for kind, name in (("t1", "T=1"), ("greedy", "greedy")):
+        header += [f"{name} mean [95%]", *(f"{name} Δ vs {o} [95%]" for o in others)]
+    t = Table([*header, "updates reached (seeds in order)"])
     for arm, entry in main["arms"].items():
         block = entry[label]
         reached = ", ".join("-" if v is None else str(v)
                             for v in block["updates_reached"].values())
         row = [arm, f"{entry['ok']}/{entry['cells']}"]
         for kind in ("t1", "greedy"):
-            row += [t.interval(block[kind], f"main.arms.{arm}.{label}.{kind}"),
-                    t.interval(block.get(f"{kind}_vs_{base}"),
-                               f"main.arms.{arm}.{label}.{kind}_vs_{base}", signed=True)]
+            row += [t.interval(block[kind]),
+                    *(t.interval(block.get(f"{kind}_vs_{o}"), signed=True) for o in others)]
         t.rows.append([*row, reached])
     return t
 
 
-def cost_table(data: dict[str, Any], record: str, commit: str) -> Table:
+def cost_table(data: dict[str, Any]) -> Table:
+    """Training seconds and where they went (when the record keeps the split), and the
+    state coverage after the budget in the reading the record holds."""
     main = data["main"]
-    t = Table(record, commit, ["arm", "training s (mean)", "of which preparation s",
-                               "cell wall s (with evaluation)", "unseen states after [95%]"])
+    t1 = data.get("coverage_reading") == "t1"  # older records hold greedy coverage only
+    split = any(e.get("mean_time_split") for e in main["arms"].values())
+    header = ["arm", "training s (mean)", "of which preparation s"]
+    if split:
+        header += ["rollout s", "teacher wait s", "update s"]
+    header += ["cell wall s (with evaluation)",
+               "unseen states after, T=1 [95%]" if t1 else "unseen states after, greedy [95%]"]
+    if t1:
+        header.append("unseen states after, greedy [95%]")
+    t = Table(header)
     for arm, entry in main["arms"].items():
-        t.rows.append([arm, t.fig(entry["mean_training_s"], f"main.arms.{arm}.mean_training_s",
-                                  "{:.1f} s"),
-                       t.fig(entry["mean_preparation_s"], f"main.arms.{arm}.mean_preparation_s",
-                             "{:.1f} s"),
-                       t.fig(entry["mean_wall_s"], f"main.arms.{arm}.mean_wall_s", "{:.1f} s"),
-                       t.interval(entry.get("unseen_states_final"),
-                                  f"main.arms.{arm}.unseen_states_final")])
+        row = [arm, t.fig(entry["mean_training_s"], "{:.1f} s"),
+               t.fig(entry["mean_preparation_s"], "{:.1f} s")]
+        if split:
+            times = entry.get("mean_time_split") or {}
+            row += [t.fig(times.get(k), "{:.1f} s") for k in ("rollout_s", "teacher_wait_s",
+                                                               "update_s")]
+        row += [t.fig(entry["mean_wall_s"], "{:.1f} s"),
+                t.interval(entry.get("unseen_states_final"))]
+        if t1:
+            row.append(t.interval(entry.get("unseen_states_greedy_final")))
+        t.rows.append(row)
     return t
+
+
+def tables(data: dict[str, Any]) -> list[tuple[str, str, Table]]:
+    """``(name, heading, table)`` for every table the record holds, in page order."""
+    out = [("start", "Start points", start_table(data))]
+    if data.get("grid"):
+        out.append(("grid", "Learning-rate grid (validation split, T=1 / greedy after the "
+                            "budget)", grid_table(data)))
+    labels = ([f"updates={u}" for u in data["main"]["updates"] if u > 0]
+              + [f"seconds={s:g}" for s in data["main"]["seconds"]])
+    for label in labels:
+        what = (f"after {label.split('=')[1]} updates" if label.startswith("updates")
+                else f"within {label.split('=')[1]} training seconds")
+        out.append((label, f"Test split, {what}", budget_table(data, label)))
+    out.append(("cost", "Cost per cell", cost_table(data)))
+    return out
+
+
+def annotation(record: str, commit: str, name: str) -> str:
+    """The table annotation: the record, the commit holding it, the command printing it."""
+    return (f"<!-- table: {record} @ {commit} by python benchmarks/distill_report.py "
+            f"--record {record} --table {name} -->")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--commit", required=True, help="the commit that holds the record")
     ap.add_argument("--record", default=RECORD, help="the record, relative to the repository")
+    ap.add_argument("--commit", default=None,
+                    help="the commit that holds the record: each table gets its annotation")
+    ap.add_argument("--table", default=None,
+                    help="print this table only (start, grid, updates=N, seconds=S, cost)")
     args = ap.parse_args(argv)
-    path = ROOT / args.record
+    path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
     if not path.is_file():
         sys.exit(f"error: {args.record} does not exist; run python benchmarks/distill_bench.py "
                  "--update-committed first")
     data = json.loads(path.read_text(encoding="utf-8"))
     if not data.get("main"):
         sys.exit(f"error: {args.record} holds no main phase; run the benchmark to the end first")
-    out = ["### Start points\n", start_table(data, args.record, args.commit).markdown()]
-    if data.get("grid"):
-        out += ["### Learning-rate grid (validation split, T=1 / greedy after the budget)\n",
-                grid_table(data, args.record, args.commit).markdown()]
-    for label in [f"updates={u}" for u in data["main"]["updates"] if u > 0] + \
-                 [f"seconds={s:g}" for s in data["main"]["seconds"]]:
-        what = (f"after {label.split('=')[1]} updates" if label.startswith("updates")
-                else f"within {label.split('=')[1]} training seconds")
-        out += [f"### Test split, {what}\n",
-                budget_table(data, args.record, args.commit, label).markdown()]
-    out += ["### Cost per cell\n", cost_table(data, args.record, args.commit).markdown()]
-    print("\n".join(out))
+    made = tables(data)
+    if args.table is not None and args.table not in [name for name, _, _ in made]:
+        sys.exit(f"error: --table {args.table} is not a table of {args.record}; name one of "
+                 f"{', '.join(name for name, _, _ in made)}")
+    out = []
+    for name, heading, table in made:
+        if args.table is not None and name != args.table:
+            continue
+        text = table.markdown()
+        if args.commit:
+            text += "\n" + annotation(args.record, args.commit, name) + "\n"
+        out.append(text if args.table else f"#### {heading}\n\n{text}")
+    print("\n".join(out), end="")
     return 0
 
 

@@ -1,15 +1,18 @@
 """Every annotated figure in the README and docs/ is the number its committed record holds.
 
 The annotation (``tests/docs/figures.py``) names the record, the path to the value in it
-and the commit that measured it; this test reads each one. A results table (one with
-annotations under it) annotates every measured-looking number in it, and a page that
-names a committed record prints at least one figure from it. Figures that had no record
-and went from the pages stay gone.
+and the commit that measured it; this test reads each one. A table a script prints from
+its record carries one table annotation (record, commit, command), and this test prints
+the table again from the record at that commit and as it stands and compares it whole.
+Any other results table (one with figure annotations under it) annotates every
+measured-looking number in it, and a page that names a committed record prints at least
+one figure (or table) from it. Figures that had no record and went from the pages stay gone.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,8 @@ from tests.docs.figures import (
     has_history,
     named_records,
     page_figures,
+    page_tables,
+    table_problems,
     unannotated_table_figures,
 )
 
@@ -57,6 +62,13 @@ def test_every_annotated_figure_is_its_records_number(page):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_every_annotated_table_is_what_its_command_prints_from_its_record(page):
+    problems = [p for note in page_tables(page)
+                for p in table_problems(note, check_commit=has_history())]
+    assert not problems, "\n".join(problems)
+
+
 def test_the_pages_annotate_their_headline_figures():
     counts = {p.relative_to(ROOT).as_posix(): len(page_figures(p)) for p in PAGES}
     for page in ("docs/recoverybench.md", "docs/benchmarks.md", "docs/toy-learning.md"):
@@ -70,7 +82,7 @@ def test_every_measured_figure_of_a_results_table_is_annotated(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
 def test_a_named_record_exists_and_the_page_prints_from_it(page):
-    annotated = {f.path for f in page_figures(page)}
+    annotated = {f.path for f in page_figures(page)} | {t.path for t in page_tables(page)}
     named = named_records(page)
     assert [r for r in sorted(named) if not (ROOT / r).is_file()] == [], "named but not committed"
     assert sorted(named - annotated) == [], "named, but no figure of the page comes from it"
@@ -130,3 +142,56 @@ def test_the_commit_must_hold_the_same_value():
     assert figure_problems(right, check_commit=True) == []
     before = Figure(right.page, 1, "8.4%", right.path, right.pointer, "ef59994", right.above)
     assert "ef59994" in figure_problems(before, check_commit=True)[0]  # before the run
+
+
+V2 = "benchmarks/results/distill_bench_v2.json"
+V2_COMMAND = f"python benchmarks/distill_report.py --record {V2} --table start"
+
+
+def _table_page(tmp_path, rows: list[str], commit: str = "21759d3",
+                command: str = V2_COMMAND) -> Path:
+    page = tmp_path / "page.md"
+    page.write_text("## Results\n\n" + "\n".join(rows) + "\n\n"
+                    f"<!-- table: {V2} @ {commit} by {command} -->\n", encoding="utf-8")
+    return page
+
+
+def _start_rows() -> list[str]:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "benchmarks/distill_report.py", "--record", V2,
+                          "--table", "start"], cwd=ROOT, capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.startswith("|")]
+
+
+def test_a_table_annotation_checks_the_table_whole(tmp_path):
+    rows = _start_rows()
+    assert len(rows) == 6 and "0.973" in rows[-1]
+    (note,) = page_tables(_table_page(tmp_path, rows))
+    assert note.rows == tuple(rows) and note.commit == "21759d3"
+    assert table_problems(note, check_commit=False) == []
+    # One figure changed in one row: named, with the row.
+    wrong = [*rows[:-1], rows[-1].replace("0.973", "0.975")]
+    (problem,) = table_problems(page_tables(_table_page(tmp_path, wrong))[0], check_commit=False)
+    assert "row 6" in problem and "0.975" in problem
+    # A table annotation stands for every figure of its table.
+    assert unannotated_table_figures(_table_page(tmp_path, rows)) == []
+    # A command that does not name the record cannot be pointed at the commit's copy.
+    other = page_tables(_table_page(tmp_path, rows, command="python benchmarks/distill_report.py "
+                                                            "--table start"))[0]
+    assert "does not name" in table_problems(other, check_commit=False)[0]
+
+
+def test_a_table_annotation_reads_the_record_at_its_commit():
+    if not has_history():
+        pytest.skip("a shallow clone or an export has no history to read")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = _start_rows()
+        at_start = page_tables(_table_page(Path(tmp), rows, commit="21759d3"))[0]
+        assert table_problems(at_start, check_commit=True) == []
+        # Before the record existed there is nothing to print from.
+        before = page_tables(_table_page(Path(tmp), rows, commit="bcc2164"))[0]
+        assert "at bcc2164" in table_problems(before, check_commit=True)[0]

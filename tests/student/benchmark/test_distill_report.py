@@ -1,5 +1,6 @@
 """benchmarks/distill_report.py prints the distillation benchmark's tables from its
-record, and every figure it prints is annotated with the path that holds it."""
+record, each followed by the one annotation (record, commit, command) the docs test
+prints it again from, every figure the record's number."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import distill_report as report  # noqa: E402
 
-from tests.docs.figures import ANNOTATION, matches, resolve  # noqa: E402
+from tests.docs.figures import TABLE_ANNOTATION  # noqa: E402
 
 
 def _iv(mean, low, high):
@@ -41,19 +44,49 @@ def _record() -> dict:
     }
 
 
-def test_every_printed_figure_is_its_records_number(tmp_path, capsys):
+def test_every_table_is_printed_from_the_record_with_one_annotation(tmp_path, capsys):
     path = tmp_path / "distill_bench.json"
     data = _record()
+    data["main"]["arms"]["opd"]["updates=32"]["t1_vs_seqkd"] = {
+        **_iv(0.016, 0.01, 0.021), "per_seed": {"1": 0.02, "2": 0.012}, "above": 2}
+    data["main"]["also_against"] = ["seqkd"]
     path.write_text(json.dumps(data))
     assert report.main(["--commit", "abc1234", "--record", str(path)]) == 0
     out = capsys.readouterr().out
-    notes = list(ANNOTATION.finditer(out))
-    assert len(notes) > 40
-    for note in notes:
-        assert matches(note["shown"], resolve(data, note["pointer"])) is None, note.group(0)
-    assert "| opd | 2/2 | 0.900 [0.850, 0.950] | -0.020 [-0.050, +0.010] |" in out
+    notes = [m.groupdict() for m in TABLE_ANNOTATION.finditer(out)]
+    names = ["start", "grid", "updates=32", "seconds=60", "cost"]
+    assert [n["command"].split("--table ")[1] for n in notes] == names
+    assert {n["commit"] for n in notes} == {"abc1234"} and {n["path"] for n in notes} == {str(path)}
+    assert "<!-- figure:" not in out  # the table is checked whole, not figure by figure
+    assert ("| opd | 2/2 | 0.900 [0.850, 0.950] | -0.020 [-0.050, +0.010] | "
+            "+0.016 [+0.010, +0.021], 2 of 2 above |") in out
     assert re.search(r"\| sft \| 0\.960 / 1\.000 \| 0\.940 / 0\.980 \| 0\.0003 \|", out)
     assert "16, -" in out  # a seed that reached no evaluation by then
+    # A record before T=1 coverage says which coverage it holds.
+    assert "unseen states after, greedy [95%]" in out
+    # --table prints that table alone: what the docs test compares.
+    assert report.main(["--record", str(path), "--table", "grid"]) == 0
+    alone = capsys.readouterr().out
+    assert alone.startswith("| arm | lr 0.0003") and "<!--" not in alone
+    with pytest.raises(SystemExit, match="--table nope is not a table"):
+        report.main(["--record", str(path), "--table", "nope"])
+
+
+def test_a_record_with_t1_coverage_and_the_time_split_prints_both(tmp_path, capsys):
+    data = _record()
+    data["coverage_reading"] = "t1"
+    for arm in data["main"]["arms"].values():
+        arm["unseen_states_greedy_final"] = _iv(0.0, 0.0, 0.0)
+        arm["mean_time_split"] = {"rollout_s": 8.0, "teacher_wait_s": 3.25, "update_s": 1.0,
+                                  "preparation_s": 0.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert report.main(["--record", str(path), "--table", "cost"]) == 0
+    out = capsys.readouterr().out
+    assert ("| arm | training s (mean) | of which preparation s | rollout s | teacher wait s | "
+            "update s | cell wall s (with evaluation) | unseen states after, T=1 [95%] | "
+            "unseen states after, greedy [95%] |") in out
+    assert "| sft | 12.3 s | 0.0 s | 8.0 s | 3.2 s | 1.0 s | 50.0 s | 0.100 [0.050, 0.150] |" in out
 
 
 def test_a_missing_record_is_one_line(tmp_path, capsys):
