@@ -3,6 +3,7 @@
     python benchmarks/distill_pilot_v3.py                      # every N of the config
     python benchmarks/distill_pilot_v3.py --only 512           # one N (runs in parallel: --jobs)
     python benchmarks/distill_pilot_v3.py --update-committed   # write benchmarks/results/
+    python benchmarks/distill_pilot_v3.py --report             # the record's table (docs)
 
 Runs ``benchmarks/distill/pilot_v3.yaml`` (docs/distillbench.md, "Version 3"). For each
 N of ``data_prompts`` the student of ``student_recipe`` trains on the user's data, the
@@ -200,8 +201,56 @@ def commit_of(path: Path) -> str | None:
     return out.stdout.strip() or None
 
 
+def markdown_table(record: dict[str, Any]) -> str:
+    """The pilot's figures per N as docs/distillbench.md prints them."""
+    gates = record["gates"]
+    header = ["N (prompts)", "teacher episodes (their success)",
+              "T=1 validation by update", "greedy at the end", "plateau (last T=1)",
+              f"last step (rule: within {gates['plateau_tolerance']:g})",
+              f"teacher margin (rule: at least {gates['teacher_margin']:g})", "both hold",
+              "wall s"]
+    rows = []
+    for run in record["runs"]:
+        g = run["gates"]
+        curve = ", ".join(f"{p['update']}: {p['t1']:.3f}" for p in run["evals"]
+                          if p.get("t1") is not None)
+        last = run["evals"][-1] if run["evals"] else {}
+        rows.append([str(run["n"]),
+                     f"{run['teacher_set']['episodes']} ({run['teacher_set']['success']:.3f})"
+                     if run["teacher_set"]["success"] is not None else "-",
+                     curve or "-",
+                     "-" if last.get("greedy") is None else f"{last['greedy']:.3f}",
+                     "-" if g["plateau"] is None else f"{g['plateau']:.3f}",
+                     "-" if g["last_step"] is None else f"{g['last_step']:.3f}",
+                     "-" if g["margin"] is None else f"{g['margin']:+.3f}",
+                     "yes" if g["plateau_holds"] and g["margin_holds"] else "no",
+                     f"{run['wall_s']:.0f}"])
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def report(record_arg: str, commit: str | None) -> int:
+    """``--report``: print the record's table (and its table annotation with a commit)."""
+    path = Path(record_arg) if Path(record_arg).is_absolute() else ROOT / record_arg
+    if not path.is_file():
+        raise fail(f"{record_arg} does not exist; run the pilot first "
+                   "(python benchmarks/distill_pilot_v3.py)")
+    out = markdown_table(json.loads(path.read_text(encoding="utf-8")))
+    if commit:
+        out += (f"\n<!-- table: {record_arg} @ {commit} by python benchmarks/distill_pilot_v3.py "
+                f"--report --record {record_arg} -->\n")
+    print(out, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", action="store_true",
+                    help="print the table of --record (runs nothing)")
+    ap.add_argument("--record", default=f"benchmarks/results/{RECORD}",
+                    help="--report: the pilot's record, relative to the repository")
+    ap.add_argument("--commit", default=None,
+                    help="--report: the commit holding the record (adds the table annotation)")
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--only", type=int, action="append", default=None,
                     help="run this N only (repeatable); the record keeps the others it holds")
@@ -210,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-committed", action="store_true",
                     help="write benchmarks/results/distill_pilot_v3.json")
     args = ap.parse_args(argv)
+    if args.report:
+        return report(args.record, args.commit)
     config = load_config(args.config)
     wanted = args.only or config.data_prompts
     unknown = [n for n in wanted if n not in config.data_prompts]
