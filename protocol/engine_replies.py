@@ -32,6 +32,7 @@ MAX_K = 1024  # the most prompt log-probs asked per position (vLLM's default cap
 # the reply is refused: engines compute log-softmax in float32 (a log-prob of +5.0 is a
 # "probability" of 148: raw logits, not log-probs, and never trained on).
 LOGPROB_TOLERANCE = 1e-3
+FLOAT32_LOWEST = float(np.finfo(np.float32).min)
 # A reply's size is capped before it is parsed: a fixed allowance for the envelope plus
 # REPLY_BYTES_PER_ENTRY per log-prob asked (a vLLM entry with its decoded token is ~80).
 REPLY_BASE_BYTES = 1 << 20
@@ -93,6 +94,8 @@ def _number(value: Any, where: str) -> float:
     if not np.isfinite(value):
         shown = "NaN" if value != value else value
         raise EngineGarbage(f"{where} is {shown}, a non-finite number, not a log-prob")
+    if value < FLOAT32_LOWEST:  # would be -inf as the float32 the targets are
+        raise EngineGarbage(f"{where} is {value:.4g}, below the float32 range, not a log-prob")
     if value > LOGPROB_TOLERANCE:
         raise EngineNotLogprobs(f"{where} is {value:+.4g}, above 0 (a probability of "
                                 f"{np.exp(min(value, 700.0)):.4g})")

@@ -20,7 +20,9 @@ a fixed, torch-free distribution per position (seeded by the previous token and 
 position), so the targets a client builds from them are known in advance
 (:meth:`HostileEngine.targets`).
 
-``scored`` counts the scoring requests received, ``misbehaved`` those answered with
+``reply_with(route, body) -> (status, bytes)``, when set, answers every scoring request
+instead (a generated reply: ``benchmarks/http_fuzz.py``); :meth:`HostileEngine.honest`
+is the honest answer to mutate. ``scored`` counts the scoring requests received, ``misbehaved`` those answered with
 the misbehaviour; ``requests`` records every ``(route, body)``.
 
 This module does not check what a client does with an answer; the tests do
@@ -75,6 +77,7 @@ class HostileEngine:
         self.behaviour, self.after = behaviour, after
         self.huge_bytes, self.drip_s, self.seed = huge_bytes, drip_s, seed
         self.scored = self.misbehaved = 0
+        self.reply_with: Callable[[str, Any], tuple[int, bytes]] | None = None
         self.requests: list[tuple[str, Any]] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -155,6 +158,10 @@ class HostileEngine:
             if hostile:
                 self.misbehaved += 1
         try:
+            if scoring and self.reply_with is not None:
+                status, data = self.reply_with(route, body)
+                self._send(handler, status, data)
+                return
             if hostile and self._transport_fault(handler):
                 return
             answer = self._answer(route, body, active)
@@ -225,6 +232,11 @@ class HostileEngine:
             if self._closing.wait(self.drip_s):
                 return
 
+    def honest(self, route: str, body: Any) -> Any:
+        """The honest answer (JSON-ready) to ``body`` at ``route``; None for a route not
+        served."""
+        return self._answer(route, body, active=False)
+
     def _answer(self, route: str, body: Any, active: bool) -> Any:
         served = "another-model" if active and self.behaviour == "model_changed" else self.model
         if self.flavour == "vllm":
@@ -281,67 +293,62 @@ class HostileEngine:
 
     # ----------------------------------------------------------------- the faults
     def _mangle(self, answer: Any, request: dict) -> bytes:
-        """The honest ``answer`` with the misbehaviour applied, as bytes."""
+        """The honest ``answer`` with the misbehaviour applied at every position of every
+        prompt (a client reads only the positions it trains on), as bytes."""
         name = self.behaviour
         vllm = self.flavour == "vllm"
-        # Per prompt: its positions (entries 1..) as (entry, actual token) for vLLM or
-        # (top list, token triple) for SGLang.
         prompts = request["prompt"] if vllm else request["input_ids"]
         if vllm:
-            choices = answer["choices"]
-            spots = [(c["prompt_logprobs"], seq) for c, seq in zip(choices, prompts, strict=True)]
+            answer["model"] = "another-model" if name == "model_changed" else answer["model"]
+            spots = [(c["prompt_logprobs"], seq)
+                     for c, seq in zip(answer["choices"], prompts, strict=True)]
         else:
             spots = [(item["meta_info"], seq) for item, seq in zip(answer, prompts, strict=True)]
-        first, seq0 = spots[0]
-        if name == "model_changed" and vllm:
-            answer["model"] = "another-model"
-        elif name in ("positive_logprobs", "mass_over_one", "nan_logprob", "infinite_logprob"):
-            value = {"positive_logprobs": 5.0, "mass_over_one": float(np.log(0.9)),
-                     "nan_logprob": float("nan"), "infinite_logprob": float("inf")}[name]
-            every = name in ("positive_logprobs", "mass_over_one")
+        if name == "short":
             for entries, _ in spots:
-                for j in range(1, _count(entries, vllm)):
-                    for slot in _slots(entries, j, vllm):
-                        slot[0][slot[1]] = value
-                        if not every:
-                            return json.dumps(answer).encode()
-        elif name == "short":
-            if vllm:
-                first.pop()
-            else:
-                first["input_top_logprobs"].pop()
-        elif name == "missing_actual" and len(seq0) > 1:
-            actual = int(seq0[1])
-            other = next(t for t in range(self.vocab_size) if str(t) not in first[1]
-                         and t != actual) if vllm else (actual + 1) % self.vocab_size
-            if vllm:  # the actual token is always there (k + 1-th when outside the top-k)
-                first[1][str(other)] = first[1].pop(str(actual))
-            else:
-                first["input_token_logprobs"][1][1] = other
-        elif name == "out_of_vocab" and len(seq0) > 1:
-            if vllm:
-                key = next(iter(first[1]))
-                first[1][str(self.vocab_size + 7)] = first[1].pop(key)
-            else:
-                first["input_top_logprobs"][1][0][1] = self.vocab_size + 7
-        elif name == "ranks_shuffled":
+                (entries if vllm else entries["input_top_logprobs"]).pop()
+            return json.dumps(answer).encode()
+        if name == "duplicate_ids" and vllm:  # JSON allows a key twice; a reader keeping
+            text = json.dumps(answer)         # the last silently loses an entry
             for entries, _ in spots:
-                for j in range(1, _count(entries, vllm)):
+                for entry in entries[1:]:
+                    key, value = next(iter(entry.items()))
+                    one = f'"{key}": {json.dumps(value)}'
+                    text = text.replace(one, f"{one}, {one}", 1)
+            return text.encode()
+        value = {"positive_logprobs": 5.0, "mass_over_one": float(np.log(0.9)),
+                 "nan_logprob": float("nan"), "infinite_logprob": float("inf")}.get(name)
+        for entries, seq in spots:
+            for j in range(1, _count(entries, vllm)):
+                actual = int(seq[j])
+                if value is not None:
+                    slots = _slots(entries, j, vllm)
+                    for container, key in (slots if name in ("positive_logprobs",
+                                                             "mass_over_one") else slots[:1]):
+                        container[key] = value
+                elif name == "ranks_shuffled":
                     if vllm:
                         items = list(entries[j].items())[::-1]
-                        entries[j] = {key: {**value, "rank": len(items) - r}
-                                      for r, (key, value) in enumerate(items)}
+                        entries[j] = {key: {**v, "rank": len(items) - r}
+                                      for r, (key, v) in enumerate(items)}
                     else:
                         entries["input_top_logprobs"][j].reverse()
-        elif name == "duplicate_ids" and len(seq0) > 1:
-            if not vllm:
-                tops = first["input_top_logprobs"][1]
-                tops[-1] = list(tops[0])
-            else:  # JSON allows a key twice; a reader keeping the last loses an entry
-                text = json.dumps(answer)
-                key, value = next(iter(first[1].items()))
-                one = f'"{key}": {json.dumps(value)}'
-                return text.replace(one, f"{one}, {one}", 1).encode()
+                elif name == "missing_actual":
+                    other = next(t for t in range(self.vocab_size) if t != actual and (
+                        not vllm or str(t) not in entries[j]))
+                    if vllm:  # the actual token is always there (k + 1-th outside the top-k)
+                        entries[j][str(other)] = entries[j].pop(str(actual))
+                    else:
+                        entries["input_token_logprobs"][j][1] = other
+                elif name == "out_of_vocab":
+                    if vllm:
+                        key = next(k for k in entries[j] if k != str(actual))
+                        entries[j][str(self.vocab_size + 7)] = entries[j].pop(key)
+                    else:
+                        entries["input_top_logprobs"][j][0][1] = self.vocab_size + 7
+                elif name == "duplicate_ids":  # SGLang: a triple twice in the list
+                    tops = entries["input_top_logprobs"][j]
+                    tops[-1] = list(tops[0])
         return json.dumps(answer).encode()
 
 

@@ -102,5 +102,5 @@ def model_requests() -> st.SearchStrategy[tuple[str, str, bytes, dict]]:
                          "/v1/../v1/models", "/v1/models%00", "/v2/models"]),
         st.one_of(st.just(b""), st.binary(max_size=64), json_values.map(dumps)),
         st.dictionaries(st.sampled_from(["Authorization", "Content-Type", "Accept", "X-Any"]),
-                        st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+                        st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=40),
                         max_size=3))

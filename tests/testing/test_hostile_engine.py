@@ -150,3 +150,39 @@ def test_a_server_that_drips_forever_is_unavailable_after_the_documented_tries()
             score(client)
         assert time.monotonic() - t0 <= DEADLINE_S + 1.0
         assert client.counters["deadline_exceeded"] == 2
+
+
+@pytest.mark.parametrize("flavour", ["vllm", "sglang"])
+def test_generated_replies_are_accepted_only_as_sound_targets_or_refused_in_one_line(flavour):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from miniverl.protocol.engine_replies import score_body
+    from tests.protocol.engine_reply_bodies import engine_replies, judge
+
+    with HostileEngine(tokenize=encode, vocab_size=VOCAB, flavour=flavour) as engine, \
+            client_of(engine, max_retries=0) as client:
+        client.set_version(0)
+        client.bind()
+        route, body = score_body(flavour, engine.model, SEQS, K)
+        honest = engine.honest(route, body)
+        verdicts: dict[str, int] = {}
+
+        @settings(max_examples=30, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(data=st.data())
+        def one(data):
+            status, reply = data.draw(engine_replies(honest))
+            engine.reply_with = lambda route, body, answer=(status, reply): answer
+            t0 = time.monotonic()
+            try:
+                outcome = score(client)
+            except Exception as exc:  # judged below: only a one-line refusal is allowed
+                outcome = exc
+            verdict = judge(outcome, url=engine.url, vocab=VOCAB, k=K)
+            assert verdict in ("accepted", "refused"), verdict
+            assert time.monotonic() - t0 <= DEADLINE_S + 1.0
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+
+        one()
+    assert verdicts.get("refused", 0) > 0 and sum(verdicts.values()) == 30
