@@ -149,15 +149,8 @@ class Recipe(BaseModel):
     def _teacher_needed(cls, teacher: TeacherConfig | None, info: ValidationInfo):
         run = info.data.get("run")
         if run is not None and teacher is None and run.mode in TEACHER_MODES:
-            raise_issues(
-                [
-                    (
-                        (),
-                        f"mode {run.mode!r} needs a teacher section (teacher: {{model: ...}}); "
-                        "add one or set run.mode: sft",
-                    )
-                ]
-            )
+            raise_issues([((), f"mode {run.mode!r} needs a teacher section (teacher: "
+                               "{model: ...}); add one or set run.mode: sft")])
         return teacher
 
     @field_validator("rollout")
@@ -168,14 +161,10 @@ class Recipe(BaseModel):
             placement = info.data.get(role)
             toy = placement.model.toy if placement is not None else None
             if toy is not None and rollout.max_total_tokens > toy.max_positions:
-                issues.append(
-                    (
-                        ("max_total_tokens",),
-                        f"max_total_tokens {rollout.max_total_tokens} "
-                        f"exceeds {role}.model.toy.max_positions {toy.max_positions}; lower it or "
-                        "raise max_positions",
-                    )
-                )
+                issues.append((("max_total_tokens",), f"max_total_tokens "
+                               f"{rollout.max_total_tokens} exceeds {role}.model.toy."
+                               f"max_positions {toy.max_positions}; lower it or raise "
+                               "max_positions"))
         raise_issues(issues)
         return rollout
 

@@ -26,15 +26,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from miniverl.protocol.messages import ErrorCode, Score
+from miniverl.testing.memory import MemoryTransport
 
-if TYPE_CHECKING:
-    from miniverl.testing.fake_teacher import FakeTeacher
-    from miniverl.testing.memory import MemoryTransport
+
+class FakeTeacher(Protocol):
+    """What a step does to the teacher it scripts (``fake_teacher.FakeTeacher`` is the
+    one that runs them; named here so the two modules do not import each other)."""
+
+    held: list[Received]
+
+    def send(self, conn: MemoryTransport, frames: list, delay_s: float = 0.0) -> None: ...
+
+    def reply(self, request: Received, scorer: Callable | None = None, **header: Any) -> list: ...
+
+    def error(self, rid: int | None, code: ErrorCode | str, *, retryable: bool | None = None,
+              message: str | None = None) -> list: ...
+
+    def release(self, step: Step | None = None, *, reverse: bool = False) -> int: ...
+
+    def reload(self, model: str | None = None) -> int: ...
+
+    def restart(self, instance: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@
 - student/environments/ is torch-free everywhere (verl reward functions import it);
 - no arrow from a lower layer up to a higher one (common < protocol < student,
   teacher_server, bridge < cli);
-- no import circle, counting imports inside functions too;
+- no import circle, counting imports inside functions and under `TYPE_CHECKING` too;
 - a function-local import is for a heavy optional dependency, or (cli/, or a line
   commented "start-up") a measured start-up cost; never to hide a circle;
 - no module over 800 lines (docs/design.md, "Layers": a module holds one job, whole;
@@ -56,6 +56,7 @@ class Import:
     line: int
     module: str  # absolute dotted name
     top_level: bool  # executed at import time (not inside a function)
+    annotation: bool = False  # under `if TYPE_CHECKING:`: never executed, still a dependency
 
 
 def module_name(path: Path) -> str:
@@ -78,15 +79,17 @@ def imports_of(path: Path) -> list[Import]:
     package = this if path.name == "__init__.py" else this.rsplit(".", 1)[0]
     found: list[Import] = []
 
-    def visit(node: ast.AST, top: bool) -> None:
+    def visit(node: ast.AST, top: bool, annotation: bool = False) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                visit(child, False)
+                visit(child, False, annotation)
             elif isinstance(child, ast.If) and _type_checking(child):
-                continue  # annotations only; never executed
+                # Never executed, so not a start-up cost or a torch import; but the
+                # module still depends on what it names, so circles count it.
+                visit(child, False, True)
             elif isinstance(child, ast.Import):
                 for alias in child.names:
-                    found.append(Import(path, child.lineno, alias.name, top))
+                    found.append(Import(path, child.lineno, alias.name, top, annotation))
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = package.split(".")
@@ -98,9 +101,9 @@ def imports_of(path: Path) -> list[Import]:
                 by_name = not child.module or mod == "miniverl"
                 names = [f"{mod}.{a.name}" for a in child.names] if by_name else [mod]
                 for name in names:
-                    found.append(Import(path, child.lineno, name, top))
+                    found.append(Import(path, child.lineno, name, top, annotation))
             else:
-                visit(child, top)
+                visit(child, top, annotation)
 
     visit(tree, True)
     return found
@@ -124,7 +127,8 @@ def heavy_imports(folder: str, *, top_level_only: bool) -> list[str]:
         where(i)
         for f in files(folder)
         for i in imports_of(f)
-        if (i.top_level or not top_level_only) and any(is_under(i.module, h) for h in HEAVY)
+        if (i.top_level or not (top_level_only or i.annotation))
+        and any(is_under(i.module, h) for h in HEAVY)
     ]
 
 
@@ -300,10 +304,24 @@ def test_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
+def test_imports_under_type_checking_are_dependencies(tmp_path, monkeypatch):
+    # Guards the checker: an import under TYPE_CHECKING is recorded (so circles see it),
+    # as neither a module-level nor a function-local import.
+    pkg = tmp_path / "common"
+    pkg.mkdir()
+    source = pkg / "hidden.py"
+    source.write_text("from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n    import miniverl.student.state\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = [i for i in imports_of(source) if i.module.startswith("miniverl")]
+    assert [(i.module, i.top_level, i.annotation) for i in found] == [
+        ("miniverl.student.state", False, True)]
+
+
 @pytest.mark.slow
 def test_no_import_circles_even_inside_functions():
-    # A circle hidden by a function-local import still couples the two modules: neither
-    # can be read, tested or moved without the other.
+    # A circle hidden by a function-local import, or by an import under TYPE_CHECKING,
+    # still couples the two modules: neither can be read, tested or moved without the other.
     found = cycles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
@@ -322,7 +340,7 @@ def test_function_local_imports_are_for_optional_dependencies_or_start_up():
                 continue
             lines = f.read_text(encoding="utf-8").splitlines()
             for i in imports_of(f):
-                if i.top_level or i.module.split(".")[0] in stdlib:
+                if i.top_level or i.annotation or i.module.split(".")[0] in stdlib:
                     continue
                 if any(is_under(i.module, o) for o in OPTIONAL):
                     continue

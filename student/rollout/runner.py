@@ -129,11 +129,6 @@ def _float32_values(values: list[float] | None) -> list[float] | None:
     return [float(str(v)) for v in np.asarray(values, dtype=np.float32)]
 
 
-def own_system(env: Any, task: Any) -> str:
-    """The system message of an episode as the environment writes it."""
-    return env.system_prompt()
-
-
 class RolloutRunner:
     """Plays episodes of one environment with a causal LM; returns trajectories."""
 
@@ -164,9 +159,9 @@ class RolloutRunner:
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.ignore_stop = ignore_stop
         self.privileged = privileged
-        # The system message each episode opens with, picked once: the environment's, or
-        # the privileged teacher's view of it.
-        self._system = privileged_system if privileged else own_system
+        # The privileged teacher's view of each episode's system message, picked once
+        # (None: the environment's own).
+        self._privileged_system = privileged_system if privileged else None
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
         self.max_turns = rollout.max_turns
@@ -237,7 +232,9 @@ class RolloutRunner:
         env = get_environment(self.env_name, **self.env_params)
         env.reset(task)
         # Privileged: each episode's system block is its own, no shared prefix to cache.
-        builder = EpisodeBuilder(self.tokenizer, self._system(env, task),
+        system = (env.system_prompt() if self._privileged_system is None
+                  else self._privileged_system(env, task))
+        builder = EpisodeBuilder(self.tokenizer, system,
                                  task.prompt, env.tool_specs())
         gen = torch.Generator(device="cpu")
         gen.manual_seed(seed)

@@ -63,7 +63,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
+    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 _UNICODE_TO_BYTE = {ch: b for b, ch in _bytes_to_unicode().items()}

@@ -160,7 +160,8 @@ def train_cycles(state: TrainState, mode: Mode, *, show_progress: bool) -> str:
             # while the student imports, evaluates and runs its SFT warm-up.
             connect(state, handshake)
         mode.prepare(state)  # offline_kd scores its fixed set
-        while state.cycle < planned_cycles(recipe):
+        cycles = planned_cycles(recipe)
+        while state.cycle < cycles:
             if state.stop_event.is_set():
                 return "interrupted"
             if train.max_wall_s is not None and state.wall() > train.max_wall_s:

@@ -57,10 +57,10 @@ from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
 from miniverl.student.train.objectives import LossSettings, Objective, request_kind
 from miniverl.student.train.objectives.table import objective_for_kind
-from miniverl.student.train.optim import build_optimizer, build_scheduler
+from miniverl.student.train.optim import build_optimizer
 from miniverl.student.train.policy import Policy, load_policy
 from miniverl.student.train.teacher_link import Scored, TeacherSide
-from miniverl.student.train.updates import StepStats
+from miniverl.student.train.updates import StepStats, build_scheduler
 
 
 @dataclass

@@ -114,6 +114,10 @@ class TeacherLink:
     wait_s: float = 0.0
     _jobs: list[_Job] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # What every SCORE of this run adds to its request (the default is omitted).
+        self._flags = {"deterministic": True} if self.deterministic else {}
+
     def begin_update(self, version: int, allowed_lag: int = 0) -> None:
         """Bind the next update to ``version`` and the teacher ``(instance, gen)`` now live."""
         self.version = version
@@ -164,9 +168,6 @@ class TeacherLink:
         """Counters of this link's own (none for the plain link)."""
         return {}
 
-    def _flags(self) -> dict[str, Any]:
-        return {"deterministic": True} if self.deterministic else {}
-
     def _request(self, job: _Job) -> int | None:
         """Send ``job``'s SCORE; its request id (None: nothing was sent)."""
         return self._submit(np.asarray(job.traj.tokens, dtype=np.int32), job.positions_P)
@@ -174,7 +175,7 @@ class TeacherLink:
     def _submit(self, tokens_N: np.ndarray, positions_P: np.ndarray) -> int:
         cu_seqlens = np.array([0, len(tokens_N)], dtype=np.int32)
         return self.client.submit(tokens_N, cu_seqlens, positions_P, kind=self.kind, k=self.k,
-                                  temperature=self.temperature, **self._flags())
+                                  temperature=self.temperature, **self._flags)
 
     def _scored(self, job: _Job, reply: Any, identity: dict[str, Any]) -> Scored:
         """What ``job`` trains on: the reply's arrays, or none when it was not sent."""

@@ -16,12 +16,14 @@ This module does not load the policy (``policy.py``), hold or pick an objective
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from miniverl.common.recipe import Recipe
 from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.quant import check_trainable_grads
@@ -32,6 +34,7 @@ from miniverl.student.train.objectives.objective import (
     TeacherTargets,
 )
 from miniverl.student.train.objectives.variants import with_step_inputs
+from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.teacher_link import Scored
 
@@ -44,6 +47,70 @@ class StepStats:
     tokens: int
     grad_norm: float
     lr: float
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate at optimizer step ``step`` (0-based)."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate of each optimizer step, planned once from ``recipe.train``: a
+    linear warmup (``warmup_steps``) followed by a constant, linear or cosine decay.
+
+    One schedule over the whole run, or, when ``train.sft_warmup_lr`` is set, one per
+    phase: the SFT warm-up at its own peak, then distillation at ``train.lr``, each with
+    ``warmup_steps`` of linear ramp and the schedule over its own length. A converged
+    SFT model takes a distillation step at the warm-up's rate as a shock (see
+    docs/toy-learning.md); the second ramp starts distillation gently. ``warmup_end`` is
+    the step the SFT warm-up actually ended at (``train.sft_warmup_until_loss`` can end
+    it before ``sft_warmup_steps``); a decaying schedule is planned over the maximum.
+    """
+
+    lr: float
+    warmup_steps: int
+    schedule: str
+    total: int  # optimizer steps of the whole run
+    sft_lr: float | None  # train.sft_warmup_lr
+    sft_steps: int  # train.sft_warmup_steps
+    distill_total: int  # optimizer steps after the warm-up
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> Schedule:
+        train = recipe.train
+        return cls(train.lr, train.warmup_steps, train.schedule, total_optimizer_steps(recipe),
+                   train.sft_warmup_lr, train.sft_warmup_steps,
+                   planned_cycles(recipe) * train.updates_per_batch)
+
+    def lr_at(self, step: int, warmup_end: int | None = None) -> float:
+        """The learning rate of optimizer step ``step`` (0-based)."""
+        if self.sft_lr is None:
+            return self.lr * lr_factor(step, warmup=self.warmup_steps, total=self.total,
+                                       schedule=self.schedule)
+        split = self.sft_steps if warmup_end is None else warmup_end
+        if step < split:
+            return self.sft_lr * lr_factor(step, warmup=self.warmup_steps, total=self.sft_steps,
+                                           schedule=self.schedule)
+        return self.lr * lr_factor(step - split, warmup=self.warmup_steps,
+                                   total=self.distill_total, schedule=self.schedule)
+
+
+def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer, warmup_end=None):
+    """LambdaLR over :meth:`Schedule.lr_at`; ``warmup_end()`` returns the step the warm-up
+    ended at once it has (None before)."""
+    plan = Schedule.of(recipe)
+    peak = recipe.train.lr  # the optimizer's base lr; LambdaLR multiplies it
+    end = warmup_end or (lambda: None)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: plan.lr_at(step, end()) / peak)
 
 
 def pad_batch(

@@ -223,7 +223,7 @@ class XvocabLink(TeacherLink):
             return None
         return self.client.submit_xvocab(
             req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
-            temperature=self.temperature, **self._flags())
+            temperature=self.temperature, **self._flags)
 
     def _scored(self, job: _Job, reply: Any, identity: dict[str, Any]) -> Scored:
         if reply is None:  # not sent (unaligned or nothing selected): trained on nowhere

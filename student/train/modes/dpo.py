@@ -4,7 +4,7 @@ One ``dpo`` cycle, read top to bottom in :func:`dpo_cycle`:
 
 1. **Group sampling**: ``rollouts_per_cycle`` episodes as ``rollouts_per_cycle //
    group_size`` tasks, each played ``group_size`` times with distinct seeds by the
-   current policy (``rollout.group_size``, else ``dpo.group_size``: ``batches.py``).
+   current policy (``rollout.group_size``, else ``dpo.group_size``: ``state.group_size``).
 2. **Pairs** (:func:`build_pairs`): within a task, a verified success is *chosen* and a
    failure *rejected*; ``min(successes, failures)`` pairs per task. A task whose
    rollouts all succeed or all fail yields no pair; it is skipped and counted.

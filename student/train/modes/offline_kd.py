@@ -56,7 +56,7 @@ from miniverl.student.train.state import (
     oracle_tasks,
     tasks_for,
 )
-from miniverl.student.train.steps import positions_of, rollout_and_score
+from miniverl.student.train.steps import positions_of, rollout_and_score, sample
 from miniverl.student.train.teacher_link import Scored
 
 
@@ -225,18 +225,8 @@ def _prepare_student_set(state: TrainState) -> list[Scored]:
     tasks = [task for c in range(cycles) for task in tasks_for(state, c, n)]
     seeds = [episode_seed(recipe.run.seed, c, i) for c in range(cycles) for i in range(n)]
     # The targets are bound to the version that samples the set: the starting one.
-    link.begin_update(state.version, 0)
-    pipelined = recipe.train.pipelining
-
-    def submit(traj: Trajectory) -> None:
-        link.submit(traj, positions_of(state, traj))
-
-    fixed_set = state.runner.run(tasks, policy_version=state.version, seeds=seeds,
-                                 on_finished=submit if pipelined else None)
+    fixed_set, _ = sample(state, tasks, seeds, lag=0)
     t_sample = time.perf_counter() - t0
-    if not pipelined:
-        for traj in fixed_set:
-            submit(traj)
     return _finish(state, fixed_set, link.collect(), {}, source="student", t_sample=t_sample)
 
 

@@ -22,9 +22,8 @@ from miniverl.common.qualification import PRIVILEGED
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.fixed_sets import TeacherBatches
-from miniverl.student.train.optim import lr_at
 from miniverl.student.train.state import CycleResult, TrainState, oracle_tasks, tasks_for
-from miniverl.student.train.updates import StepStats, sft_step
+from miniverl.student.train.updates import Schedule, StepStats, sft_step
 
 # train.sft_warmup_until_loss compares the mean of this many last warm-up losses.
 WARMUP_LOSS_WINDOW = 10
@@ -122,7 +121,7 @@ def end_warmup(state: TrainState, reason: str) -> None:
         state.warmup_end = state.step
         # The scheduler already set this step's rate for a longer warm-up: reset it.
         for group in state.optimizer.param_groups:
-            group["lr"] = lr_at(state.step, state.recipe, state.warmup_end)
+            group["lr"] = Schedule.of(state.recipe).lr_at(state.step, state.warmup_end)
     else:
         state.warmup_end = min(state.step, train.sft_warmup_steps)
     if train.sft_warmup_steps == 0 or state.step != state.warmup_end:

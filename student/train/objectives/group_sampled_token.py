@@ -26,13 +26,12 @@ from typing import ClassVar
 
 import torch
 
-from miniverl.common.errors import ConfigError
 from miniverl.student.train.cross_vocab import group_logprob_G
 from miniverl.student.train.objectives.formulas import _student_logp
+from miniverl.student.train.objectives.group_uld import ByteGroupObjective
 from miniverl.student.train.objectives.objective import (
     Head,
     LossSettings,
-    Objective,
     TeacherTargets,
 )
 
@@ -49,7 +48,7 @@ def group_sampled_token(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,
 
 
 @dataclass(frozen=True)
-class GroupSampledToken(Objective):
+class GroupSampledToken(ByteGroupObjective):
     """:class:`Objective` whose advantage is computed per group before the chunks."""
 
     name: ClassVar[str] = "xvocab group sampled_token reverse_kl"
@@ -59,18 +58,11 @@ class GroupSampledToken(Objective):
         return group_sampled_token(lm_head(hidden_C_H), t.sampled_ids_P, t.group_advantage_P,
                                    t.group_size_P, temperature=s.temperature)
 
-    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
-             settings: LossSettings, *,
-             num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
+                    settings: LossSettings, *,
+                    num_global_positions: int | None) -> tuple[torch.Tensor, dict[str, float]]:
         n = int(hidden_P_H.shape[0])
-        if n == 0:  # nothing aligned in this micro-batch: a zero loss that still backwards
-            zero = lm_head(hidden_P_H).sum() * 0.0
-            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
-        self.inputs(targets)
         sampled_P, first_P = targets.sampled_ids_P, targets.group_first_P.bool()
-        if not bool(first_P[0]):
-            raise ConfigError("xvocab targets must start a group at their first position; "
-                              "build them with student/train/xvocab_targets.py")
         with torch.no_grad():
             logp_P = torch.cat([
                 _student_logp(lm_head(hidden_P_H[s:s + settings.chunk_size]),
@@ -87,8 +79,8 @@ class GroupSampledToken(Objective):
             advantage_P = (teacher_G - student_G)[group_P]
             size_P = (ends_G - starts_G)[group_P]
         with_groups = replace(targets, group_advantage_P=advantage_P, group_size_P=size_P)
-        return super().loss(hidden_P_H, lm_head, with_groups, settings,
-                            num_global_positions=num_global_positions)
+        return super().over_groups(hidden_P_H, lm_head, with_groups, settings,
+                                   num_global_positions=num_global_positions)
 
 
 GROUP_SAMPLED_TOKEN = GroupSampledToken()

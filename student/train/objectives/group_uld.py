@@ -90,14 +90,40 @@ def group_uld(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,
     return loss_C, loss_C
 
 
+class ByteGroupObjective(Objective):
+    """An :class:`Objective` over byte groups (``group_sampled_token.py``, :class:`GroupULD`):
+    a micro-batch with no aligned position is a zero loss that still backwards, and the
+    first position must start a group; then :meth:`over_groups`."""
+
+    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
+             settings: LossSettings, *,
+             num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        if int(hidden_P_H.shape[0]) == 0:
+            zero = lm_head(hidden_P_H).sum() * 0.0
+            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
+        self.check(targets)
+        if not bool(targets.group_first_P[0]):
+            raise ConfigError("xvocab targets must start a group at their first position; "
+                              "build them with student/train/xvocab_targets.py")
+        return self.over_groups(hidden_P_H, lm_head, targets, settings,
+                                num_global_positions=num_global_positions)
+
+    def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
+                    settings: LossSettings, *,
+                    num_global_positions: int | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The chunked loss (:meth:`Objective.loss`) over targets that start a group."""
+        return super().loss(hidden_P_H, lm_head, targets, settings,
+                            num_global_positions=num_global_positions)
+
+
 @dataclass(frozen=True)
-class GroupULD(Objective):
+class GroupULD(ByteGroupObjective):
     """:class:`Objective` whose chunks hold whole groups (``hybrid``: exact groups by
     forward KL; the same formula, which reads ``group_exact_P``)."""
 
     name: str
-    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "group_first_P", "group_exact_P", "topk_ids_P_K",
-             "topk_logprobs_P_K", "tail_logmass_P")
+    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "group_first_P", "group_exact_P",
+                                        "topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P")
 
     def per_position(self, hidden_C_H, lm_head, t, s):
         return group_uld(lm_head(hidden_C_H), t.sampled_ids_P, t.group_first_P,
@@ -106,20 +132,6 @@ class GroupULD(Objective):
 
     def chunks(self, targets: TeacherTargets, n: int, chunk_size: int) -> list[tuple[int, int]]:
         return group_chunks(targets.group_first_P, chunk_size)
-
-    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
-             settings: LossSettings, *,
-             num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        n = int(hidden_P_H.shape[0])
-        if n == 0:  # nothing aligned in this micro-batch: a zero loss that still backwards
-            zero = lm_head(hidden_P_H).sum() * 0.0
-            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
-        self.inputs(targets)
-        if not bool(targets.group_first_P[0]):
-            raise ConfigError("xvocab targets must start a group at their first position; "
-                              "build them with student/train/xvocab_targets.py")
-        return super().loss(hidden_P_H, lm_head, targets, settings,
-                            num_global_positions=num_global_positions)
 
 
 GROUP_ULD = GroupULD("xvocab group uld")

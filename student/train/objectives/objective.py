@@ -161,30 +161,26 @@ class TeacherTargets:
     ) -> TeacherTargets:
         """Build from a ``SCORE_OK`` / cache entry's arrays (``ids``, ``logprobs``, ...);
         kind ``sft`` reads none (the next token is the target)."""
+        if kind not in ("topk", "exact", "xvocab", "sft"):
+            raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
 
         def t(name: str) -> torch.Tensor | None:
             value = arrays.get(name)
             return None if value is None else torch.as_tensor(np.asarray(value)).to(device)
 
-        sampled = torch.as_tensor(np.asarray(sampled_ids_P)).long().to(device)
-        if kind == "topk":
-            return cls(
-                sampled_ids_P=sampled,
-                target_logprobs_P=t("target_logprobs"),
-                topk_ids_P_K=t("ids"),
-                topk_logprobs_P_K=t("logprobs"),
-                tail_logmass_P=t("tail_logmass"),
-            )
-        if kind == "exact":
-            return cls(sampled, target_logprobs_P=t("target_logprobs"), logprobs_P_V=t("logprobs"))
-        if kind == "xvocab":
-            return cls(sampled, target_logprobs_P=t("target_logprobs"),
-                       group_first_P=t("group_first"), group_exact_P=t("group_exact"),
-                       topk_ids_P_K=t("ids"), topk_logprobs_P_K=t("logprobs"),
-                       tail_logmass_P=t("tail_logmass"))
-        if kind == "sft":
-            return cls(sampled)
-        raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
+        # ``logprobs`` is [P, V] in an exact reply and the top-k's [P, K] otherwise.
+        logprobs = t("logprobs")
+        exact = kind == "exact"
+        return cls(
+            sampled_ids_P=torch.as_tensor(np.asarray(sampled_ids_P)).long().to(device),
+            target_logprobs_P=t("target_logprobs"),
+            topk_ids_P_K=t("ids"),
+            topk_logprobs_P_K=None if exact else logprobs,
+            tail_logmass_P=t("tail_logmass"),
+            logprobs_P_V=logprobs if exact else None,
+            group_first_P=t("group_first"),
+            group_exact_P=t("group_exact"),
+        )
 
     def rows(self, lo: int, hi: int) -> TeacherTargets:
         """Positions ``lo:hi`` of every field that is set (one chunk's targets)."""
@@ -192,6 +188,17 @@ class TeacherTargets:
             f.name: None if (value := getattr(self, f.name)) is None else value[lo:hi]
             for f in fields(self)
         })
+
+
+def missing_field(objective: str, name: str) -> ConfigError:
+    """The error of an objective whose targets lack field ``name``."""
+    if name in STEP_FIELDS:
+        return ConfigError(
+            f"loss '{objective}' needs {WIRE_NAMES[name]}, which these targets lack; build "
+            "them with objectives.variants.step_inputs for the recipe's loss section")
+    return ConfigError(
+        f"loss '{objective}' needs teacher {WIRE_NAMES.get(name, name)}, which these targets "
+        "lack; request kind 'exact' for exact_full_vocab and 'topk' for bucketed_topk_tail")
 
 
 class Objective:
@@ -221,26 +228,17 @@ class Objective:
         built over the whole optimizer step (``variants.py``); None: it reads none."""
         return None
 
+    def check(self, targets: TeacherTargets) -> None:
+        """Every field this objective reads is present; else a one-line error naming the
+        first missing one and what carries it (:func:`missing_field`)."""
+        missing = [name for name in self.reads if getattr(targets, name) is None]
+        if missing:
+            raise missing_field(self.name, missing[0])
+
     def inputs(self, targets: TeacherTargets) -> dict[str, torch.Tensor]:
-        """The fields this objective reads, checked present; a missing one is a one-line
-        error naming it and the target kind that carries it."""
-        out = {}
-        for name in self.reads:
-            value = getattr(targets, name)
-            if value is None and name in STEP_FIELDS:
-                raise ConfigError(
-                    f"loss '{self.name}' needs {WIRE_NAMES[name]}, which these targets lack; "
-                    "build them with objectives.variants.step_inputs for the recipe's loss "
-                    "section"
-                )
-            if value is None:
-                raise ConfigError(
-                    f"loss '{self.name}' needs teacher {WIRE_NAMES.get(name, name)}, which "
-                    f"these targets lack; request kind 'exact' for exact_full_vocab and "
-                    f"'topk' for bucketed_topk_tail"
-                )
-            out[name] = value
-        return out
+        """The fields this objective reads, by name, checked present."""
+        self.check(targets)
+        return {name: getattr(targets, name) for name in self.reads}
 
     def loss(
         self,
@@ -270,7 +268,7 @@ class Objective:
         """
         if settings.chunk_size < 1:
             raise ConfigError(f"loss.chunk_size={settings.chunk_size} must be >= 1; fix the recipe")
-        self.inputs(targets)
+        self.check(targets)
         n = int(hidden_P_H.shape[0])
         if n == 0:
             # Still run the head on the empty batch so every parameter gets a (zero)
