@@ -97,10 +97,10 @@ def first_calls(calls: list[tuple[int, int, str]], main: int) -> dict[str, list[
 
 def record_update(tmp: Path) -> dict[str, list[str]]:
     """Train two strict OPD updates as the module docstring says; the second's calls."""
+    from miniverl.student.train.trainer import Trainer
     from miniverl.teacher_server.loader import TeacherSpec, load_teacher
     from miniverl.teacher_server.torch_backend import TorchTeacher
     from miniverl.testing import TeacherHarness
-    from miniverl.student.train.trainer import Trainer
     from tests.toy_kit import TEACHER, make_recipe, toy_dir
 
     loaded = load_teacher(TeacherSpec(model=str(toy_dir(TEACHER)), dtype="float32",
