@@ -30,7 +30,8 @@ from miniverl.common.recipe import recipe_dict
 from miniverl.common.redact import redact, redact_text
 
 MODE_TAGS = {"opd": "on-policy-distillation", "replay": "off-policy-distillation",
-             "offline_kd": "knowledge-distillation", "sft": "sft", "dpo": "dpo"}
+             "offline_kd": "knowledge-distillation", "sft": "sft", "dpo": "dpo",
+             "rl": "reinforcement-learning"}
 README = "README.md"
 
 

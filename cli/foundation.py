@@ -268,6 +268,7 @@ def plan_lines(recipe: Any) -> list[str]:
         "offline_kd": "off-policy: fixed trajectories, cached teacher targets",
         "sft": "supervised on oracle traces, no teacher",
         "dpo": "off-policy preference pairs; the teacher scores the reference",
+        "rl": "on-policy RL on the task reward alone: group baseline, no teacher",
     }[mode]
     if mode == "sft" and recipe.train.fixed_set == "teacher":
         policy = "SeqKD: supervised on the teacher's own episodes, no teacher server"
@@ -309,8 +310,11 @@ def plan_lines(recipe: Any) -> list[str]:
         lines.append(f"eval         {'greedy' if ev.greedy else 'sampled'}, and {ev.samples} "
                      f"samples per task at T={temperature:g} (docs/rollouts.md)")
     loss = recipe.loss
-    if mode in ("sft", "dpo"):
-        lines.append(f"objective    {'cross-entropy' if mode == 'sft' else 'DPO'}")
+    if mode in ("sft", "dpo", "rl"):
+        what = {"sft": "cross-entropy", "dpo": "DPO",
+                "rl": f"REINFORCE on the verifier's score, {loss.reward_baseline or 'group'} "
+                      f"baseline, positions {loss.positions}"}[mode]
+        lines.append(f"objective    {what}")
     else:
         shape = (
             f"top-{loss.top_k} + tail"

@@ -85,9 +85,36 @@ def _temperature_issues(loss: LossConfig, rollout: RolloutConfig, where: str) ->
     return issues
 
 
+def _rl_issues(loss: LossConfig, rollout: RolloutConfig) -> list[tuple]:
+    """Mode rl trains on the task reward alone: a baseline needs other episodes, and the
+    policy gradient treats each token as a sample of the student at loss.temperature."""
+    issues = []
+    if loss.use_task_rewards is not None or loss.distillation_loss_coef is not None:
+        issues.append((("use_task_rewards",), (
+            "mode rl trains on the task reward alone, always; remove use_task_rewards and "
+            "distillation_loss_coef (they weigh a reward beside a teacher in opd)")))
+    if loss.reward_baseline in (None, "group") and (rollout.group_size or 1) < 2:
+        shown = "unset (one episode per task)" if rollout.group_size is None else "1"
+        issues.append((("reward_baseline",), (
+            f"mode rl compares each episode with the other episodes of its task (reward_baseline "
+            f"group), but rollout.group_size is {shown}; set rollout.group_size >= 2 or "
+            "reward_baseline: batch")))
+    if loss.temperature != rollout.temperature:
+        issues.append((("temperature",), (
+            f"loss.temperature {loss.temperature:g} and rollout.temperature "
+            f"{rollout.temperature:g} differ, but mode rl's policy gradient treats each token "
+            "as a sample of the student at loss.temperature; set both to the same value")))
+    return issues
+
+
 def _task_reward_issues(loss: LossConfig, mode: str, rollout: RolloutConfig) -> list[tuple]:
+    if mode == "rl":
+        return _rl_issues(loss, rollout)
     if not loss.use_task_rewards:
-        return []
+        return [] if loss.reward_baseline is None else [(("reward_baseline",), (
+            f"reward_baseline {loss.reward_baseline!r} applies only beside a task reward "
+            "(use_task_rewards is unset); set use_task_rewards: true or remove "
+            "reward_baseline"))]
     if mode not in SAMPLING_MODES:
         return [(("use_task_rewards",), (
             f"use_task_rewards is a policy gradient on the student's own episodes, which "
@@ -148,6 +175,9 @@ class Recipe(BaseModel):
     @classmethod
     def _teacher_needed(cls, teacher: TeacherConfig | None, info: ValidationInfo):
         run = info.data.get("run")
+        if run is not None and teacher is not None and run.mode == "rl":
+            raise_issues([((), "mode 'rl' trains on the task reward alone and asks no teacher; "
+                               "remove the teacher section, or set run.mode: opd")])
         if run is not None and teacher is None and run.mode in TEACHER_MODES:
             raise_issues([((), f"mode {run.mode!r} needs a teacher section (teacher: "
                                "{model: ...}); add one or set run.mode: sft")])
@@ -373,7 +403,7 @@ class Recipe(BaseModel):
     @property
     def on_policy(self) -> bool:
         """True when every update trains only on rollouts of the current version."""
-        return self.run.mode == "opd"
+        return self.run.mode in ("opd", "rl")
 
     @property
     def needs_teacher(self) -> bool:
@@ -384,7 +414,7 @@ class Recipe(BaseModel):
 # rollout.group_size), read by Recipe._mode_rules ------------------------------------
 
 # Modes whose cycles sample fresh episodes, so rollout.group_size can group them.
-GROUP_MODES: frozenset[str] = frozenset({"opd", "replay", "dpo"})
+GROUP_MODES: frozenset[str] = frozenset({"opd", "replay", "dpo", "rl"})
 
 
 def on_policy_episodes(n: int, fraction: float) -> int:
@@ -422,7 +452,7 @@ def _mixing_issues(train: TrainConfig, mode: str) -> list[tuple]:
 
 def _group_issues(train: TrainConfig, mode: str, rollout: RolloutConfig | None) -> list[tuple]:
     size = rollout.group_size if rollout is not None else None
-    if size is None or mode not in ("opd", "replay") or train.rollouts_per_cycle % size == 0:
+    if size is None or mode not in ("opd", "replay", "rl") or train.rollouts_per_cycle % size == 0:
         return []
     return [(("rollouts_per_cycle",), (
         f"rollouts_per_cycle {train.rollouts_per_cycle} is not a multiple of "

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-Mode = Literal["sft", "offline_kd", "opd", "replay", "dpo"]
+Mode = Literal["sft", "offline_kd", "opd", "replay", "dpo", "rl"]
 # Where a run's metrics and events go: jsonl (metrics.jsonl, events.jsonl) is always on;
 # the others are experiment trackers, each an optional extra (docs/tracking.md).
 Logger = Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
@@ -238,11 +238,12 @@ class LossConfig(Section):
                 f"log_ratio_clamp {self.log_ratio_clamp:g} clamps the sampled-token "
                 "estimator's log-ratio (estimator is full); set estimator: sampled_token or "
                 "remove it")))
-        for name in ("distillation_loss_coef", "reward_baseline"):
-            if getattr(self, name) is not None and not self.use_task_rewards:
-                issues.append(((name,), (
-                    f"{name} {getattr(self, name)!r} applies only beside a task reward "
-                    f"(use_task_rewards is unset); set use_task_rewards: true or remove {name}")))
+        # reward_baseline is checked with the mode (common/recipe.py): mode rl reads it.
+        if self.distillation_loss_coef is not None and not self.use_task_rewards:
+            issues.append((("distillation_loss_coef",), (
+                f"distillation_loss_coef {self.distillation_loss_coef!r} applies only beside "
+                "a task reward (use_task_rewards is unset); set use_task_rewards: true or "
+                "remove distillation_loss_coef")))
         return issues
 
 
@@ -457,7 +458,8 @@ class RunConfig(Section):
         max_length=64,
         description="Run name; the run id starts with it.",
     )
-    mode: Mode = Field(description="sft, offline_kd, opd (strict on-policy), replay or dpo.")
+    mode: Mode = Field(description="sft, offline_kd, opd (strict on-policy), replay, dpo or rl "
+                            "(the task reward alone, no teacher).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Global seed.")
     output_dir: str = Field("runs", min_length=1, description="Parent directory of run dirs.")
     deterministic: bool = Field(

@@ -20,6 +20,8 @@ share are in ``steps.py``) and each object holds the state that belongs to it al
 - ``replay``: fresh rollouts join a buffer; each update trains on buffered rollouts at
   most ``max_lag`` versions old. Off-policy, labelled as such.
 - ``dpo``: preference pairs from grouped rollouts, the teacher as reference scorer.
+- ``rl``: fresh rollouts of version ``v``, one policy-gradient step on the task reward
+  alone (the verifier's score, a group baseline); no teacher.
 
 This module does not open the run directory or handle failures (``trainer.py``), and
 does not know how a mode samples, scores or updates (``modes/``).
@@ -40,6 +42,7 @@ from miniverl.student.train.modes.dpo import DpoMode
 from miniverl.student.train.modes.offline_kd import OfflineKdMode
 from miniverl.student.train.modes.opd import OpdMode
 from miniverl.student.train.modes.replay import ReplayMode
+from miniverl.student.train.modes.rl import RlMode
 from miniverl.student.train.modes.sft import (
     OracleBatches,
     SftMode,
@@ -63,6 +66,7 @@ MODES: dict[str, Callable[[], Mode]] = {
     "opd": OpdMode,
     "replay": ReplayMode,
     "dpo": DpoMode,
+    "rl": RlMode,
 }
 
 

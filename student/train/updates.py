@@ -286,5 +286,5 @@ def sft_step(
     with the :data:`~.objectives.SFT` objective, whose target is the next token."""
     data = [Scored(t, t.target_positions(), {}, t.policy_version, {}) for t in trajs]
     return distill_step(policy, optimizer, scheduler, data, objective=SFT,
-                        settings=LossSettings(chunk_size=chunk_size), kind="sft",
+                        settings=LossSettings(chunk_size=chunk_size), kind="none",
                         grad_accum=grad_accum, max_grad_norm=max_grad_norm, autocast=autocast)

@@ -160,8 +160,8 @@ class TeacherTargets:
         device: torch.device | str = "cpu",
     ) -> TeacherTargets:
         """Build from a ``SCORE_OK`` / cache entry's arrays (``ids``, ``logprobs``, ...);
-        kind ``sft`` reads none (the next token is the target)."""
-        if kind not in ("topk", "exact", "xvocab", "sft"):
+        kind ``none`` reads none (SFT and RL: the next token is all the target there is)."""
+        if kind not in ("topk", "exact", "xvocab", "none"):
             raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
 
         def t(name: str) -> torch.Tensor | None:

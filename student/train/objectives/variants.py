@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -121,6 +122,31 @@ class WithVariants(Objective):
         if t.weight_P is not None:
             loss_C = loss_C * t.weight_P.to(loss_C.dtype)
         return loss_C, div_C
+
+
+@dataclass(frozen=True)
+class TaskReward(Objective):
+    """RL on the task reward alone (``run.mode: rl``): ``-A · log S(y)`` at every trained
+    position, ``A`` the episode's verifier score minus the recipe's baseline
+    (``loss.reward_baseline``: the other episodes of its task, or of the update), so its
+    gradient is REINFORCE with a leave-one-out baseline. No teacher: the reported figure
+    is ``-log S(y)``, the sampled tokens' surprise (a one-sample entropy estimate)."""
+
+    name: ClassVar[str] = "task reward"
+    reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "advantage_P")
+
+    def step_inputs(self, trajs, positions, s):
+        advantages = task_advantages([t.verifier.score for t in trajs],
+                                     [t.task_id for t in trajs], s.reward_baseline)
+        return [{"advantage_P": np.full(len(p), a, dtype=np.float64)}
+                for p, a in zip(positions, advantages, strict=True)]
+
+    def per_position(self, hidden_C_H, lm_head, t, s):
+        logp_C = token_logprob_P(lm_head(hidden_C_H), t.sampled_ids_P, temperature=s.temperature)
+        return policy_gradient_P(logp_C, t.advantage_P), -logp_C.detach()
+
+
+TASK_REWARD = TaskReward()
 
 
 def with_variants(base: Objective, settings: LossSettings) -> Objective:

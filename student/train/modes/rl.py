@@ -1,0 +1,65 @@
+"""Mode ``rl``: reinforcement learning on the task reward alone, the baseline on-policy
+distillation is measured against (docs/training.md, "rl").
+
+One cycle: the cycle's tasks, each played ``rollout.group_size`` times with version
+``v``; each episode's reward is its verifier's score; one optimizer step on
+``-A · log S(y)`` over the episodes' trained positions, ``A`` the reward minus the
+mean of the other episodes of its task (``loss.reward_baseline: group``) or of the
+update (``batch``): REINFORCE with a leave-one-out baseline, as GRPO and RLOO use it,
+without a ratio or a clip (each batch is trained on once, by the version that sampled
+it). ``v -> v + 1``. No teacher is asked, so the cycle costs its sampling and its
+update only.
+
+This module keeps no state between cycles and does not log or checkpoint (``loop.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from miniverl.common.trajectory import write_trajectories
+from miniverl.student.train import updates
+from miniverl.student.train.objectives.variants import TASK_REWARD
+from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
+from miniverl.student.train.steps import positions_of
+from miniverl.student.train.teacher_link import Scored
+
+
+class RlMode:
+    """RL on the verifier's score: nothing carries over from one cycle to the next."""
+
+    def prepare(self, state: TrainState) -> None:
+        """Nothing to prepare: every cycle samples its own batch."""
+
+    def resume(self, state: TrainState) -> None:
+        """Nothing to rebuild: the checkpoint holds everything a cycle reads."""
+
+    def cycle(self, state: TrainState) -> CycleResult:
+        """One update: fresh episodes of v, their rewards, one policy-gradient step."""
+        train = state.recipe.train
+        # 1. Draw the tasks, each played group_size times.
+        tasks, seeds = cycle_episodes(state, state.cycle, train.rollouts_per_cycle,
+                                      group_size(state.recipe))
+
+        # 2. Sample with version v (no teacher: nothing is sent).
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            trajs = state.runner.run(tasks, policy_version=state.version, seeds=seeds)
+        t_rollout = time.perf_counter() - t0
+        write_trajectories(state.run.trajectories_path, trajs, append=True)
+
+        # 3. The policy gradient on the task reward and one optimizer step.
+        t1 = time.perf_counter()
+        episodes = [Scored(t, positions_of(state, t), {}, state.version, {}) for t in trajs]
+        stats = updates.distill_step(
+            state.policy, state.optimizer, state.scheduler, episodes,
+            objective=TASK_REWARD, settings=state.loss, kind="none",
+            grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
+            autocast=state.autocast,
+        )
+
+        # 4. v -> v + 1; the loop logs the cycle.
+        state.advance()
+        return CycleResult(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
