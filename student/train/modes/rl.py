@@ -30,12 +30,6 @@ from miniverl.student.train.teacher_link import Scored
 class RlMode:
     """RL on the verifier's score: nothing carries over from one cycle to the next."""
 
-    def prepare(self, state: TrainState) -> None:
-        """Nothing to prepare: every cycle samples its own batch."""
-
-    def resume(self, state: TrainState) -> None:
-        """Nothing to rebuild: the checkpoint holds everything a cycle reads."""
-
     def cycle(self, state: TrainState) -> CycleResult:
         """One update: fresh episodes of v, their rewards, one policy-gradient step."""
         train = state.recipe.train
@@ -63,3 +57,9 @@ class RlMode:
         # 4. v -> v + 1; the loop logs the cycle.
         state.advance()
         return CycleResult(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
+
+    def prepare(self, state: TrainState) -> None:
+        """Nothing to prepare: no teacher to score a set, and each cycle samples its own."""
+
+    def resume(self, state: TrainState) -> None:
+        """Nothing to rebuild: the checkpoint holds everything a cycle reads."""

@@ -55,7 +55,7 @@ class GroupSampledToken(ByteGroupObjective):
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "target_logprobs_P", "group_first_P")
 
     def per_position(self, hidden_C_H, lm_head, t, s):
-        return group_sampled_token(lm_head(hidden_C_H), t.sampled_ids_P, t.group_advantage_P,
+        return group_sampled_token(lm_head(hidden_C_H), t.sampled_ids_P, t.advantage_P,
                                    t.group_size_P, temperature=s.temperature)
 
     def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
@@ -78,7 +78,7 @@ class GroupSampledToken(ByteGroupObjective):
             teacher_G = targets.target_logprobs_P.float()[starts_G]
             advantage_P = (teacher_G - student_G)[group_P]
             size_P = (ends_G - starts_G)[group_P]
-        with_groups = replace(targets, group_advantage_P=advantage_P, group_size_P=size_P)
+        with_groups = replace(targets, advantage_P=advantage_P, group_size_P=size_P)
         return super().over_groups(hidden_P_H, lm_head, with_groups, settings,
                                    num_global_positions=num_global_positions)
 

@@ -141,11 +141,11 @@ class TeacherTargets:
     # group's row of topk_ids_P_K / topk_logprobs_P_K sits on its first position
     # (objectives/group_uld.py says what the row holds).
     group_exact_P: torch.Tensor | None = None
-    # xvocab sampled-token: each position's group advantage and group size, computed
-    # over the whole micro-batch before the chunks (objectives/group_sampled_token.py).
-    group_advantage_P: torch.Tensor | None = None
+    # xvocab sampled-token: the size of each position's group (its advantage, in
+    # advantage_P, is the group's; objectives/group_sampled_token.py).
     group_size_P: torch.Tensor | None = None
-    # Not the teacher's: filled per step by ``variants.step_inputs`` when a variant reads them.
+    # Not the teacher's: filled per step by ``variants.step_inputs`` when a variant (or
+    # the task reward) reads them.
     sampling_logprobs_P: torch.Tensor | None = None
     weight_P: torch.Tensor | None = None
     advantage_P: torch.Tensor | None = None
