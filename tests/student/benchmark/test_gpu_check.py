@@ -125,3 +125,24 @@ def test_a_bad_budget_is_one_line(tmp_path):
     assert done.stderr.strip().count("\n") == 0
     assert "--budget-s 0.0 must be above 0" in done.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+@pytest.mark.slow  # imports peft and builds a model: several seconds in a fresh process
+def test_why_the_float16_full_fine_tune_fails_and_lora_does_not():
+    # docs/gpu.md, "What the CPU form already found": AdamW's eps (1e-8) is 0 in float16,
+    # so a float16 weight whose gradient is 0 becomes 0/0; bfloat16 keeps eps. A LoRA
+    # student's adapters are float32 on a float16 base (PEFT), so it steps in float32.
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from miniverl.common.toy import build_toy_model
+
+    for dtype, nan in ((torch.float16, True), (torch.bfloat16, False)):
+        weight = torch.nn.Parameter(torch.ones(2, dtype=dtype))
+        weight.grad = torch.zeros(2, dtype=dtype)
+        torch.optim.AdamW([weight], lr=1e-4, weight_decay=0.0).step()
+        assert bool(weight.isnan().all()) is nan, dtype
+    base = build_toy_model(gpu_check.SHAPES["cpu"]["student"]).to(torch.float16)
+    student = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                              task_type="CAUSAL_LM"))
+    assert {p.dtype for p in student.parameters() if p.requires_grad} == {torch.float32}
