@@ -13,7 +13,10 @@ Runs ``benchmarks/distill/config.yaml`` (docs/distillbench.md) in two phases of
   (``student_prepare``) and the teacher (``teacher.prepare``). The warm student's own
   final eval (greedy and ``eval.samples`` episodes per task at T=1 on the validation
   split) is the warm start's record; outside ``distill.warm_start`` no arm runs and the
-  script exits 1 naming the figure and the fix. The teacher's eval on the same split
+  script exits 1 naming the figure and the fix. So do the plateau gate
+  (``distill.plateau_tolerance``: the warm student's last two T=1 validation evaluations
+  within it) and the margin gate (``distill.teacher_margin``: the teacher's T=1
+  validation success at least that much above the warm student's last evaluation). The teacher's eval on the same split
   gives its success and its margin over the warm student (greedy and T=1).
 - **grid** (``--phase grid``): every arm at each learning rate of ``distill.lr_grid``
   (arm ``<arm>-lr<i>``) on ``distill.grid_seed``, evaluated on the validation split
@@ -97,6 +100,14 @@ class DistillSettings(BaseModel):
     main_split: str = Field(pattern="^(eval|test)$")
     warm_start: tuple[float, float]
     wall_clock_s: list[float] = Field(min_length=1)
+    plateau_tolerance: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="the plateau gate: the warm student's last two T=1 validation "
+                    "evaluations (its preparation's periodic evals) within this; null: off")
+    teacher_margin: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="the margin gate: the teacher's T=1 validation success at least this "
+                    "above the warm student's last evaluation; null: off")
     also_against: list[str] = Field(
         default_factory=list,
         description="arms the report also pairs every arm with, beside the baseline "
@@ -337,6 +348,33 @@ def check_warm_start(record: dict[str, Any], band: tuple[float, float], prep: st
             f"the preregistered [{low:g}, {high:g}]; change {prep}'s train.cycles in a new "
             "commit before any result (fewer steps if above, more if below)")
     return float(t1)
+
+
+def check_gates(warm: dict[str, Any], teacher: dict[str, Any] | None,
+                settings: DistillSettings, prep: str) -> dict[str, float]:
+    """The plateau and margin gates (``student/benchmark/gates.py``) on the preparations'
+    records, those the settings turn on; SystemExit (one line naming the figure, the rule
+    and the fix) when one fails. Their figures, for the analysis's ``start``."""
+    from miniverl.common.errors import ConfigError
+    from miniverl.student.benchmark.gates import margin_gate, plateau_gate
+
+    curve = warm.get("evals") or []
+    out: dict[str, float] = {}
+    try:
+        if settings.plateau_tolerance is not None:
+            out["plateau"] = plateau_gate(curve, settings.plateau_tolerance,
+                                          f"the warm student ({prep})")
+        if settings.teacher_margin is not None:
+            scored = [p for p in curve if p.get("t1") is not None]
+            level = out.get("plateau", scored[-1]["t1"] if scored else None)
+            t1 = (((teacher or {}).get("eval") or {}).get("sampled") or {}).get("success")
+            if level is None:
+                raise ConfigError(f"the warm student ({prep}) has no T=1 validation "
+                                  "evaluation; give its train.eval_every and eval.samples")
+            out["margin"] = margin_gate(t1, level, settings.teacher_margin, "the teacher")
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    return out
 
 
 def _prepare(prep: str, model: dict[str, Any], what: str, model_field: str) -> dict[str, Any]:
@@ -811,6 +849,7 @@ def main(argv: list[str] | None = None) -> int:
         warm, teacher = prepared_records(raw, config_dir)
         start = start_summary(warm, teacher, settings.warm_start)
         check_warm_start(warm, settings.warm_start, raw["student_prepare"])
+        start["gates"] = check_gates(warm, teacher, settings, raw["student_prepare"])
         print(f"warm student: T=1 {start['warm_student']['t1']:.3f} (band "
               f"{list(settings.warm_start)}); teacher margin {start['teacher_margin']}",
               flush=True)

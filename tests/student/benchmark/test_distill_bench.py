@@ -321,3 +321,24 @@ def test_a_second_reference_arm_is_paired_seed_by_seed_and_changes_no_figure():
     # Within 60 s SeqKD had reached update 0 only: the pair reads what each had by then.
     assert block["arms"]["gkd"]["seconds=60"]["t1_vs_seqkd"]["per_seed"]["1"] == pytest.approx(
         0.40)
+
+
+def test_the_plateau_and_margin_gates_stop_the_script_in_one_line():
+    # Version 3 (docs/distillbench.md): a warm student at the plateau of the user's data,
+    # a teacher at least the margin above it, both checked before the first cell.
+    warm = {"evals": [{"update": 400, "t1": 0.58}, {"update": 600, "t1": 0.60},
+                      {"update": 800, "t1": 0.61}]}
+    teacher = {"eval": {"sampled": {"success": 0.945}}}
+    on = bench.DistillSettings(lr_grid=[1e-3], grid_seed=1, grid_split="eval",
+                               main_split="test", warm_start=(0.0, 1.0), wall_clock_s=[10],
+                               plateau_tolerance=0.02, teacher_margin=0.15)
+    gates = bench.check_gates(warm, teacher, on, "warm.yaml")
+    assert gates == {"plateau": 0.61, "margin": pytest.approx(0.335)}
+    off = on.model_copy(update={"plateau_tolerance": None, "teacher_margin": None})
+    assert bench.check_gates({}, None, off, "warm.yaml") == {}
+    rising = {"evals": [{"update": 600, "t1": 0.50}, {"update": 800, "t1": 0.61}]}
+    with pytest.raises(SystemExit, match=r"the warm student \(warm\.yaml\) is not at a plateau"):
+        bench.check_gates(rising, teacher, on, "warm.yaml")
+    with pytest.raises(SystemExit, match=r"below the required margin 0\.4") as exc:
+        bench.check_gates(warm, teacher, on.model_copy(update={"teacher_margin": 0.4}), "w")
+    assert "\n" not in str(exc.value)
