@@ -225,22 +225,21 @@ def _print_doctor(report: dict[str, Any]) -> None:
 
 
 def _check_environment(recipe: Any) -> None:
-    """The environment name and params must build an environment (torch-free)."""
+    """Each environment's name and params must build an environment (torch-free)."""
     from miniverl.common.errors import ConfigError
     from miniverl.student.environments import get_environment, list_environments
 
     names = list_environments()
-    name = recipe.environment.name
-    if name not in names:
-        raise ConfigError(
-            f"environment.name: {name!r} is not a registered environment; one of {', '.join(names)}"
-        )
-    try:
-        get_environment(name, **recipe.environment.params)
-    except Exception as exc:  # plugins raise anything; report it as a config problem
-        raise ConfigError(
-            f"environment.params: {name} rejected {recipe.environment.params}: {exc}"
-        ) from exc
+    sections = ([("environment", recipe.environment)] if recipe.environments is None else
+                [(f"environments[{i}]", env) for i, env in enumerate(recipe.environments)])
+    for where, env in sections:
+        if env.name not in names:
+            raise ConfigError(f"{where}.name: {env.name!r} is not a registered environment; "
+                              f"one of {', '.join(names)}")
+        try:
+            get_environment(env.name, **env.params)
+        except Exception as exc:  # plugins raise anything; report it as a config problem
+            raise ConfigError(f"{where}.params: {env.name} rejected {env.params}: {exc}") from exc
 
 
 def _check_toy_vocab(recipe: Any) -> str | None:
@@ -282,11 +281,12 @@ def plan_lines(recipe: Any) -> list[str]:
         t = recipe.teacher
         where = f"at {t.endpoint}" if t.endpoint else "launched by `miniverl up`"
         lines.append(f"teacher      {t.model.describe()} {where}, memory {t.memory}, {t.mode}")
-    env = recipe.environment
-    lines.append(
-        f"environment  {env.name} ({env.difficulty}): {env.train_tasks} train / "
-        f"{env.eval_tasks} eval / {env.test_tasks} test tasks"
-    )
+    for env in recipe.environments or [recipe.environment]:
+        weight = f", weight {env.weight:g}" if recipe.environments is not None else ""
+        lines.append(
+            f"environment  {env.name} ({env.difficulty}{weight}): {env.train_tasks} train / "
+            f"{env.eval_tasks} eval / {env.test_tasks} test tasks"
+        )
     train = recipe.train
     lines.append(
         f"cycles       {train.cycles} x {train.rollouts_per_cycle} rollouts (batch "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .errors import ConfigError
 from .recipe_io import load_yaml_model, loads_yaml_model
@@ -33,6 +33,7 @@ from .recipe_sections import (
     EnvironmentConfig,
     EvalConfig,
     LossConfig,
+    MixtureEnvironmentConfig,
     RolloutConfig,
     RunConfig,
     RuntimeConfig,
@@ -41,6 +42,9 @@ from .recipe_sections import (
 )
 
 TEACHER_MODES: frozenset[str] = frozenset({"offline_kd", "opd", "replay", "dpo"})
+# Modes whose cycles draw fresh episodes through the one cycle draw (student/train/state.py
+# cycle_episodes), which is where a mixture of environments is drawn from.
+MIXTURE_MODES: frozenset[str] = frozenset({"opd", "rl", "replay", "dpo"})
 
 
 # -- rules of the loss variants that read the rollout (docs/losses.md) -----------------
@@ -149,6 +153,11 @@ class Recipe(BaseModel):
     environment: EnvironmentConfig = Field(
         default_factory=EnvironmentConfig, description="Tool environment and task splits."
     )
+    environments: list[MixtureEnvironmentConfig] | None = Field(
+        None, min_length=1, max_length=64,
+        description="A mixture instead of environment: several environments, each with "
+        "its weight, params, difficulty and splits (docs/environments.md, \"Mixtures\").",
+    )
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="How episodes are sampled."
     )
@@ -167,6 +176,17 @@ class Recipe(BaseModel):
         default_factory=RuntimeConfig, description="Threads, timeouts and heartbeats."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_way_to_name_environments(cls, data: Any):
+        if isinstance(data, dict) and data.get("environments") is not None \
+                and "environment" in data:
+            raise_issues([(("environments",), (
+                "environment and environments both name the run's tool environments; keep "
+                "one: environment for one, environments (a list of {name, weight, ...}) for "
+                "a mixture"))])
+        return data
+
     # Cross-section rules are field validators on the later field, reading earlier
     # validated fields from ``info.data``: they still run when an unrelated section is
     # broken, so one `validate` shows every problem.
@@ -182,6 +202,48 @@ class Recipe(BaseModel):
             raise_issues([((), f"mode {run.mode!r} needs a teacher section (teacher: "
                                "{model: ...}); add one or set run.mode: sft")])
         return teacher
+
+    @field_validator("environments")
+    @classmethod
+    def _mixture_rules(cls, mixture: list[MixtureEnvironmentConfig] | None,
+                       info: ValidationInfo):
+        if mixture is None:
+            return mixture
+        issues: list[tuple[tuple[str | int, ...], str]] = []
+        total = sum(member.weight for member in mixture)
+        if not total > 0.0:
+            issues.append(((), (
+                f"the weights sum to {total:g}, so no environment would be "
+                "drawn; give at least one environment a weight above 0")))
+        seen: set[str] = set()
+        for i, member in enumerate(mixture):
+            if member.name in seen:
+                issues.append(((i, "name"), (
+                    f"{member.name!r} is named twice; each episode is tagged "
+                    "with its environment's name, so name each environment once (put its "
+                    "difficulties in one entry with difficulty: mixed)")))
+            seen.add(member.name)
+        run, teacher = info.data.get("run"), info.data.get("teacher")
+        if run is not None and run.mode not in MIXTURE_MODES:
+            issues.append(((), (
+                f"a mixture mixes the fresh episodes of opd, rl, replay and dpo cycles; "
+                f"mode {run.mode!r} reads one environment's tasks; use environment: with one "
+                "environment, or run.mode: opd")))
+        if teacher is not None:
+            for field, value, why in (
+                ("mode", teacher.mode if teacher.mode != "standard" else None,
+                 "views each task through one environment's privileged context"),
+                ("tokenizer", teacher.tokenizer if teacher.tokenizer == "other" else None,
+                 "maps one environment's tool text between tokenizers"),
+                ("min_success", teacher.min_success, "is gated on one environment's record"),
+                ("min_recovery", teacher.min_recovery, "is gated on one environment's record"),
+            ):
+                if value is not None:
+                    issues.append(((), (
+                        f"a mixture cannot go with teacher.{field} {value!r}, which {why}; "
+                        "remove it or use environment: with one environment")))
+        raise_issues(issues)
+        return mixture
 
     @field_validator("rollout")
     @classmethod
@@ -507,8 +569,12 @@ def check_vocab(recipe: Recipe, vocab_size: int) -> None:
 
 
 def recipe_dict(recipe: Recipe) -> dict[str, Any]:
-    """The fully resolved recipe as JSON-compatible data (defaults filled in)."""
-    return recipe.model_dump(mode="json")
+    """The fully resolved recipe as JSON-compatible data (defaults filled in); a mixture's
+    has no ``environment`` section (a recipe names one or the other)."""
+    data = recipe.model_dump(mode="json")
+    if recipe.environments is not None:
+        del data["environment"]
+    return data
 
 
 # Optional fields added after recipes were cached and checkpointed: left out of the
@@ -522,7 +588,7 @@ HASHED_ONLY_WHEN_SET = (
     *(f"loss.{name}" for name in LOSS_VARIANT_FIELDS),
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
     "train.oracle_tasks", "train.score_fixed_set", "eval.before", "teacher.tokenizer",
-    "loss.cross_vocab",
+    "loss.cross_vocab", "environments",
 )
 
 

@@ -1,5 +1,6 @@
-"""The recipe's sections other than the models: run, environment, rollout, loss, train,
-cache, eval, dpo and runtime, plus the base every section shares.
+"""The recipe's sections other than the models: run, environment (and one environment of
+a mixture), rollout, loss, train, cache, eval, dpo and runtime, plus the base every
+section shares.
 
 Each section is a pydantic model with ``extra="forbid"``, bounds on every field and
 rules that read only its own fields; :func:`raise_issues` reports several broken rules
@@ -74,6 +75,17 @@ class EnvironmentConfig(Section):
         64, ge=0, le=1_000_000, description="Held-out tasks for the final test."
     )
     split_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the train/eval/test split.")
+
+
+class MixtureEnvironmentConfig(EnvironmentConfig):
+    """One environment of a mixture (``environments:``): an environment section with the
+    weight its episodes are drawn with (docs/environments.md, "Mixtures")."""
+
+    weight: float = Field(
+        1.0, ge=0.0, allow_inf_nan=False,
+        description="Share of a cycle's episodes drawn from this environment, relative to "
+        "the others' weights (finite, >= 0; the weights sum to more than 0).",
+    )
 
 
 class RolloutConfig(Section):

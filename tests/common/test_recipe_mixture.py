@@ -1,0 +1,120 @@
+"""A recipe's mixture of environments (``environments:``): it validates beside every
+other rule, round-trips through its resolved dump, leaves a single-environment recipe's
+digest alone, and each bad mixture is refused with one line naming the field and the
+fix, by ``miniverl validate`` too (exit 1, no traceback)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from miniverl.cli.app import app
+from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import dump_resolved, loads_recipe, recipe_dict, recipe_digest
+from tests.toy_kit import recipe_dict as toy_recipe
+
+MIX = [{"name": "calculator", "weight": 2, "train_tasks": 8, "eval_tasks": 2},
+       {"name": "sqlite", "weight": 1, "difficulty": "mixed", "train_tasks": 4, "eval_tasks": 2}]
+
+
+def _mixture(tmp_path, mode="rl", environments=MIX, **sections):
+    data = toy_recipe(mode, tmp_path, teacher=None if mode == "rl" else
+                      toy_recipe("opd", tmp_path)["teacher"]["model"]["toy"],
+                      sections={"rollout": {"group_size": 2}} if mode == "rl" else None)
+    del data["environment"]
+    data["environments"] = copy.deepcopy(environments)
+    for name, update in sections.items():
+        data.setdefault(name, {}).update(update)
+    return data
+
+
+def test_a_mixture_validates_and_its_resolved_dump_loads_back(tmp_path):
+    recipe = loads_recipe(yaml.safe_dump(_mixture(tmp_path)))
+    assert [(e.name, e.weight) for e in recipe.environments] == [("calculator", 2.0),
+                                                                 ("sqlite", 1.0)]
+    assert recipe.environments[1].difficulty == "mixed"
+    # recipe.resolved.yaml names the mixture alone, so it loads back as the same recipe.
+    assert "environment" not in recipe_dict(recipe)
+    again = loads_recipe(dump_resolved(recipe))
+    assert again == recipe and recipe_digest(again) == recipe_digest(recipe)
+
+
+def test_a_single_environment_recipe_keeps_its_digest(tmp_path):
+    # Checkpoints and cached teachers are keyed by the digest: the new field, unset,
+    # must not move it.
+    recipe = loads_recipe(yaml.safe_dump(toy_recipe("rl", tmp_path, teacher=None,
+                                                    sections={"rollout": {"group_size": 2}})))
+    assert recipe.environments is None
+    assert recipe_digest(recipe) == recipe_digest(recipe, leave_out=("environments",))
+
+
+@pytest.mark.parametrize(("edit", "where", "words"), [
+    ({"environment": {"name": "calculator"}}, "environments:",
+     "keep one: environment for one, environments"),
+    ({"environments": [{"name": "calculator", "weight": 0}, {"name": "sqlite", "weight": 0}]},
+     "environments:", "the weights sum to 0"),
+    ({"environments": [{"name": "calculator", "weight": float("inf")}]},
+     "environments[0].weight:", "finite number"),
+    ({"environments": [{"name": "calculator", "weight": float("nan")}]},
+     "environments[0].weight:", "finite number"),
+    ({"environments": [{"name": "calculator", "weight": -1}]},
+     "environments[0].weight:", "greater than or equal to 0"),
+    ({"environments": [{"name": "calculator"}, {"name": "calculator", "weight": 3}]},
+     "environments[1].name:", "name each environment once"),
+    ({"environments": []}, "environments:", "at least 1 item"),
+    ({"environments": [{"name": "calculator", "wieght": 2}]}, "environments[0].wieght:",
+     "unknown field 'wieght'"),
+])
+def test_a_bad_mixture_is_one_line_naming_the_field(tmp_path, edit, where, words):
+    data = _mixture(tmp_path)
+    data.update(edit)
+    with pytest.raises(ConfigError) as caught:
+        loads_recipe(yaml.safe_dump(data))
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 1 and where in lines[0] and words in lines[0], lines
+
+
+@pytest.mark.parametrize(("mode", "teacher", "words"), [
+    ("sft", {}, "mode 'sft' reads one environment's tasks"),
+    ("opd", {"min_success": 0.5}, "teacher.min_success"),
+    ("opd", {"min_recovery": 0.5}, "teacher.min_recovery"),
+    ("opd", {"mode": "privileged_context"}, "teacher.mode 'privileged_context'"),
+])
+def test_a_mixture_where_one_environment_is_read_is_refused(tmp_path, mode, teacher, words):
+    data = _mixture(tmp_path, mode=mode)
+    if mode == "sft":
+        data.pop("teacher", None)
+    else:
+        data["teacher"].update(teacher)
+    with pytest.raises(ConfigError, match="use environment: with one environment") as caught:
+        loads_recipe(yaml.safe_dump(data))
+    assert words in str(caught.value)
+
+
+def test_validate_prints_one_line_and_exits_1(tmp_path):
+    data = _mixture(tmp_path)
+    data["environments"][1]["weight"] = -2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "environments[1].weight" in errors[0]
+
+
+def test_validate_checks_every_environment_and_plans_each(tmp_path):
+    data = _mixture(tmp_path)
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["validate", str(good)])
+    assert result.exit_code == 0, result.output
+    assert "calculator (easy, weight 2)" in result.output
+    assert "sqlite (mixed, weight 1)" in result.output
+    data["environments"][1]["name"] = "nosuch"
+    good.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["validate", str(good)])
+    assert result.exit_code == 1
+    assert "environments[1].name: 'nosuch' is not a registered environment" in result.output
