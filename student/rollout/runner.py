@@ -41,6 +41,7 @@ from miniverl.common.trajectory import (
     VerifierResult,
 )
 from miniverl.student.environments import get_environment
+from miniverl.student.environments.mixture import Mixture
 from miniverl.student.rollout.chat import EpisodeBuilder, parse_error_result
 from miniverl.student.rollout.privileged import privileged_system
 
@@ -52,6 +53,7 @@ MAX_REPEATED_CALLS = 3
 class _Episode:
     task: Any
     seed: int
+    env_name: str
     env: Any
     builder: EpisodeBuilder
     generator: torch.Generator
@@ -130,7 +132,8 @@ def _float32_values(values: list[float] | None) -> list[float] | None:
 
 
 class RolloutRunner:
-    """Plays episodes of one environment with a causal LM; returns trajectories."""
+    """Plays episodes of one environment (or of a mixture's, each task in its own) with
+    a causal LM; returns trajectories."""
 
     def __init__(
         self,
@@ -144,13 +147,17 @@ class RolloutRunner:
         device: Any = None,
         ignore_stop: bool = False,
         privileged: bool = False,
+        mixture: Mixture | None = None,
     ):
         """``ignore_stop`` never ends a turn at ``<|im_end|>`` so every turn samples
         exactly ``max_new_tokens_per_turn`` tokens (fixed-length benchmarks only).
         ``privileged`` plays the privileged teacher's view (``teacher.mode:
         privileged_context``): every system message also carries
         ``env.privileged_context(task)``, as ``rollout/privileged.py`` renders it for
-        scoring, so a teacher is qualified on the view it scores with."""
+        scoring, so a teacher is qualified on the view it scores with. ``mixture``
+        (a recipe's ``environments``): each task is played in the environment its id
+        belongs to, with that environment's params, and tagged with its name; tasks of
+        no mixture are refused."""
         self.model = model
         self.tokenizer = tokenizer
         self.env_name = env_name
@@ -171,6 +178,11 @@ class RolloutRunner:
         self.top_p = float(rollout.top_p)
         self.batch_size = rollout.batch_size
         get_environment(env_name, **self.env_params)  # fail early on a bad name or params
+        # A mixture's environment per task id (None: every task is env_name's).
+        self._environment_of = None if mixture is None else mixture.environment_of
+        self._params_of = {env_name: self.env_params} if mixture is None else mixture.params
+        for name, params in (mixture.params.items() if mixture is not None else ()):
+            get_environment(name, **params)
         self._cache_kwarg = cache_kwarg(model)
         self._prefix: tuple[list[int], Any] | None = None
 
@@ -229,7 +241,12 @@ class RolloutRunner:
     # -- episode bookkeeping -------------------------------------------------------
 
     def _start(self, task: Any, seed: int) -> _Episode:
-        env = get_environment(self.env_name, **self.env_params)
+        of = self._environment_of
+        name = self.env_name if of is None else of.get(task.id)
+        if name is None:
+            raise ConfigError(f"task {task.id} belongs to no environment of this run's mixture; "
+                              "play it with a runner of its own environment")
+        env = get_environment(name, **self._params_of[name])
         env.reset(task)
         # Privileged: each episode's system block is its own, no shared prefix to cache.
         system = (env.system_prompt() if self._privileged_system is None
@@ -238,7 +255,8 @@ class RolloutRunner:
                                  task.prompt, env.tool_specs())
         gen = torch.Generator(device="cpu")
         gen.manual_seed(seed)
-        ep = _Episode(task=task, seed=seed, env=env, builder=builder, generator=gen)
+        ep = _Episode(task=task, seed=seed, env_name=name, env=env, builder=builder,
+                      generator=gen)
         if len(builder.tokens) >= self.max_total:
             ep.stop = StopReason.MAX_TOKENS
         return ep
@@ -302,12 +320,12 @@ class RolloutRunner:
                 success=False, score=0.0, reason=f"no final answer ({ep.stop.value})"
             )
         traj = Trajectory(
-            id=f"{self.env_name}/{ep.task.id}/v{policy_version}/s{ep.seed}",
+            id=f"{ep.env_name}/{ep.task.id}/v{policy_version}/s{ep.seed}",
             tokens=ep.builder.tokens,
             spans=ep.builder.spans,
             policy_version=policy_version,
             tokenizer_fp=self.tokenizer_fp,
-            environment=self.env_name,
+            environment=ep.env_name,
             task_id=ep.task.id,
             split=ep.task.split,
             difficulty=ep.task.difficulty,

@@ -24,6 +24,10 @@ uninterrupted one would have built:
   ``count = rollouts_per_cycle`` it is offline KD's batch; GKD mixing
   (``train.on_policy_fraction``, ``modes/offline_kd.py``) draws the part of the batch the fresh
   episodes leave.
+- **A mixture** (``environments:``): :func:`tasks_for` draws each of the cycle's tasks
+  from the mixture (``environments/mixture.py``, ``draw``): its environment by weight,
+  then one of its tasks, both a function of ``(run.seed, cycle, episode)``; a single
+  ``environment:`` keeps the seeded permutations above.
 
 This module does not run cycles (``loop.py``, ``modes/``), talk to the teacher
 (``teacher.py``) or open the run directory (``trainer.py``).
@@ -52,6 +56,7 @@ from miniverl.student.checkpoint import latest as latest_checkpoint
 from miniverl.student.checkpoint import load as load_checkpoint
 from miniverl.student.checkpoint import save as write_checkpoint
 from miniverl.student.environments import make_tasks
+from miniverl.student.environments.mixture import Mixture, draw, mixture_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
@@ -100,6 +105,8 @@ class TrainState:
     # The latest evaluation and the version it measured: the final eval of a run whose
     # train.eval_every divides its cycles reuses the periodic one made at that version.
     last_eval: tuple[int, Any] | None = None
+    # The training split of the recipe's environments (None: one environment).
+    mixture: Mixture | None = None
 
     def wall(self) -> float:
         """Seconds since the trainer was made."""
@@ -151,7 +158,10 @@ def episode_seed(run_seed: int, cycle: int, index: int) -> int:
 def tasks_for(state: TrainState, cycle: int, n: int,
               tasks: list[Any] | None = None) -> list[Any]:
     """The ``n`` training tasks of ``cycle``: epochs of seeded permutations of the tasks
-    (``tasks``, default every training task; :func:`oracle_tasks` for oracle batches)."""
+    (``tasks``, default every training task; :func:`oracle_tasks` for oracle batches).
+    A mixture's draws its tasks from its environments by weight (the module docstring)."""
+    if tasks is None and state.mixture is not None:
+        return draw(state.mixture, state.recipe.run.seed, cycle, n)
     tasks = state.train_tasks if tasks is None else tasks
     epoch_len = len(tasks)
     out = []
@@ -233,13 +243,17 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
         torch.autocast("cuda", dtype=dtype)
         if policy.device.type == "cuda" and dtype != torch.float32 else None
     )
-    env = recipe.environment
-    train_tasks = make_tasks(
-        env.name, "train", env.train_tasks, env.difficulty, env.split_seed, params=env.params
-    )
+    env, mixture = recipe.environment, None
+    if recipe.environments is None:
+        train_tasks = make_tasks(
+            env.name, "train", env.train_tasks, env.difficulty, env.split_seed, params=env.params
+        )
+    else:
+        mixture = mixture_tasks(recipe.environments, "train")
+        env, train_tasks = recipe.environments[0], mixture.all_tasks()
     runner = RolloutRunner(
         policy.model, policy.tokenizer, env_name=env.name, env_params=env.params,
-        rollout=recipe.rollout, tokenizer_fp=policy.tokenizer_fp,
+        rollout=recipe.rollout, tokenizer_fp=policy.tokenizer_fp, mixture=mixture,
     )
     update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
                     vocab_size=policy.vocab_size)
@@ -253,7 +267,7 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
         objective=objective_for_kind(loss, kind) if recipe.needs_teacher else None,
         teacher_mode=recipe.teacher.mode if recipe.teacher is not None else "standard",
         cache=open_cache(recipe, run, policy, kind), teacher=teacher, stop_event=stop_event,
-        started=started, checkpoints=checkpoints, offline=offline,
+        started=started, checkpoints=checkpoints, offline=offline, mixture=mixture,
     )
     # The schedule reads where the warm-up ended from the state it belongs to (it draws
     # no random numbers, so building it after the tasks and runner changes nothing).
