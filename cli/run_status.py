@@ -55,9 +55,12 @@ def _success(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     rows = sorted((e for e in evals if e.get("split", "eval") == split),
                   key=lambda e: e["version"])
     first, last = rows[0], rows[-1]
+    # A mixture's last eval holds each environment's success too.
+    envs = last.get("by_environment")
     return {"split": split, "n": last.get("n"), "before": first["success"],
             "before_version": first["version"], "after": last["success"],
-            "after_version": last["version"]}
+            "after_version": last["version"],
+            **({"by_environment": envs} if isinstance(envs, dict) else {})}
 
 
 def _steps(metrics: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +139,10 @@ def finished_lines(s: dict[str, Any]) -> list[str]:
             figure = f"{success['before']:.1%} at v{success['before_version']} (no eval after)"
         lines.append(f"  success    {figure}, greedy on the {success['split']} split, "
                      f"{success['n']} tasks")
+        for name, env in (success.get("by_environment") or {}).items():
+            lines.append(f"             {name} {float(env['success']):.1%} at v"
+                         f"{success['after_version']} ({env.get('n')} tasks, weight "
+                         f"{float(env.get('weight', 0)):g})")
     if s["wall_s"] is not None:
         lines.append(f"  wall time  {s['wall_s']:.1f} s")
     art = s["artifacts"]

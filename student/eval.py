@@ -3,7 +3,10 @@
 ``evaluate`` makes the split's tasks (``make_tasks`` with the recipe's environment,
 difficulty and split seed), plays them with :class:`~miniverl.student.rollout.runner.RolloutRunner`
 (greedy unless ``recipe.eval.greedy`` is false), and returns an :class:`EvalSummary`
-with the success rate, a per-difficulty breakdown and the stop reasons. With
+with the success rate, a per-difficulty breakdown and the stop reasons. A recipe with a
+mixture (``environments:``) plays every environment's split tasks (``eval.max_tasks`` caps
+each environment), each in its own environment; its ``success`` is over all of them and
+``by_environment`` holds each environment's success, episode count and weight. With
 ``out_dir`` it also writes ``<split>-v<version>.trajectories.jsonl`` and
 ``<split>-v<version>.summary.json`` there.
 
@@ -37,6 +40,7 @@ from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.coverage import coverage_reference, reference_source, state_coverage
 from miniverl.student.environments import make_tasks
 from miniverl.student.environments.faults import fault_breakdown, has_faults
+from miniverl.student.environments.mixture import Mixture, mixture_tasks
 from miniverl.student.eval_sampling import play_sampled, sampled_summary, temperature_of
 from miniverl.student.rollout.runner import RolloutRunner
 
@@ -63,6 +67,8 @@ class EvalSummary:
     sampled: dict[str, Any] | None = None
     # A fixed set that is a function of the task only: unseen turn-start states.
     coverage: dict[str, Any] | None = None
+    # A mixture only: each environment's success, episodes and weight, in recipe order.
+    by_environment: dict[str, dict[str, float]] | None = None
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
     sampled_trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
@@ -79,17 +85,30 @@ class EvalSummary:
         }
         # Absent while unused (no faults, no eval.samples, no fixed set): such summaries
         # are unchanged.
-        for name in ("faults", "sampled", "coverage"):
+        for name in ("faults", "sampled", "coverage", "by_environment"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out
 
 
+def by_environment(trajs: list[Trajectory], mixture: Mixture) -> dict[str, dict[str, float]]:
+    """Each environment's success, episode count and weight (its episodes are those
+    tagged with its name), in the mixture's order."""
+    out = {}
+    for name, weight in zip(mixture.names, mixture.weights, strict=True):
+        mine = [t for t in trajs if t.environment == name]
+        out[name] = {"success": sum(t.verifier.success for t in mine) / len(mine) if mine
+                     else 0.0, "n": len(mine), "weight": weight}
+    return out
+
+
 def summarize(
-    trajs: list[Trajectory], split: str, policy_version: int, tasks: list[Any] | None = None
+    trajs: list[Trajectory], split: str, policy_version: int, tasks: list[Any] | None = None,
+    mixture: Mixture | None = None,
 ) -> EvalSummary:
     """Success, per-difficulty success and stop reasons of finished trajectories (and,
-    given their ``tasks`` from an environment with faults, the fault breakdown)."""
+    given their ``tasks`` from an environment with faults, the fault breakdown; given
+    their ``mixture``, each environment's success)."""
     n = len(trajs)
     groups: dict[str, list[Trajectory]] = {}
     for t in trajs:
@@ -108,6 +127,7 @@ def summarize(
         mean_score=sum(t.verifier.score for t in trajs) / n if n else 0.0,
         mean_tool_calls=sum(t.tool_calls.total for t in trajs) / n if n else 0.0,
         faults=fault_breakdown(tasks, trajs) if tasks and has_faults(tasks) else None,
+        by_environment=by_environment(trajs, mixture) if mixture is not None else None,
         trajectories=trajs,
     )
 
@@ -133,16 +153,17 @@ def evaluate(
     always plays that view. ``offline``: a teacher that plays the coverage reference
     (``fixed_set: teacher``) loads without touching the network."""
     split = split or recipe.eval.split
-    env_cfg = recipe.environment
+    env_cfg, mixture = recipe.environment, None
     n = env_cfg.eval_tasks if split == "eval" else env_cfg.test_tasks
     if split == "train":
         n = env_cfg.train_tasks
-    for cap in (recipe.eval.max_tasks, max_tasks):
-        if cap is not None:
-            n = min(n, cap)
-    tasks = make_tasks(
-        env_cfg.name, split, n, env_cfg.difficulty, env_cfg.split_seed, params=env_cfg.params
-    )
+    caps = [cap for cap in (recipe.eval.max_tasks, max_tasks) if cap is not None]
+    if recipe.environments is None:
+        tasks = make_tasks(env_cfg.name, split, min([n, *caps]), env_cfg.difficulty,
+                           env_cfg.split_seed, params=env_cfg.params)
+    else:
+        mixture = mixture_tasks(recipe.environments, split, min(caps) if caps else None)
+        env_cfg, tasks = recipe.environments[0], mixture.all_tasks()
     if tokenizer_fp is None:
         tokenizer_fp = fingerprint_tokenizer(tokenizer)
     runner = RolloutRunner(
@@ -153,18 +174,19 @@ def evaluate(
         rollout=recipe.rollout,
         tokenizer_fp=tokenizer_fp,
         privileged=privileged or recipe.rollout.view == PRIVILEGED,
+        mixture=mixture,
     )
     seeds = [EVAL_SEED_BASE + i for i in range(len(tasks))]
     trajs = runner.run(tasks, policy_version=policy_version, seeds=seeds,
                        greedy=recipe.eval.greedy)
-    summary = summarize(trajs, split, policy_version, tasks)
+    summary = summarize(trajs, split, policy_version, tasks, mixture)
     samples = recipe.eval.samples
     if samples is not None:
         temperature = temperature_of(recipe.eval)
         sampler = RolloutRunner(
             model, tokenizer, env_name=env_cfg.name, env_params=env_cfg.params,
             rollout=recipe.rollout.model_copy(update={"temperature": temperature}),
-            tokenizer_fp=tokenizer_fp, privileged=runner.privileged,
+            tokenizer_fp=tokenizer_fp, privileged=runner.privileged, mixture=mixture,
         )
         summary.sampled_trajectories = play_sampled(sampler, tasks, samples=samples,
                                                     policy_version=policy_version)

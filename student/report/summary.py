@@ -16,6 +16,15 @@ def fmt_success(row: dict | None) -> str:
     return f"{float(row['success']):.1%} (v{row.get('version', '?')}, n={row.get('n', '?')})"
 
 
+def fmt_by_environment(row: dict | None) -> str | None:
+    """A mixture's eval row as each environment's success (None for one environment)."""
+    envs = (row or {}).get("by_environment")
+    if not isinstance(envs, dict) or not envs:
+        return None
+    return ", ".join(f"{name} {float(e['success']):.1%} (n={e.get('n', '?')}, weight "
+                     f"{float(e.get('weight', 0)):g})" for name, e in envs.items())
+
+
 def fmt_seconds(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -41,6 +50,7 @@ def summary_rows(data: ReportData) -> list[tuple[str, str]]:
     status = data.status.get("status", "unknown")
     if data.status.get("reason"):
         status += f" ({data.status['reason']})"
+    by_environment = fmt_by_environment(after)
     return [
         ("run", data.run_id),
         ("status", str(status)),
@@ -53,6 +63,7 @@ def summary_rows(data: ReportData) -> list[tuple[str, str]]:
         ("optimizer steps", str(data.steps)),
         ("wall clock", fmt_seconds(data.wall_clock_s())),
         ("success before → after", f"{fmt_success(before)} → {fmt_success(after)}"),
+        *([("success by environment", by_environment)] if by_environment else []),
         ("teachers", "; ".join(data.teacher_identities()) or "none recorded"),
         ("stale replies dropped", str(data.stale_dropped())),
         ("trajectories", str(data.n_trajectories)),

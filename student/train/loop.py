@@ -249,7 +249,8 @@ def evaluate_now(state: TrainState) -> EvalSummary:
             offline=state.offline,
         )
     model.train()
-    optional = {name: getattr(summary, name) for name in ("faults", "sampled", "coverage")
+    optional = {name: getattr(summary, name)
+                for name in ("faults", "sampled", "coverage", "by_environment")
                 if getattr(summary, name) is not None}
     state.run.event("eval", version=state.version, split=summary.split,
                     success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
