@@ -208,13 +208,47 @@ def zmq_signal_run(signals: list[int]) -> dict[str, Any]:
     return out
 
 
+HARMLESS = ("ranks_shuffled",)  # the same targets as an honest reply: trained on
+
+
+def summarize(record: dict[str, Any]) -> dict[str, Any]:
+    """Counts over the runs: refused in one line (exit 1, no traceback) with no update
+    after the honest cycle's; the harmless behaviours trained on as honest replies."""
+    hostile = [r for name, r in record["runs"].items() if name.split(":")[1] not in HARMLESS]
+    harmless = [r for name, r in record["runs"].items() if name.split(":")[1] in HARMLESS]
+    return {
+        "runs": len(record["runs"]),
+        "hostile_runs": len(hostile),
+        "refused_in_one_line": sum(r["exit_code"] == 1 and not r["traceback"] for r in hostile),
+        "updates_from_a_hostile_reply": sum(max((r.get("updates") or 0) - 1, 0)
+                                            for r in hostile),
+        "harmless_runs_completed": sum(r["exit_code"] == 0 and r.get("updates") == 2
+                                       for r in harmless),
+        "tracebacks": sum(r["traceback"] for r in record["runs"].values()),
+        "signal_runs": len(record["signals"]),
+        "signal_runs_interrupted_with_checkpoint_1": sum(
+            r["exit_code"] == 130 and r.get("checkpoint_versions") == [1]
+            for r in record["signals"].values()),
+        "signal_exit_s_max": max((r["exit_s"] for r in record["signals"].values()
+                                  if r.get("exit_s") is not None), default=None),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None,
                         help="FLAVOUR:BEHAVIOUR runs to do (default: all)")
     parser.add_argument("--skip-signals", action="store_true")
+    parser.add_argument("--summarize", type=Path, default=None,
+                        help="recompute the summary of an existing record and rewrite it")
     add_output_options(parser, COMMITTED)
     args = parser.parse_args()
+    if args.summarize is not None:
+        record = json.loads(args.summarize.read_text())
+        record["summary"] = summarize(record)
+        args.summarize.write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["summary"], indent=2))
+        return
     tok = tokenizer()
     plan = [("vllm", b) for b in BEHAVIOURS] + [("sglang", b) for b in SGLANG]
     if args.only is not None:
@@ -238,13 +272,7 @@ def main() -> None:
                 print(f"{teacher:6} {name:14} exit {result['exit_code']} in "
                       f"{result['exit_s']} s, checkpoints {result.get('checkpoint_versions')} "
                       f"status {result.get('status')}", flush=True)
-    runs = record["runs"].values()
-    record["summary"] = {
-        "runs": len(record["runs"]),
-        "refused_in_one_line": sum(r["exit_code"] == 1 and not r["traceback"] for r in runs),
-        "updates_from_a_bad_reply": sum(max((r.get("updates") or 0) - 1, 0) for r in runs),
-        "tracebacks": sum(r["traceback"] for r in runs),
-    }
+    record["summary"] = summarize(record)
     out = script_output_file(args, COMMITTED, ROOT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
