@@ -98,7 +98,8 @@ UP_RUNS = {
     "opd_fp16": ("float16", False, "resident", "none", 3),
 }
 # Written beside nothing else on PYTHONPATH: each process that used CUDA leaves its
-# allocator peaks in $MINIVERL_GPU_CHECK_PEAKS/<pid>.json when it exits.
+# allocator peaks in $MINIVERL_GPU_CHECK_PEAKS/<pid>.json when it exits, at interpreter
+# exit or through os._exit (the teacher process ends with os._exit, which skips atexit).
 SITECUSTOMIZE = '''\
 import atexit, json, os, sys
 
@@ -111,7 +112,14 @@ def _miniverl_gpu_check_peaks():
         json.dump({"argv": sys.argv, "max_allocated": torch.cuda.max_memory_allocated(),
                    "max_reserved": torch.cuda.max_memory_reserved()}, f)
 
+def _miniverl_gpu_check_exit(code, _exit=os._exit):
+    try:
+        _miniverl_gpu_check_peaks()
+    finally:
+        _exit(code)
+
 atexit.register(_miniverl_gpu_check_peaks)
+os._exit = _miniverl_gpu_check_exit
 '''
 MIB = 2**20
 
@@ -202,9 +210,10 @@ class DriverPeaks:
         while not self._stop.wait(0.5):
             for row in nvidia_smi("--query-compute-apps=pid,used_memory") or []:
                 with contextlib.suppress(ValueError, IndexError):
-                    role = _role(int(row[0]))
-                    if role is not None:
-                        self.peaks[role] = max(self.peaks.get(role, 0), int(float(row[1])))
+                    # In a container nvidia-smi may report host pids, which /proc here does
+                    # not know: such a process is kept under its pid rather than dropped.
+                    role = _role(int(row[0])) or f"pid {row[0]}"
+                    self.peaks[role] = max(self.peaks.get(role, 0), int(float(row[1])))
 
     def __enter__(self) -> DriverPeaks:
         self._thread.start()

@@ -146,3 +146,22 @@ def test_why_the_float16_full_fine_tune_fails_and_lora_does_not():
     student = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
                                               task_type="CAUSAL_LM"))
     assert {p.dtype for p in student.parameters() if p.requires_grad} == {torch.float32}
+
+
+@pytest.mark.parametrize("ending", ["sys.exit(0)", "os._exit(0)"])
+def test_the_peak_hook_writes_at_either_exit(ending, tmp_path):
+    # The allocator's peaks come from each process as it exits; the teacher ends with
+    # os._exit, which skips atexit. A stand-in torch whose CUDA was used (no GPU needed).
+    (tmp_path / "sitecustomize.py").write_text(gpu_check.SITECUSTOMIZE)
+    peaks = tmp_path / "peaks"
+    peaks.mkdir()
+    fake = ("import os, sys, types; cuda = types.SimpleNamespace(is_initialized=lambda: True, "
+            "max_memory_allocated=lambda: 3 * 2**20, max_memory_reserved=lambda: 4 * 2**20); "
+            "sys.modules['torch'] = types.SimpleNamespace(cuda=cuda); ")
+    done = subprocess.run(
+        [sys.executable, "-c", fake + ending, "miniverl.teacher_server"], capture_output=True,
+        text=True, timeout=60, env={"PYTHONPATH": str(tmp_path),
+                                    "MINIVERL_GPU_CHECK_PEAKS": str(peaks), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert gpu_check.allocator_peaks(peaks) == {
+        "teacher": {"max_allocated_mib": 3.0, "max_reserved_mib": 4.0}}
