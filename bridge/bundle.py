@@ -297,6 +297,13 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None) -> dict:
     if out.exists():
         raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
     recipe = artifacts.load_run_recipe(run)
+    if recipe.environments is not None:
+        names = ", ".join(env.name for env in recipe.environments)
+        raise ConfigError(
+            f"run {run.name} trained on a mixture of environments ({names}), but a bundle "
+            "holds one environment's tools and reward function; export the mixture's tasks, "
+            "each row tagged with its environment, with `miniverl convert-dataset "
+            "RECIPE OUT.parquet --to verl`")
     ckpt = artifacts.latest_checkpoint(run)
     identity = artifacts.base_identity(recipe.student.model)
     teacher_identity = teacher_source.teacher_identity(run, recipe)

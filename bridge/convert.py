@@ -2,8 +2,9 @@
 
 Inputs by suffix: ``.jsonl``/``.json`` is a miniverl task set (one ``Task.to_dict()`` per
 line after a header line naming the environment and its params, or ``--environment`` for
-a file without one), ``.yaml``/``.yml`` is a recipe whose environment section
-generates the train, eval and test tasks, ``.parquet`` is a verl file written by miniverl.
+a file without one), ``.yaml``/``.yml`` is a recipe whose environment section (or each
+environment of its mixture, every row tagged with its own) generates the train, eval and
+test tasks, ``.parquet`` is a verl file written by miniverl.
 ``--to verl`` writes Parquet rows (see ``parquet.py``); ``--to miniverl`` writes the task
 set back as JSONL (headers included, so environment params survive), checking every row's
 hashes first. The output is written beside its final name and renamed. This module
@@ -18,23 +19,25 @@ from miniverl.bridge import parquet
 from miniverl.common.atomic import publishing
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import load_recipe
-from miniverl.student.environments import make_tasks
+from miniverl.student.environments import SPLITS, make_tasks
+from miniverl.student.environments.mixture import split_size
 
 TARGETS = ("verl", "miniverl")
 
 
-def _tasks_from_recipe(path: Path) -> tuple[list[dict], parquet.EnvFacts]:
-    env_cfg = load_recipe(path).environment
-    tasks = []
-    for split, n in (
-        ("train", env_cfg.train_tasks),
-        ("eval", env_cfg.eval_tasks),
-        ("test", env_cfg.test_tasks),
-    ):
-        tasks += make_tasks(
-            env_cfg.name, split, n, env_cfg.difficulty, env_cfg.split_seed, env_cfg.params
-        )
-    return [t.to_dict() for t in tasks], parquet.env_facts(env_cfg.name, env_cfg.params)
+def _tasks_from_recipe(path: Path) -> tuple[list[dict], list[parquet.EnvFacts]]:
+    """Every split's tasks of a recipe's environment; a mixture's, environment after
+    environment, each row tagged with its own (``data_source``)."""
+    recipe = load_recipe(path)
+    tasks, envs = [], []
+    for env_cfg in recipe.environments or [recipe.environment]:
+        facts = parquet.env_facts(env_cfg.name, env_cfg.params)
+        for split in SPLITS:
+            made = make_tasks(env_cfg.name, split, split_size(env_cfg, split),
+                              env_cfg.difficulty, env_cfg.split_seed, env_cfg.params)
+            tasks += [t.to_dict() for t in made]
+            envs += [facts] * len(made)
+    return tasks, envs
 
 
 def convert_dataset(src: Path, dst: Path, to: str, environment: str | None = None) -> int:

@@ -134,7 +134,10 @@ def card_text(run: Path, recipe, *, kind: str, step: int, base: dict, bundle: bo
         ("what", f"{what} exported from step {step} of run `{run.name}`"),
         ("base model", _base_line(base)),
         ("mode", f"{recipe.run.mode} ({'on-policy' if recipe.on_policy else 'off-policy'})"),
-        ("environment", f"{env.name}, difficulty {env.difficulty}, split seed {env.split_seed}"),
+        ("environment", f"{env.name}, difficulty {env.difficulty}, split seed {env.split_seed}"
+         if recipe.environments is None else "a mixture: " + "; ".join(
+             f"{e.name} (weight {e.weight:g}), difficulty {e.difficulty}, split seed "
+             f"{e.split_seed}" for e in recipe.environments)),
         ("optimizer steps", str(step)),
         ("held-out success before", _success(before)),
         ("held-out success after", _success(after)),
@@ -213,16 +216,20 @@ def write_model_card(run: Path, out_dir: Path, recipe, *, kind: str, step: int, 
     ``teacher_source`` the teacher a bundle names (``teacher_source.teacher_identity``).
     """
     hub = require("huggingface_hub", "bridge")
-    env = recipe.environment
+    envs = recipe.environments or [recipe.environment]
     _, after = held_out(_events(run))
     results = None
     if after is not None:
+        # A mixture's eval holds each environment's success: one result per environment.
+        per_env = after.get("by_environment") if recipe.environments is not None else None
+        figures = ([(e, per_env[e.name]["success"]) for e in envs if e.name in per_env]
+                   if isinstance(per_env, dict) else [(envs[0], after["success"])])
         results = [hub.EvalResult(
             task_type="text-generation", dataset_type=f"miniverl/{env.name}",
             dataset_name=f"{env.name} ({env.difficulty}, held-out {after.get('split', 'eval')})",
             dataset_split=str(after.get("split", "eval")), metric_type="success",
-            metric_name="held-out success", metric_value=float(after["success"]),
-        )]
+            metric_name="held-out success", metric_value=float(success),
+        ) for env, success in figures]
     hub_base = base.get("source") == "hub"
     data = hub.ModelCardData(
         base_model=base["hub_id"] if hub_base else None,
@@ -230,7 +237,8 @@ def write_model_card(run: Path, out_dir: Path, recipe, *, kind: str, step: int, 
         license=base_license(recipe),
         pipeline_tag="text-generation",
         tags=["miniverl", *(["lora"] if kind == "lora" else []),
-              MODE_TAGS.get(recipe.run.mode, recipe.run.mode), "tool-use", env.name],
+              MODE_TAGS.get(recipe.run.mode, recipe.run.mode), "tool-use",
+              *(env.name for env in envs)],
         model_name=run.name,
         eval_results=results,
         **({"base_model_revision": base.get("revision")} if hub_base else {}),

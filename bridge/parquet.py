@@ -364,6 +364,12 @@ def read_verl_parquet(path: Path) -> list[VerlRow]:
         environment = info.get("environment")
         if not isinstance(environment, str) or not environment:
             raise ProvenanceError(f"{where}: extra_info.miniverl.environment is missing")
+        # The tag verl groups its metrics by must still name the row's environment.
+        if row.get("data_source") != DATA_SOURCE_PREFIX + environment:
+            raise ProvenanceError(
+                f"{where}: data_source {row.get('data_source')!r} is not "
+                f"{DATA_SOURCE_PREFIX + environment!r} (its extra_info.miniverl.environment); "
+                "the row was edited: export it again")
         try:
             params = json.loads(info.get("params_json") or "")
         except (TypeError, json.JSONDecodeError):

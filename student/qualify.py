@@ -49,6 +49,14 @@ def check_split(split: str) -> None:
         )
 
 
+def check_one_environment(recipe: Any) -> None:
+    """A qualification record is one environment's success: a mixture has none."""
+    if recipe.environments is not None:
+        raise ConfigError(
+            "a teacher qualifies on one environment, and this recipe names a mixture "
+            "(environments:); qualify it with a recipe of each environment (environment:)")
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -80,6 +88,7 @@ def measure(
     from miniverl.student.eval import evaluate
 
     check_split(split)
+    check_one_environment(recipe)
     greedy = recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"greedy": True})})
     model.eval()
     with torch.no_grad():

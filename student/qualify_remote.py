@@ -36,7 +36,12 @@ from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpo
 from miniverl.protocol.scoring_client import ScoringClient, TeacherChanged
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.eval import evaluate
-from miniverl.student.qualify import check_split, privileged_view, record_from_eval
+from miniverl.student.qualify import (
+    check_one_environment,
+    check_split,
+    privileged_view,
+    record_from_eval,
+)
 
 PLACEHOLDER_ID = 0  # any id the vocabulary has; nothing reads what it predicts
 
@@ -170,6 +175,7 @@ def measure_endpoint(
 ) -> dict[str, Any]:
     """Greedy success of the teacher serving at ``endpoint`` on ``split``; the record."""
     check_split(split)
+    check_one_environment(recipe)
     tokenizer = load_tokenizer(resolve_model_dir(recipe.student.model, offline=offline))
     tokenizer_fp = fingerprint_tokenizer(tokenizer)
     rt = recipe.runtime
