@@ -1,6 +1,6 @@
 """A stop ends a wait on the teacher at once, and keeps the last checkpoint.
 
-What a user relies on (docs/engine-teachers.md, "Stopping"): SIGTERM or SIGINT while the
+What a user relies on (docs/engine-teachers.md, "What holds as for any teacher", its "Stopping"): SIGTERM or SIGINT while the
 student waits on a teacher that never answers — a ZeroMQ teacher holding its SCOREs, an
 engine dripping its reply — stops the run within seconds, as ``interrupted``, with the
 checkpoint of the last update boundary; a second signal stops the process at once and

@@ -1,7 +1,7 @@
 """Generated xvocab SCOREs at the teacher server (the cross-tokenizer kind).
 
-What a user relies on (docs/protocol.md, "Nothing a client sends can kill the server
-loop"): an xvocab SCORE with any part changed — its episode's bytes or JSON, a message,
+What a user relies on (docs/protocol.md, "`xvocab`: a teacher with another tokenizer",
+and "Where each check runs": nothing a client sends kills the server loop): an xvocab SCORE with any part changed — its episode's bytes or JSON, a message,
 the student's cuts or pieces, a header field, an array's dtype — is answered (SCORE_OK
 or ERROR) within a bounded time, and the teacher keeps serving: a valid SCORE after the
 generated ones gets the same arrays as before them. The fast tier runs a few dozen;

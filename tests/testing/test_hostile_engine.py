@@ -1,6 +1,6 @@
 """The engine-teacher client against every misbehaviour of ``miniverl.testing.HostileEngine``.
 
-What a user relies on (docs/engine-teachers.md, "Reply checks"): a hostile engine's
+What a user relies on (docs/engine-teachers.md, "A hostile engine"): a hostile engine's
 reply is refused with one line that names the endpoint, where the fault is and what to
 do; it is never returned to the trainer (so nothing is trained on it); no request hangs
 past its deadline; and the client still answers honestly afterwards (its state intact).
