@@ -87,7 +87,7 @@ def budget_table(data: dict[str, Any], label: str) -> Table:
     main, base = data["main"], data["baseline"]
     others = [base, *main.get("also_against", [])]
     header = ["arm", "cells ok"]
-    for kind, name in (("t1", "T=1"), ("greedy", "greedy")):
+    for name in ("T=1", "greedy"):
         header += [f"{name} mean [95%]", *(f"{name} Δ vs {o} [95%]" for o in others)]
     t = Table([*header, "updates reached (seeds in order)"])
     for arm, entry in main["arms"].items():

@@ -258,7 +258,7 @@ def printed_table(command: str, record: str, record_file: Path) -> list[str]:
 
 
 def _first_difference(page_rows: list[str], printed: list[str]) -> str:
-    for k, (mine, theirs) in enumerate(zip(page_rows, printed)):
+    for k, (mine, theirs) in enumerate(zip(page_rows, printed, strict=False)):  # lengths may differ
         if mine != theirs:
             return f"row {k + 1}: the page has {mine!r}, the command prints {theirs!r}"
     return f"the page has {len(page_rows)} lines, the command prints {len(printed)}"
