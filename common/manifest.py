@@ -137,7 +137,9 @@ def build_manifest(recipe: Recipe, run_id: str, **extra: Any) -> dict[str, Any]:
         "steps": {"on_policy": 0, "off_policy": 0},
         "final_version": None,
         "recipe_digest": recipe_digest(recipe),
-        "seeds": {"run": recipe.run.seed, "split": recipe.environment.split_seed},
+        "seeds": {"run": recipe.run.seed, "split": recipe.environment.split_seed}
+        if recipe.environments is None else {"run": recipe.run.seed, "split": {
+            env.name: env.split_seed for env in recipe.environments}},
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
         "packages": package_versions(),

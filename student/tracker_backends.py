@@ -92,7 +92,8 @@ class WandbBackend:
         self.run = self.wandb.init(
             project=os.environ.get("WANDB_PROJECT", PROJECT), name=run.id, id=run.id,
             dir=str(run.path), config=config, resume="allow",
-            tags=[recipe.run.mode, recipe.environment.name],
+            tags=[recipe.run.mode,
+                  *(env.name for env in recipe.environments or [recipe.environment])],
         )
         self.where = str(run.path / "wandb")
         self.events: list[list[Any]] = []

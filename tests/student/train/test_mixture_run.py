@@ -1,7 +1,8 @@
 """A toy run on a mixture of two environments (calculator and jsonnav, mode rl): both
 environments' episodes are trained on and tagged in trajectories.jsonl, and every eval
 event, eval summary file, the report's summary and ``miniverl status`` show each
-environment's success beside the mixture's."""
+environment's success beside the mixture's; the manifest records each environment's
+split seed."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def test_a_mixture_run_trains_and_evaluates_each_environment(tmp_path):
     # Seed 0 draws both environments within the two cycles (a pure function of the seed).
     assert {t.environment for t in trajs} == {"calculator", "jsonnav"}
     assert all(t.id.startswith(f"{t.environment}/{t.environment}-train-") for t in trajs)
+    # rollout.group_size 2: each drawn task is played twice in a row.
+    assert all(a.task_id == b.task_id for a, b in zip(trajs[::2], trajs[1::2], strict=True))
+    manifest = json.loads((result.run_dir / "manifest.json").read_text())
+    assert manifest["seeds"]["split"] == {"calculator": 0, "jsonnav": 0}
     evals = events(result.run_dir, "eval")
     assert evals, "the run made no eval"
     for event in evals:
