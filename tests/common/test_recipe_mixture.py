@@ -82,6 +82,8 @@ def test_a_bad_mixture_is_one_line_naming_the_field(tmp_path, edit, where, words
     ("opd", {"min_success": 0.5}, "teacher.min_success"),
     ("opd", {"min_recovery": 0.5}, "teacher.min_recovery"),
     ("opd", {"mode": "privileged_context"}, "teacher.mode 'privileged_context'"),
+    ("opd", {"tokenizer": "other"}, "teacher.tokenizer 'other'"),
+    ("offline_kd", {}, "mode 'offline_kd' reads one environment's tasks"),
 ])
 def test_a_mixture_where_one_environment_is_read_is_refused(tmp_path, mode, teacher, words):
     data = _mixture(tmp_path, mode=mode)
