@@ -2,7 +2,8 @@
 environments' episodes are trained on and tagged in trajectories.jsonl, and every eval
 event, eval summary file, the report's summary and ``miniverl status`` show each
 environment's success beside the mixture's; the manifest records each environment's
-split seed."""
+split seed. A resumed mixture run draws and trains exactly what the uninterrupted one
+did, and strict OPD plays a mixture too."""
 
 from __future__ import annotations
 
@@ -13,12 +14,22 @@ import pytest
 from miniverl.common.recipe import Recipe
 from miniverl.common.rundir import RunDir
 from miniverl.common.trajectory import read_trajectories
+from tests.student.train.trainer_kit import parameters, same_parameters, stop_at_step
 from tests.toy_kit import events, recipe_dict
 
 MIX = [{"name": "calculator", "weight": 1, "difficulty": "easy", "train_tasks": 8,
         "eval_tasks": 2, "test_tasks": 2},
        {"name": "jsonnav", "weight": 1, "difficulty": "easy", "train_tasks": 8,
         "eval_tasks": 2, "test_tasks": 2}]
+
+
+def _mixture(mode, tmp_path, **train):
+    data = recipe_dict(mode, tmp_path, teacher=None if mode == "rl" else recipe_dict(
+        "opd", tmp_path)["teacher"]["model"]["toy"],
+        sections={"rollout": {"group_size": 2}} if mode == "rl" else None, **train)
+    del data["environment"]
+    data["environments"] = MIX
+    return Recipe.model_validate(data)
 
 
 @pytest.mark.slow
@@ -28,11 +39,7 @@ def test_a_mixture_run_trains_and_evaluates_each_environment(tmp_path):
     from miniverl.student.report.summary import summary_rows
     from miniverl.student.train.trainer import Trainer
 
-    data = recipe_dict("rl", tmp_path, teacher=None, cycles=2, eval_every=2,
-                       sections={"rollout": {"group_size": 2}})
-    del data["environment"]
-    data["environments"] = MIX
-    recipe = Recipe.model_validate(data)
+    recipe = _mixture("rl", tmp_path, cycles=2, eval_every=2)
     with Trainer(recipe, show_progress=False, write_report=False) as trainer:
         result = trainer.train()
     assert result.status == "completed" and result.final_version == 2
@@ -59,3 +66,40 @@ def test_a_mixture_run_trains_and_evaluates_each_environment(tmp_path):
     assert "jsonnav " in rows["success by environment"]
     lines = finished_lines(finished_summary(RunDir.open(result.run_dir)))
     assert any(line.strip().startswith("jsonnav ") and "weight 1" in line for line in lines)
+
+
+@pytest.mark.slow  # three toy runs with checkpoints
+def test_a_resumed_mixture_run_trains_exactly_what_the_uninterrupted_one_did(tmp_path,
+                                                                            monkeypatch):
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = _mixture("rl", tmp_path, cycles=3)
+    opts = dict(show_progress=False, write_report=False)
+    with Trainer(recipe, run_id="whole", **opts) as trainer:
+        whole = trainer.train()
+        expected = parameters(trainer)
+    first = Trainer(recipe, run_id="split", **opts)
+    stop_at_step(monkeypatch, first, 1)
+    with first:
+        assert first.train().final_version == 1
+    with Trainer(recipe, run_id="split", resume=True, **opts) as second:
+        resumed = second.train()
+        got = parameters(second)
+    assert (resumed.status, resumed.final_version) == ("completed", 3)
+    episodes = [[(t.environment, t.task_id, t.seed) for t in
+                 read_trajectories(run.run_dir / "trajectories.jsonl")] for run in (whole, resumed)]
+    assert episodes[0] == episodes[1]
+    assert same_parameters(expected, got)
+
+
+@pytest.mark.slow
+def test_strict_opd_plays_a_mixture(tmp_path, toy):
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = _mixture("opd", tmp_path, cycles=2, rollouts_per_cycle=8)
+    with Trainer(recipe, client=toy.fake_client(), show_progress=False,
+                 write_report=False, checkpoints=False) as trainer:
+        result = trainer.train()
+    assert result.status == "completed" and result.final_version == 2
+    trajs = read_trajectories(result.run_dir / "trajectories.jsonl")
+    assert {t.environment for t in trajs} == {"calculator", "jsonnav"}
