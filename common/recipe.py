@@ -419,6 +419,12 @@ class Recipe(BaseModel):
                 f"oracle_tasks {train.oracle_tasks} is more than the "
                 f"{env.train_tasks} training tasks (environment.train_tasks); lower it to at "
                 "most that, or null for all")))
+        if train.sft_warmup_steps and info.data.get("environments") is not None:
+            issues.append((("sft_warmup_steps",), (
+                f"sft_warmup_steps {train.sft_warmup_steps} trains on one environment's "
+                "oracle traces, and this recipe names a mixture (environments:); set "
+                "sft_warmup_steps: 0 (warm the student up in a run of its own), or use "
+                "environment: with one environment")))
         if train.sft_epochs is not None and mode != "sft":
             issues.append(
                 (

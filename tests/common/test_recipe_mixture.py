@@ -96,6 +96,14 @@ def test_a_mixture_where_one_environment_is_read_is_refused(tmp_path, mode, teac
     assert words in str(caught.value)
 
 
+def test_a_mixture_takes_no_sft_warm_up(tmp_path):
+    # The warm-up renders one environment's oracle traces.
+    data = _mixture(tmp_path, mode="opd", train={"sft_warmup_steps": 2})
+    with pytest.raises(ConfigError, match="train.sft_warmup_steps: sft_warmup_steps 2 trains "
+                                          "on one environment's oracle traces"):
+        loads_recipe(yaml.safe_dump(data))
+
+
 def test_validate_prints_one_line_and_exits_1(tmp_path):
     data = _mixture(tmp_path)
     data["environments"][1]["weight"] = -2
