@@ -64,7 +64,11 @@ def test_group_size_and_the_episodes_of_a_cycle():
     # dpo keeps dpo.group_size, unless rollout.group_size sizes its groups instead.
     assert group_size(make_recipe("dpo", "runs", sections={"dpo": {"group_size": 4}})) == 4
     assert group_size(make_recipe("dpo", "runs", sections={"rollout": {"group_size": 2}})) == 2
-    state = SimpleNamespace(recipe=make_recipe("opd", "runs"), train_tasks=list("abcdefgh"))
+    state = SimpleNamespace(recipe=make_recipe("opd", "runs"), train_tasks=list("abcdefgh"),
+                            mixture=None)
+    # One environment (no mixture): the seeded permutation of epoch (cycle * n + i) // len.
+    order = np.random.default_rng(0 * 7919 + 1).permutation(8)
+    assert tasks_for(state, 3, 4) == ["abcdefgh"[order[i]] for i in range(4, 8)]
     # G = 1 is the batch a cycle sampled before groups: task i with seed (seed, cycle, i).
     assert cycle_episodes(state, 3, 4) == (tasks_for(state, 3, 4),
                                            [episode_seed(0, 3, i) for i in range(4)])
