@@ -77,6 +77,7 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     del data["train"]["fixed_set"], data["teacher"]["min_recovery"]
     assert data["teacher"].pop("tokenizer") is None  # cross-tokenizer opt-in (xvocab)
     assert data["loss"].pop("cross_vocab") is None  # its target (docs/cross-tokenizer.md)
+    assert data.pop("environments") is None  # a mixture (docs/environments.md)
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]
         assert toy.pop("init_std") is None and toy.pop("rope_theta") is None
