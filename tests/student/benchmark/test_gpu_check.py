@@ -55,7 +55,9 @@ def test_the_cpu_form_runs_every_step(tmp_path):
         assert "no GPU" in step["peak_allocator_mib"]["skipped"]
         assert "no GPU" in step["peak_driver_mib"]["skipped"]
     assert steps["opd_swap"]["memory_strategy"]["chosen"] == "swap"
-    assert steps["opd_bf16_lora"]["memory_strategy"]["chosen"] == "resident"
+    # auto on a CPU student: resident, and the reason says why.
+    lora = steps["opd_bf16_lora"]["memory_strategy"]
+    assert lora["chosen"] == "resident" and "student on CPU" in lora["reason"]
     fp16 = steps["opd_fp16"]
     assert fp16["config"]["dtype"] == "float16" and fp16["updates"] >= 1
     # The float16 path runs and its outcome is recorded. Today a float16 full fine-tune
@@ -67,8 +69,9 @@ def test_the_cpu_form_runs_every_step(tmp_path):
     park = steps["teacher_park_wake"]
     assert park["status"] == "ok" and park["park_s"] >= 0 and park["wake_s"] >= 0
     assert park["positions_per_s"] > 0 and "no GPU" in park["park_frees"]["skipped"]
-    nf4 = steps["opd_qlora_nf4"]
-    assert nf4["status"] == "skipped" and "4-bit needs bitsandbytes on CUDA" in nf4["reason"]
+    for name in ("opd_qlora_nf4", "opd_nf4_teacher_swap"):
+        nf4 = steps[name]
+        assert nf4["status"] == "skipped" and "4-bit needs bitsandbytes on CUDA" in nf4["reason"]
     rows = steps["sampling_vs_generate"]["rows"]
     assert rows and all(r["ours_tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0
                         for r in rows)
@@ -97,12 +100,13 @@ def test_the_gpu_recipes_validate(name, tmp_path):
 
     check = SimpleNamespace(cuda=True, smoke=False, device="cuda", tmp=tmp_path,
                             shapes=gpu_check.SHAPES["gpu"])
-    dtype, lora, memory, quantization, updates = gpu_check.UP_RUNS[name]
+    dtype, lora, memory, quantization, teacher_quantization, updates = gpu_check.UP_RUNS[name]
     recipe = load_recipe(gpu_check.up_recipe(check, name, dtype, lora, memory, quantization,
-                                             updates))
+                                             updates, teacher_quantization=teacher_quantization))
     assert (recipe.student.device, recipe.teacher.device) == ("cuda", "cuda")
     assert recipe.student.dtype == recipe.teacher.dtype == dtype
     assert recipe.student.quantization == quantization and recipe.teacher.memory == memory
+    assert recipe.teacher.quantization == teacher_quantization
     assert recipe.student.model.toy.hidden == 1024 and recipe.teacher.model.toy.hidden == 2048
     assert recipe.train.cycles == updates and recipe.run.mode == "opd"
 
