@@ -208,6 +208,66 @@ def zmq_signal_run(signals: list[int]) -> dict[str, Any]:
     return out
 
 
+def children(pid: int) -> dict[int, str]:
+    """This script's grandchildren by pid: ``{pid: command line}`` of ``pid``'s children."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(
+                    b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def up_signal_run() -> dict[str, Any]:
+    """``miniverl up`` on the toy recipe; after the first update its teacher is stopped
+    (SIGSTOP: alive, silent) and ``up`` gets one SIGINT (a Ctrl-C)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data = recipe_dict("opd", work / "runs", cycles=2, save_every=1, sections={
+            "loss": {"top_k": K},
+            "runtime": {"request_timeout_s": 600, "unavailable_timeout_s": 600}})
+        write_recipe(work / "recipe.yaml", data)
+        proc = subprocess.Popen([MINIVERL, "up", str(work / "recipe.yaml")], cwd=work,
+                                text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        while proc.poll() is None:
+            found = list((work / "runs").glob("*/metrics.jsonl"))
+            if found and '"loss"' in found[0].read_text():
+                break
+            time.sleep(0.05)
+        kids = children(proc.pid)
+        teacher = next(pid for pid, cmd in kids.items() if "teacher_server" in cmd)
+        student = next(pid for pid, cmd in kids.items() if pid != teacher)
+        os.kill(teacher, signal.SIGSTOP)
+        time.sleep(3.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        while Path(f"/proc/{student}").exists() and time.monotonic() - t0 < 120:
+            stat = Path(f"/proc/{student}/stat")
+            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # exited, not reaped yet
+            time.sleep(0.05)
+        student_s = time.monotonic() - t0
+        try:
+            text, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            text, _ = proc.communicate()
+        up_s = time.monotonic() - t0
+        if Path(f"/proc/{teacher}").exists():
+            os.kill(teacher, signal.SIGCONT)
+        out = outcome(work, None, text, proc.returncode)
+        out.update(student_exit_s=round(student_s, 2), up_exit_s=round(up_s, 2),
+                   printed=[line for line in text.splitlines() if "stopping" in line])
+    return out
+
+
 HARMLESS = ("ranks_shuffled",)  # the same targets as an honest reply: trained on
 
 
@@ -239,6 +299,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None,
                         help="FLAVOUR:BEHAVIOUR runs to do (default: all)")
     parser.add_argument("--skip-signals", action="store_true")
+    parser.add_argument("--up-only", action="store_true",
+                        help="only the `miniverl up` run, added to the committed record")
     parser.add_argument("--summarize", type=Path, default=None,
                         help="recompute the summary of an existing record and rewrite it")
     add_output_options(parser, COMMITTED)
@@ -248,6 +310,14 @@ def main() -> None:
         record["summary"] = summarize(record)
         args.summarize.write_text(json.dumps(record, indent=2) + "\n")
         print(json.dumps(record["summary"], indent=2))
+        return
+    if args.up_only:
+        record = json.loads(COMMITTED.read_text())
+        record["up"] = up_signal_run()
+        print(json.dumps(record["up"], indent=2))
+        out = script_output_file(args, COMMITTED, ROOT)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
         return
     tok = tokenizer()
     plan = [("vllm", b) for b in BEHAVIOURS] + [("sglang", b) for b in SGLANG]
@@ -272,6 +342,7 @@ def main() -> None:
                 print(f"{teacher:6} {name:14} exit {result['exit_code']} in "
                       f"{result['exit_s']} s, checkpoints {result.get('checkpoint_versions')} "
                       f"status {result.get('status')}", flush=True)
+        record["up"] = up_signal_run()
     record["summary"] = summarize(record)
     out = script_output_file(args, COMMITTED, ROOT)
     out.parent.mkdir(parents=True, exist_ok=True)

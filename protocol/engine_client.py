@@ -508,6 +508,13 @@ class EngineTeacherClient:
                                           f"check that the server is {self.flavour} "
                                           "(teacher.api) and serves the student's tokenizer"))
             return
+        except Exception as exc:  # a shape no check above names: still one line, no hang
+            self._extra["engine_garbage"] += 1
+            self._fail(rid, EngineGarbage(
+                f"{where}: the reply could not be read ({type(exc).__name__}: "
+                f"{str(exc)[:80]}); the reply was dropped, nothing trained on; check that the "
+                f"server is {self.flavour} (teacher.api)"))
+            return
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         result = {name: arr[inverse] for name, arr in result.items()}

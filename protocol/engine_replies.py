@@ -243,13 +243,19 @@ def parse_score(flavour: str, body: Any, model: str, seqs: list[list[int]],
             named = str(body.get("model"))[:200]
             raise EngineModelChanged(f"{where} names model {named!r}, not {model!r}",
                                      served=named)
-        by_index = {c.get("index"): c for c in body["choices"] if isinstance(c, dict)}
+        by_index = {}
+        for c in body["choices"]:
+            index = c.get("index") if isinstance(c, dict) else None
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise EngineGarbage(f"{where}: a choice's index is {str(index)[:40]!r}, not "
+                                    "an integer")
+            by_index[index] = c
         if sorted(by_index, key=str) != sorted(range(len(seqs)), key=str):
             raise EngineGarbage(f"{where}: {len(body['choices'])} choices for {len(seqs)} prompts")
         for b, (seq, pos) in enumerate(zip(seqs, local, strict=True)):
             choice = by_index[b]
             echoed = choice.get("prompt_token_ids")
-            if echoed is not None and list(echoed) != seq:
+            if echoed is not None and echoed != seq:
                 raise EngineGarbage(f"{where} choice {b}: prompt_token_ids differ from the prompt")
             parts.append(targets_from_vllm(choice.get("prompt_logprobs"), seq, pos, k=k,
                                            vocab_size=vocab_size, where=f"{where} choice {b}"))

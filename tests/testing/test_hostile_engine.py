@@ -186,3 +186,22 @@ def test_generated_replies_are_accepted_only_as_sound_targets_or_refused_in_one_
 
         one()
     assert verdicts.get("refused", 0) > 0 and sum(verdicts.values()) == 30
+
+
+@pytest.mark.parametrize("choice", [{"index": {}}, {"index": 0, "prompt_token_ids": 5},
+                                    {"index": 0, "prompt_logprobs": {"a": 1}}])
+def test_a_reply_of_an_unexpected_shape_is_refused_not_left_hanging(choice):
+    # Found by benchmarks/http_fuzz.py: a choice whose index was an object raised a
+    # TypeError inside the request's task, and its wait ran to its timeout.
+    import json
+
+    with HostileEngine(tokenize=encode, vocab_size=VOCAB) as engine, \
+            client_of(engine) as client:
+        client.set_version(0)
+        client.bind()
+        body = {"model": engine.model, "choices": [choice, {"index": 1}]}
+        engine.reply_with = lambda route, request: (200, json.dumps(body).encode())
+        t0 = time.monotonic()
+        with pytest.raises(TeacherError) as err:
+            score(client)
+        assert time.monotonic() - t0 < 2.0 and engine.url in str(err.value)
