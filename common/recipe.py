@@ -45,6 +45,8 @@ TEACHER_MODES: frozenset[str] = frozenset({"offline_kd", "opd", "replay", "dpo"}
 # Modes whose cycles draw fresh episodes through the one cycle draw (student/train/state.py
 # cycle_episodes), which is where a mixture of environments is drawn from.
 MIXTURE_MODES: frozenset[str] = frozenset({"opd", "rl", "replay", "dpo"})
+# Marks a mixture given beside a single environment (Recipe._one_way_to_name_environments).
+BOTH_ENVIRONMENT_FIELDS = "environment and environments"
 
 
 # -- rules of the loss variants that read the rollout (docs/losses.md) -----------------
@@ -179,13 +181,22 @@ class Recipe(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _one_way_to_name_environments(cls, data: Any):
+        # Both given: the mixture is marked, not refused here, so its field reports it
+        # (below) while every other field is still validated: one `validate` shows all.
         if isinstance(data, dict) and data.get("environments") is not None \
                 and "environment" in data:
-            raise_issues([(("environments",), (
+            data = {**data, "environments": {BOTH_ENVIRONMENT_FIELDS: data["environments"]}}
+        return data
+
+    @field_validator("environments", mode="before")
+    @classmethod
+    def _not_beside_environment(cls, mixture: Any):
+        if isinstance(mixture, dict) and BOTH_ENVIRONMENT_FIELDS in mixture:
+            raise_issues([((), (
                 "environment and environments both name the run's tool environments; keep "
                 "one: environment for one, environments (a list of {name, weight, ...}) for "
                 "a mixture"))])
-        return data
+        return mixture
 
     # Cross-section rules are field validators on the later field, reading earlier
     # validated fields from ``info.data``: they still run when an unrelated section is

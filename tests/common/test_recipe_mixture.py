@@ -96,6 +96,17 @@ def test_a_mixture_where_one_environment_is_read_is_refused(tmp_path, mode, teac
     assert words in str(caught.value)
 
 
+def test_both_ways_at_once_still_reports_every_other_problem(tmp_path):
+    # One `validate` shows every problem, this one beside the others.
+    data = _mixture(tmp_path, environment={"name": "calculator"}, train={"lr": -1})
+    with pytest.raises(ConfigError) as caught:
+        loads_recipe(yaml.safe_dump(data))
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2
+    assert "environments: environment and environments both name" in lines[0]
+    assert "train.lr:" in lines[1]
+
+
 def test_a_mixture_takes_no_sft_warm_up(tmp_path):
     # The warm-up renders one environment's oracle traces.
     data = _mixture(tmp_path, mode="opd", train={"sft_warmup_steps": 2})
