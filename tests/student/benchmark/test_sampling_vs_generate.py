@@ -40,10 +40,11 @@ def test_a_small_run_writes_both_arms(tmp_path):
         assert row["sampled_tokens"] == row["batch"] * row["new_tokens"]
         assert len(row["ours_s"]) == len(row["generate_s"]) == len(row["ratio_per_pair"]) == 2
         assert row["ours_tokens_per_s"] > 0 and row["generate_tokens_per_s"] > 0
-        # The page prints each arm's median tokens/s and the median of the pairs' ratios.
+        # The page prints each arm's median tokens/s and the median of the pairs' ratios
+        # (the record's seconds are rounded to 0.1 ms: a tiny run's figure within 1%).
         for arm in ("ours", "generate"):
             assert math.isclose(row[f"{arm}_tokens_per_s"], statistics.median(
-                row["sampled_tokens"] / x for x in row[f"{arm}_s"]), rel_tol=1e-3)
+                row["sampled_tokens"] / x for x in row[f"{arm}_s"]), rel_tol=1e-2)
         assert math.isclose(row["ratio_ours_over_generate"],
                             statistics.median(row["ratio_per_pair"]), abs_tol=2e-3)
         assert math.isclose(row["ratio_of_totals"],
