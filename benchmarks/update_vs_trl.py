@@ -38,7 +38,10 @@ teacher, loss and step, logging), split by the row's own ``time_rollout_s``,
 trajectories); for TRL, its ``training_step`` from a
 callback's step begin to step end, split into ``generate`` (timed around
 ``generate_on_policy_outputs``), the teacher's forward (timed by hooks on the teacher)
-and the rest (the student's forward, the loss, backward and the optimizer step).
+and the rest (the student's forward, the loss, backward and the optimizer step). Before
+training, the worker also times ``generate`` alone on one batch of the same prompts with
+GKD's own generation config (``plain_generate_s``, median of 3), to tell the sampling
+itself from what the trainer's generation path adds.
 Sampled tokens per update are recorded for both arms (a random student ends some turns
 early). One setting of TRL's is changed: ``Trainer`` normalises a step's loss by the
 label tokens of the collated batch (``num_items_in_batch``), which under ``lmbda: 1``
@@ -274,11 +277,22 @@ def trl_worker(argv: list[str]) -> int:
     # the count is 0 and the first gradient NaN). Without the count, GKD's loss is its
     # mean over the sampled tokens, as ours is.
     trainer.model_accepts_loss_kwargs = False
+    # The same generation outside the trainer: one batch's prompts, GKD's own generation
+    # config, the model in eval mode under no_grad (how much of "sampling" is generate).
+    first = collate([{"prompt_ids": p} for p in prompts[:batch]])
+    plain = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            student.generate(input_ids=first["prompts"], attention_mask=first["prompt_attention_mask"],
+                             generation_config=trainer.generation_config)
+        plain.append(time.perf_counter() - t0)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     print(WORKER_MARKER + json.dumps({
         "trl_version": trl.__version__, "global_step": trainer.state.global_step,
         "threads": torch.get_num_threads(), "loss": losses, **timing,
+        "plain_generate_s": statistics.median(plain),
         "prompt_tokens_mean": statistics.mean(len(p) for p in prompts)}), flush=True)
     return 0
 
@@ -303,6 +317,7 @@ def trl_run(args: argparse.Namespace, dirs: dict[str, Path], environment: dict,
     kept["rest_s"] = [u - g - t for u, g, t in
                       zip(kept["update_s"], kept["sampling_s"], kept["teacher_s"], strict=True)]
     return {**kept, "loss": out["loss"][1:], "trl_version": out["trl_version"],
+            "plain_generate_s": [out["plain_generate_s"]],
             "threads": out["threads"], "prompt_tokens_mean": out["prompt_tokens_mean"]}
 
 
@@ -320,7 +335,8 @@ def summarise(arms: dict[str, list[dict]]) -> dict[str, Any]:
     out: dict[str, Any] = {"ours": o}
     for arm in TRL_ARMS:
         t = {name: _median(arms[arm], name) for name in
-             ("update_s", "sampling_s", "teacher_s", "rest_s", "sampled_tokens")}
+             ("update_s", "sampling_s", "teacher_s", "rest_s", "sampled_tokens",
+              "plain_generate_s")}
         out[arm] = t
         out[f"ratio_ours_over_{arm}"] = round(o["update_s"] / t["update_s"], 3)
         out[f"{arm}_update_s_all"] = [round(x, 4) for run in arms[arm] for x in run["update_s"]]
