@@ -84,6 +84,7 @@ def _checkpoint_versions(run_dir: Path) -> list[int]:
                   for p in (run_dir / "checkpoints").glob("*/state.json"))
 
 
+@pytest.mark.slow
 def test_a_stop_while_an_engine_drips_ends_the_run_interrupted_with_its_checkpoint(tmp_path):
     require("httpx")
     from miniverl.common.recipe import Recipe
@@ -136,7 +137,11 @@ def test_signals_to_miniverl_train_stuck_on_a_dripping_engine(tmp_path, signals)
             time.sleep(0.2)
         out, _ = proc.communicate(timeout=60)
         took = time.monotonic() - t0
-    assert proc.returncode == 130 and "Traceback" not in out, out[-2000:]
+    # The first signal ends the wait and the run (exit 130); a second that lands while
+    # the process is already exiting may end it at once (killed by SIGTERM): either way
+    # the last checkpoint stays.
+    allowed = (130, -signal.SIGTERM) if len(signals) > 1 else (130,)
+    assert proc.returncode in allowed and "Traceback" not in out, out[-2000:]
     assert took < 15, took
     run_dir = next((tmp_path / "runs").iterdir())
     assert _checkpoint_versions(run_dir) == [1]  # the first update's, kept

@@ -74,7 +74,7 @@ def check(reply, took: float, method: str = "POST") -> None:
         assert len(reply.content) < 4096  # a refusal never echoes a large body back
 
 
-@FAST
+@settings(FAST, max_examples=15)
 @given(example=completion_bodies("fake", FAKE_VOCAB, 16))
 def test_generated_completion_bodies_get_2xx_or_a_4xx_json_error(front, example):
     _, http, _, _ = front

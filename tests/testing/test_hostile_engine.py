@@ -25,7 +25,7 @@ from miniverl.testing import HOSTILE_BEHAVIOURS, HostileEngine  # noqa: E402
 VOCAB = 300  # bytes, plus a few ids no text maps to
 K = 4
 SEQS = [list(b"hello hostile world"), list(b"another prompt, longer than the first one")]
-REQUEST_TIMEOUT_S = 1.0
+REQUEST_TIMEOUT_S = 0.5
 RETRIES = 1
 BACKOFF_S = 0.05
 
@@ -66,7 +66,7 @@ REFUSED = {
     "model_changed": "now answers as model 'another-model'",
     "http_500": "did not answer after 2 tries (HTTP 500)",
     "huge": "the read was stopped",
-    "drip": "no whole answer within 1.0 s",
+    "drip": "no whole answer within 0.5 s",
     "never_ends": "the read was stopped",
     "duplicate_ids": "twice",
     "redirect": "redirected the request (HTTP 307",

@@ -61,6 +61,6 @@ def test_the_python_blocks_of_docs_testing_run():
     # tests check its syntax); every other block runs here as written.
     found = re.findall(r"(<!-- check-only[^\n]*-->\n)?```python\n(.*?)```", text, re.S)
     blocks = [block for marker, block in found if not marker]
-    assert len(blocks) == 3 and len(found) == 4
+    assert len(blocks) == 4 and len(found) == 5
     for number, block in enumerate(blocks):
         exec(compile(block, f"docs/testing.md python block {number}", "exec"), {})
