@@ -27,7 +27,10 @@ bind off loopback needs a bearer token (``--openai-token-file``); admin messages
 only on the ZeroMQ side; every number sent is finite (the batcher refuses a reply that
 is not, and this module encodes JSON with ``allow_nan=False``; a ``tail_logmass`` of
 ``-inf`` — the top-k is the whole vocabulary — is sent as ``null``); a request larger
-than the teacher's limits is refused with a 4xx naming the limit.
+than the teacher's limits (body size, prompts, tokens, one prompt's length) is refused
+with a 4xx naming the limit, and a body nested deeper than :data:`MAX_NESTING` with a
+400 before it is decoded. Every answer is JSON, aiohttp's own refusals included; a fault
+of ours is one logged line and a 500, never a traceback.
 
 It does not tokenize text (``prompt`` must be token ids), generate tokens, or steer the
 teacher. HTTP is aiohttp's (the ``openai`` extra); no HTTP is parsed here.
