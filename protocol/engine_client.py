@@ -398,7 +398,7 @@ class EngineTeacherClient:
         return self._run(self._connect, timeout_s)
 
     def connect_soon(self, timeout_s: float | None = None) -> Future:
-        return self._start().start_task_soon(self._connect, timeout_s)
+        return self._calls.soon(self._start(), self._connect, timeout_s)
 
     def set_version(self, version: int, allowed_lag: int = 0) -> None:
         self._run(as_async(self._start_table().set_version), version, allowed_lag)

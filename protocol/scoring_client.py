@@ -170,6 +170,21 @@ class StoppableCalls:
             with self._lock:
                 self._futures.discard(future)
 
+    def soon(self, portal: Any, fn: Callable[..., Any], *args: Any) -> Future:
+        """``fn`` started without waiting (a handshake begun early); :meth:`interrupt`
+        cancels it too, so a later call meets the stop instead of the handshake."""
+        future = portal.start_task_soon(fn, *args)
+        with self._lock:
+            self._futures.add(future)
+        future.add_done_callback(self._forget)
+        if self.stopped is not None:
+            future.cancel()
+        return future
+
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
     def interrupt(self, reason: str) -> None:
         self.stopped = StopRequested(reason)
         with self._lock:

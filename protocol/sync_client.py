@@ -78,7 +78,7 @@ class SyncTeacherClient:
     def connect_soon(self, timeout_s: float | None = None) -> Future:
         """Start :meth:`connect` without waiting: the future holds its ``HELLO_OK`` or
         error (:meth:`close` ends a handshake still waiting)."""
-        return self._start().start_task_soon(self._core.connect, timeout_s)
+        return self._calls.soon(self._start(), self._core.connect, timeout_s)
 
     def set_version(self, version: int, allowed_lag: int = 0) -> None:
         if self._portal is None:

@@ -145,3 +145,22 @@ def test_signals_to_miniverl_train_stuck_on_a_dripping_engine(tmp_path, signals)
     assert took < 15, took
     run_dir = next((tmp_path / "runs").iterdir())
     assert _checkpoint_versions(run_dir) == [1]  # the first update's, kept
+
+
+def test_interrupt_cancels_a_handshake_begun_early_and_the_next_connect_meets_the_stop():
+    from miniverl.protocol.sync_client import SyncTeacherClient
+
+    # Nothing listens at this endpoint: the early handshake would wait its whole timeout.
+    client = SyncTeacherClient("tcp://127.0.0.1:9", tokenizer_fp="fp", vocab_size=32,
+                               heartbeat_ms=50)
+    try:
+        future = client.connect_soon(600)
+        client.interrupt("stop requested")
+        t0 = time.monotonic()
+        while not future.done() and time.monotonic() - t0 < STOP_WITHIN_S:
+            time.sleep(0.01)
+        assert future.cancelled()
+        with pytest.raises(StopRequested):
+            client.connect(600)
+    finally:
+        client.close()
