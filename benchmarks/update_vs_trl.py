@@ -26,9 +26,10 @@ process. Both arms take the same on-policy update:
   ``python -m miniverl.teacher_server`` child over ``ipc://``) one thread each; TRL runs
   in one process with two threads.
 
-A third arm runs TRL with one thread (half of ours), because two threads in one process
-are what a small machine shared with other jobs punishes most (``docs/up.md``, "Threads"):
-it says how much of the gap is the thread setting and how much is the trainer. Each
+``GKDConfig`` turns gradient checkpointing on by default, and ``GKDTrainer`` then
+generates without a KV cache (``use_cache: False``); a second TRL arm turns it off. A
+third runs TRL with one thread (half of ours), because two threads in one process are
+what a small machine shared with other jobs punishes most (``docs/up.md``, "Threads"). Each
 repetition runs every arm once, ``--updates + 1`` updates each, the first arm rotating
 between repetitions so that drift in the machine's load hits all alike; the first update
 of a run is dropped as warm-up. An update's seconds are, for
@@ -81,9 +82,12 @@ LR = 1e-3
 MAX_GRAD_NORM = 1.0
 THREADS_TOTAL = 2
 WORKER_MARKER = "TRL_GKD "
-# TRL with the same two threads as ours (the comparison), and with one (what two threads
-# in one process cost on a small shared machine).
-TRL_ARMS = {"trl_gkd": THREADS_TOTAL, "trl_gkd_1thread": 1}
+# arm -> (threads, gradient checkpointing). TRL as a user gets it: the same two threads as
+# ours and GKDConfig's defaults (gradient checkpointing on, which also turns the KV cache
+# off in its generate); with checkpointing off; and with one thread (what two threads in
+# one process cost on a small shared machine).
+TRL_ARMS = {"trl_gkd": (THREADS_TOTAL, True), "trl_gkd_no_checkpointing": (THREADS_TOTAL, False),
+            "trl_gkd_1thread": (1, True)}
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -202,7 +206,7 @@ def ours_run(recipe: Any, endpoint: str) -> dict[str, list[float]]:
 def trl_worker(argv: list[str]) -> int:
     """``--trl-worker STUDENT_DIR TEACHER_DIR STEPS BATCH MAX_NEW ENV_JSON OUT_DIR THREADS``:
     GKD steps."""
-    student_dir, teacher_dir, steps, batch, max_new, env_json, out_dir, threads = argv
+    student_dir, teacher_dir, steps, batch, max_new, env_json, out_dir, threads, ckpt = argv
     steps, batch, max_new = int(steps), int(batch), int(max_new)
     import torch
 
@@ -266,6 +270,7 @@ def trl_worker(argv: list[str]) -> int:
         output_dir=out_dir, lmbda=1.0, beta=1.0, temperature=1.0, max_new_tokens=max_new,
         per_device_train_batch_size=batch, max_steps=steps, learning_rate=LR,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=MAX_GRAD_NORM,
+        gradient_checkpointing=ckpt == "1",
         weight_decay=0.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
         seed=0, dataloader_num_workers=0, disable_dropout=True, max_length=None)
     trainer = GKDTrainer(
@@ -293,12 +298,15 @@ def trl_worker(argv: list[str]) -> int:
         "trl_version": trl.__version__, "global_step": trainer.state.global_step,
         "threads": torch.get_num_threads(), "loss": losses, **timing,
         "plain_generate_s": statistics.median(plain),
+        "gradient_checkpointing": bool(config.gradient_checkpointing),
+        "generate_use_cache": bool(trainer.generation_config.use_cache),
         "prompt_tokens_mean": statistics.mean(len(p) for p in prompts)}), flush=True)
     return 0
 
 
 def trl_run(args: argparse.Namespace, dirs: dict[str, Path], environment: dict,
-            folder: Path, threads: int = THREADS_TOTAL) -> dict[str, Any]:
+            folder: Path, threads: int = THREADS_TOTAL,
+            checkpointing: bool = True) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PYTHONPATH": str(ROOT)}
@@ -306,7 +314,7 @@ def trl_run(args: argparse.Namespace, dirs: dict[str, Path], environment: dict,
         [str(args.trl_python), str(Path(__file__).resolve()), "--trl-worker",
          str(dirs["student"]), str(dirs["teacher"]), str(args.updates + 1), str(args.batch),
          str(args.max_new_tokens), json.dumps(environment), str(folder / "trl-out"),
-         str(threads)],
+         str(threads), "1" if checkpointing else "0"],
         capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(WORKER_MARKER)]
     if done.returncode != 0 or not lines:
@@ -318,6 +326,8 @@ def trl_run(args: argparse.Namespace, dirs: dict[str, Path], environment: dict,
                       zip(kept["update_s"], kept["sampling_s"], kept["teacher_s"], strict=True)]
     return {**kept, "loss": out["loss"][1:], "trl_version": out["trl_version"],
             "plain_generate_s": [out["plain_generate_s"]],
+            "gradient_checkpointing": out["gradient_checkpointing"],
+            "generate_use_cache": out["generate_use_cache"],
             "threads": out["threads"], "prompt_tokens_mean": out["prompt_tokens_mean"]}
 
 
@@ -383,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                 order = names[rep % len(names):] + names[:rep % len(names)]
                 for arm in order:
                     run = (ours_run(recipe, endpoint) if arm == "ours"
-                           else trl_run(args, dirs, environment, tmp, threads=TRL_ARMS[arm]))
+                           else trl_run(args, dirs, environment, tmp, threads=TRL_ARMS[arm][0],
+                                        checkpointing=TRL_ARMS[arm][1]))
                     arms[arm].append(run)
                     progress.console.print(f"rep {rep + 1}/{args.reps} {arm:8s} update s "
                                            + " ".join(f"{x:.2f}" for x in run["update_s"]))
@@ -401,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
             "batch": args.batch, "max_new_tokens": args.max_new_tokens, "lr": LR,
             "max_grad_norm": MAX_GRAD_NORM, "temperature": 1.0, "top_p": 1.0,
             "objective": "exact reverse KL, KL(student || teacher), every sampled token",
-            "trl": {"trainer": "GKDTrainer", "lmbda": 1.0, "beta": 1.0, "threads": TRL_ARMS,
+            "trl": {"trainer": "GKDTrainer", "lmbda": 1.0, "beta": 1.0,
+                    "threads": {arm: t for arm, (t, _) in TRL_ARMS.items()},
+                    "gradient_checkpointing": {arm: c for arm, (_, c) in TRL_ARMS.items()},
                     "version": arms["trl_gkd"][0]["trl_version"]},
             "ours": {"mode": "opd", "objective": "exact_full_vocab", "divergence": "reverse_kl",
                      "threads": {"student": 1, "teacher": 1}, "transport": "ipc",
@@ -426,16 +439,18 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("ours (strict OPD)", "1 + 1", f"{o['update_s']:.3f}", f"{o['sampling_s']:.3f}",
                   f"{o['teacher_wait_s']:.3f} (wait)", f"{o['loss_and_step_s']:.3f}",
                   f"{o['other_s']:.3f}", f"{o['sampled_tokens']:.0f}")
-    for arm, threads in TRL_ARMS.items():
+    for arm, (threads, ckpt) in TRL_ARMS.items():
         t = summary[arm]
-        table.add_row("TRL GKDTrainer", str(threads), f"{t['update_s']:.3f}",
+        table.add_row(f"TRL GKDTrainer{'' if ckpt else ', no checkpointing'}", str(threads),
+                      f"{t['update_s']:.3f}",
                       f"{t['sampling_s']:.3f}", f"{t['teacher_s']:.3f} (forward)",
                       f"{t['rest_s']:.3f}", "", f"{t['sampled_tokens']:.0f}")
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
-    for arm, threads in TRL_ARMS.items():
-        console.print(f"ours / GKDTrainer ({threads} thread{'s' if threads > 1 else ''}) per "
-                      f"update: {summary[f'ratio_ours_over_{arm}']:.2f}x")
+    for arm, (threads, ckpt) in TRL_ARMS.items():
+        console.print(f"ours / GKDTrainer ({threads} thread{'s' if threads > 1 else ''}"
+                      f"{'' if ckpt else ', no gradient checkpointing'}) per update: "
+                      f"{summary[f'ratio_ours_over_{arm}']:.2f}x")
     console.print(f"wrote {args.out}")
     return 0
 

@@ -50,22 +50,29 @@ def test_both_arms_run_and_the_split_adds_up(tmp_path):
     record = json.loads((tmp_path / "update_vs_trl.json").read_text())
     assert record["config"]["trl"] == {
         "trainer": "GKDTrainer", "lmbda": 1.0, "beta": 1.0,
-        "threads": {"trl_gkd": 2, "trl_gkd_1thread": 1}, "version": "1.16.0"}
+        "threads": {"trl_gkd": 2, "trl_gkd_no_checkpointing": 2, "trl_gkd_1thread": 1},
+        "gradient_checkpointing": {"trl_gkd": True, "trl_gkd_no_checkpointing": False,
+                                   "trl_gkd_1thread": True}, "version": "1.16.0"}
     runs = record["runs"]
-    assert set(runs) == {"ours", "trl_gkd", "trl_gkd_1thread"}
+    assert set(runs) == {"ours", "trl_gkd", "trl_gkd_no_checkpointing", "trl_gkd_1thread"}
     assert all([len(r["update_s"]) for r in arm] == [1, 1] for arm in runs.values())
     for run in runs["ours"]:  # the split of each update adds up to the update
         assert math.isclose(run["update_s"][0], run["sampling_s"][0] + run["teacher_wait_s"][0]
                             + run["loss_and_step_s"][0] + run["other_s"][0], abs_tol=1e-9)
         assert 0 < run["sampled_tokens"][0] <= 2 * 4
     ours = record["ours"]
-    for arm in ("trl_gkd", "trl_gkd_1thread"):
+    for arm in ("trl_gkd", "trl_gkd_no_checkpointing", "trl_gkd_1thread"):
         trl = record[arm]
         assert 0 < trl["sampling_s"] < trl["update_s"] and 0 < trl["teacher_s"] < trl["update_s"]
         assert 0 < trl["sampled_tokens"] <= 2 * 4
         assert record[f"ratio_ours_over_{arm}"] == round(ours["update_s"] / trl["update_s"], 3)
     assert [r["threads"] for r in runs["trl_gkd"]] == [2, 2]
     assert [r["threads"] for r in runs["trl_gkd_1thread"]] == [1, 1]
+    # GKDConfig's default gradient checkpointing also switches generate's KV cache off.
+    assert [(r["gradient_checkpointing"], r["generate_use_cache"]) for r in runs["trl_gkd"]] == [
+        (True, False)] * 2
+    assert [(r["gradient_checkpointing"], r["generate_use_cache"])
+            for r in runs["trl_gkd_no_checkpointing"]] == [(False, True)] * 2
     for run in (run for arm in runs.values() for run in arm):
         assert all(math.isfinite(x) for x in run["loss"])
     assert "ours / GKDTrainer (2 threads) per update" in done.stdout
