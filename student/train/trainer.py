@@ -175,13 +175,14 @@ class Trainer:
     def _end_waits_on_stop(self, finished: threading.Event) -> None:
         """On a stop request, end a wait on the teacher at once: a teacher that never
         answers (or drips its answer) must not hold a stop. The loop then stops at the
-        update boundary it was waiting at and checkpoints (loop.run)."""
-        while not finished.is_set():
-            if self.stop_event.wait(0.1):
-                client = self.teacher.client
-                if client is not None:
-                    client.interrupt("stop requested while waiting on the teacher")
-                return
+        update boundary it was waiting at and checkpoints (loop.run). A client made
+        after the stop (the connect after the warm-up) is interrupted as it appears."""
+        interrupted = None
+        while not finished.wait(0.1):
+            client = self.teacher.client
+            if self.stop_event.is_set() and client is not None and client is not interrupted:
+                client.interrupt("stop requested while waiting on the teacher")
+                interrupted = client
 
     @property
     def version(self) -> int:
