@@ -82,8 +82,8 @@ def graceful_stop():
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        print("stopping at the next update boundary (checkpoint first); again to abort",
-              file=sys.stderr)
+        print("stopping at the next update boundary, at once if waiting on the teacher "
+              "(checkpoint first); again to abort", file=sys.stderr)
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
