@@ -60,6 +60,13 @@ from miniverl.protocol.xvocab import request_digest
 __all__ = ["ScoreResult", "ScoreTimeout", "TeacherChanged", "TeacherClient"]
 
 
+def _check_temperature(temperature: float) -> None:
+    """A SCORE's temperature, checked before anything is sent."""
+    if not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
+        raise ProtocolError(f"temperature={temperature} is outside [{TEMPERATURE_MIN}, "
+                            f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
+
+
 class TeacherClient:
     """Async client of one teacher endpoint; use as ``async with TeacherClient(...) as c``.
 
@@ -157,9 +164,7 @@ class TeacherClient:
         if kind == "xvocab":
             raise ProtocolError("an xvocab SCORE carries an episode, not token ids; "
                                 "use submit_xvocab")
-        if not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
-            raise ProtocolError(f"temperature={temperature} is outside [{TEMPERATURE_MIN}, "
-                                f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
+        _check_temperature(temperature)
         arrays = {
             "tokens": _int32(tokens_N, "tokens_N"),
             "cu_seqlens": _int32(cu_seqlens_B1, "cu_seqlens_B1"),
@@ -206,9 +211,7 @@ class TeacherClient:
         if not link.settings.xvocab:
             raise ProtocolError("this client did not announce xvocab in HELLO; make it with "
                                 "xvocab=True")
-        if not TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX:
-            raise ProtocolError(f"temperature={temperature} is outside [{TEMPERATURE_MIN}, "
-                                f"{TEMPERATURE_MAX}]; pick one inside (docs/protocol.md)")
+        _check_temperature(temperature)
         arrays = {
             "episode": np.ascontiguousarray(episode, dtype=np.uint8).reshape(-1),
             "student_cuts": _int32(student_cuts, "student_cuts"),

@@ -33,6 +33,16 @@ PROTOCOL_NAME = "mvl-score/1"
 MAX_ID = 2**63 - 1
 
 
+def _omit(data: dict[str, Any], *names: str, default: Any = None) -> dict[str, Any]:
+    """``data`` without the fields of ``names`` that hold their unset value (``None``, or
+    ``default``): a header carries an optional field only when it says something, so a
+    peer that predates the field reads the header it always read."""
+    for name in names:
+        if data.get(name) in (None, default):
+            data.pop(name, None)
+    return data
+
+
 class ErrorCode(str, Enum):
     """The ``code`` of an ``ERROR`` reply (docs/protocol.md, "ERROR")."""
 
@@ -135,10 +145,7 @@ class Kinds(_Wire):
 
     @model_serializer(mode="wrap")
     def _omit_unset_xvocab(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("xvocab") is None:
-            data.pop("xvocab", None)
-        return data
+        return _omit(handler(self), "xvocab")
 
 
 class ServerLimits(_Wire):
@@ -191,10 +198,7 @@ class Hello(Message):
 
     @model_serializer(mode="wrap")
     def _omit_unset_understands(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("understands") is None:
-            data.pop("understands", None)
-        return data
+        return _omit(handler(self), "understands")
 
 
 class HelloOk(Message):
@@ -249,10 +253,7 @@ class Score(Message):
 
     @model_serializer(mode="wrap")
     def _omit_default_deterministic(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if not data.get("deterministic"):
-            data.pop("deterministic", None)
-        return data
+        return _omit(handler(self), "deterministic", default=False)
 
 
 class ScoreOk(Message):
@@ -280,11 +281,7 @@ class ScoreOk(Message):
 
     @model_serializer(mode="wrap")
     def _omit_unset_digests(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        for name in ("episode_sha256", "alignment_sha256"):
-            if data.get(name) is None:
-                data.pop(name, None)
-        return data
+        return _omit(handler(self), "episode_sha256", "alignment_sha256")
 
 
 class ErrorReply(Message):
@@ -342,10 +339,7 @@ class AdminRequest(Message):
 
     @model_serializer(mode="wrap")
     def _omit_empty_auth(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        if data.get("auth") is None:
-            data.pop("auth", None)
-        return data
+        return _omit(handler(self), "auth")
 
 
 ADMIN_TYPES = frozenset({"RELOAD", "PARK", "WAKE", "SHUTDOWN"})
