@@ -23,7 +23,8 @@ does not stop the next):
 5. ``opd_qlora_nf4``: a 4-bit (bitsandbytes nf4) QLoRA student for two updates.
 6. ``opd_nf4_teacher_swap``: a 4-bit teacher that parks and wakes (``swap``), the
    pairing ``recipes/qwen3_opd_calculator.yaml`` offers in a comment.
-7. ``opd_fp16``: the float16 path forced (student and teacher), full fine-tune, two updates.
+7. ``opd_fp16``: the float16 path forced (student and teacher), a LoRA student, two
+   updates (a float16 full fine-tune is refused by the recipe: docs/gpu.md).
 8. ``sampling_vs_generate``: our sampler against transformers' ``generate`` on the
    student, batch 32 x 64 and 8 x 128 (``benchmarks/sampling_vs_generate.py``).
 9. ``opd_smollm2``: SmolLM2-135M-Instruct as student and teacher, where its extra is
@@ -100,7 +101,7 @@ UP_RUNS = {
     "opd_swap": ("bfloat16", True, "swap", "none", "none", 3),
     "opd_qlora_nf4": ("bfloat16", True, "resident", "nf4", "none", 3),
     "opd_nf4_teacher_swap": ("bfloat16", True, "swap", "none", "nf4", 3),
-    "opd_fp16": ("float16", False, "resident", "none", "none", 3),
+    "opd_fp16": ("float16", True, "resident", "none", "none", 3),
 }
 # Written beside nothing else on PYTHONPATH: each process that used CUDA leaves its
 # allocator peaks in $MINIVERL_GPU_CHECK_PEAKS/<pid>.json when it exits, at interpreter

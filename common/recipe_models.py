@@ -202,6 +202,22 @@ class StudentConfig(Placement):
         default_factory=LoraConfig, description="LoRA adapter; null = full fine-tune."
     )
 
+    @model_validator(mode="after")
+    def _trainable_in_float16(self) -> StudentConfig:
+        # The optimizer updates a full fine-tune's weights in their own dtype, and in
+        # float16 AdamW's eps (1e-8) rounds to 0: a weight whose gradient is 0 becomes
+        # 0 / 0 = NaN at the first step (docs/gpu.md, "What the CPU form already found").
+        # LoRA adapters train in float32 whatever the base's dtype.
+        if self.dtype == "float16" and self.lora is None:
+            raise_issue(
+                "dtype",
+                "dtype float16 with a full fine-tune (lora: null) turns the weights NaN at "
+                "the first AdamW step (its eps 1e-8 is 0 in float16); set dtype: bfloat16 "
+                "or float32, or train LoRA adapters (student.lora)",
+                involves=("lora",),
+            )
+        return self
+
 
 class TeacherConfig(Placement):
     adapter: str | None = Field(None, min_length=1, description="PEFT adapter dir or hub id.")

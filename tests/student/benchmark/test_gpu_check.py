@@ -60,12 +60,10 @@ def test_the_cpu_form_runs_every_step(tmp_path):
     assert lora["chosen"] == "resident" and "student on CPU" in lora["reason"]
     fp16 = steps["opd_fp16"]
     assert fp16["config"]["dtype"] == "float16" and fp16["updates"] >= 1
-    # The float16 path runs and its outcome is recorded. Today a float16 full fine-tune
-    # turns its weights NaN at the first AdamW step (eps 1e-8 is 0 in float16, so a zero
-    # gradient divides 0 by 0; docs/gpu.md), and the next rollout's log-probs are refused:
-    # the step says so in one line instead of hiding it.
-    assert fp16["status"] == "ok" or (
-        fp16["status"] == "failed" and "sampling_logprobs must be finite" in fp16["error"]), fp16
+    # The float16 path trains a LoRA student (its adapters step in float32); a float16
+    # full fine-tune, whose first AdamW step turned its weights NaN (docs/gpu.md), is
+    # refused by the recipe (test_a_float16_full_fine_tune_is_refused_before_it_runs).
+    assert fp16["config"]["lora"] is True and fp16["status"] == "ok", fp16
     park = steps["teacher_park_wake"]
     assert park["status"] == "ok" and park["park_s"] >= 0 and park["wake_s"] >= 0
     assert park["positions_per_s"] > 0 and "no GPU" in park["park_frees"]["skipped"]
@@ -129,6 +127,22 @@ def test_a_bad_budget_is_one_line(tmp_path):
     assert done.stderr.strip().count("\n") == 0
     assert "--budget-s 0.0 must be above 0" in done.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_a_float16_full_fine_tune_is_refused_before_it_runs(tmp_path):
+    # Fail early: the recipe refuses what would turn NaN at the first step, with one line
+    # naming the field and the fix; the same student with LoRA validates.
+    from miniverl.common.errors import ConfigError
+    from miniverl.common.recipe import Recipe
+    from miniverl.testing.toy_recipe import recipe_dict
+
+    data = recipe_dict("opd", tmp_path)
+    data["student"]["dtype"] = "float16"
+    with pytest.raises((ConfigError, ValueError), match="set dtype: bfloat16 or float32, or "
+                                                         "train LoRA adapters"):
+        Recipe.model_validate(data)
+    data["student"]["lora"] = {"r": 4}
+    assert Recipe.model_validate(data).student.dtype == "float16"
 
 
 @pytest.mark.slow  # imports peft and builds a model: several seconds in a fresh process
