@@ -48,7 +48,7 @@ def test_a_small_run_writes_both_arms(tmp_path):
         assert math.isclose(row["ratio_ours_over_generate"],
                             statistics.median(row["ratio_per_pair"]), abs_tol=2e-3)
         assert math.isclose(row["ratio_of_totals"],
-                            sum(row["generate_s"]) / sum(row["ours_s"]), abs_tol=2e-3)
+                            sum(row["generate_s"]) / sum(row["ours_s"]), rel_tol=1e-2)
     assert record["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": None,
                                   "environment": "calculator", "difficulty": "mixed",
                                   "split_seed": 0}
