@@ -45,6 +45,19 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # `ray.ObjectRef` annotations and DataProtoFuture). The config, dataset and reward paths
 # checked here never call Ray, so a stand-in module is installed that raises on any use:
 # if a checked path ever touched Ray, the check fails instead of silently passing.
+# The venv's transformers (its own for 0.9.1, the system's for 0.8.0) names the versions of
+# huggingface-hub and kernels it imports with; the packages above may have pulled others
+# (datasets an older hub, the system a newer kernels), and then `import verl` fails inside
+# transformers. Read its table as a file: importing transformers would run the check.
+read -r -a PINS <<< "$("$VENV/bin/python" - <<'PY'
+import importlib.util, pathlib
+table = pathlib.Path(importlib.util.find_spec("transformers").origin).parent / "dependency_versions_table.py"
+scope = {}
+exec(table.read_text(), scope)
+print(" ".join(scope["deps"][name] for name in ("huggingface-hub", "kernels") if name in scope["deps"]))
+PY
+)"
+"${PIP[@]}" "${PINS[@]}" "datasets<5.2"
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if ! "$VENV/bin/python" -c "import ray" 2>/dev/null; then
     mkdir -p "$SITE/ray"
