@@ -14,11 +14,11 @@ nothing.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from table_report import markdown, report_main
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = {"toy": "toy byte", "qwen3": "Qwen3", "smollm2": "SmolLM2"}  # as the page names them
@@ -37,30 +37,12 @@ def table(data: dict[str, Any]) -> str:
                      f"{vmap['teacher_share']:.1%}", f"{p['totals']['student_positions']:,}",
                      f"{p['trainable_share']:.1%}", f"{p['model_aligned_share']:.1%}",
                      f"{p['exact_share_of_aligned_model']:.1%}"])
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    return markdown(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--record", required=True, help="the record, relative to the repository")
-    ap.add_argument("--commit", default=None,
-                    help="the commit that holds the record: the table gets its annotation")
-    args = ap.parse_args(argv)
-    path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
-    if not path.is_file():
-        sys.exit(f"error: {args.record} does not exist; run python "
-                 "benchmarks/cross_tokenizer_alignment.py first, or name a committed record")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not data.get("pairs"):
-        sys.exit(f"error: {args.record} holds no pairs; name what "
-                 "benchmarks/cross_tokenizer_alignment.py recorded")
-    out = table(data)
-    if args.commit:
-        out += (f"\n<!-- table: {args.record} @ {args.commit} by python "
-                f"benchmarks/cross_tokenizer_alignment_report.py --record {args.record} -->\n")
-    print(out, end="")
-    return 0
+    return report_main(argv, doc=__doc__, script="benchmarks/cross_tokenizer_alignment_report.py",
+                       producer="benchmarks/cross_tokenizer_alignment.py", key="pairs", table=table)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,11 @@ from the record at that commit and compares it whole. It computes nothing.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from table_report import report_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,30 +41,13 @@ def table(data: dict[str, Any]) -> str:
     opd = f"strict OPD ({updates.pop()} updates)" if len(updates) == 1 else "strict OPD"
     header = ["run", "seed", "wall (whole command)", "success before -> after", "teacher",
               "warm-up steps", "student warm-up", opd]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(row(r)) + " |" for r in data["runs"]]) + "\n"
+    return markdown(header, [row(r) for r in data["runs"]])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--record", required=True, help="the record, relative to the repository")
-    ap.add_argument("--commit", default=None,
-                    help="the commit that holds the record: the table gets its annotation")
-    args = ap.parse_args(argv)
-    path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
-    if not path.is_file():
-        sys.exit(f"error: {args.record} does not exist; run python benchmarks/demo_learning.py "
-                 "first, or name a committed record")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not data.get("runs"):
-        sys.exit(f"error: {args.record} holds no runs; name what benchmarks/demo_learning.py "
-                 "recorded (benchmarks/results/demo_learning*.json)")
-    out = table(data)
-    if args.commit:
-        out += (f"\n<!-- table: {args.record} @ {args.commit} by python benchmarks/demo_report.py "
-                f"--record {args.record} -->\n")
-    print(out, end="")
-    return 0
+    return report_main(argv, doc=__doc__, script="benchmarks/demo_report.py",
+                       producer="benchmarks/demo_learning.py", key="runs", table=table,
+                       records=" (benchmarks/results/demo_learning*.json)")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,11 @@ it again from the record at that commit and compares it whole. It computes nothi
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from table_report import markdown, report_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,30 +37,12 @@ def table(data: dict[str, Any]) -> str:
         rows.append([request, str(r["n_positions"]) if first else "", kind,
                      f"{r['in_process_s']:.2f}", f"{r['ipc_s']:.2f}", f"x{r['ipc_ratio']:.2f}",
                      f"{r['wire_bytes_per_position']:,.0f}"])
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    return markdown(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--record", required=True, help="the record, relative to the repository")
-    ap.add_argument("--commit", default=None,
-                    help="the commit that holds the record: the table gets its annotation")
-    args = ap.parse_args(argv)
-    path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
-    if not path.is_file():
-        sys.exit(f"error: {args.record} does not exist; run python "
-                 "benchmarks/real_model_protocol.py first, or name a committed record")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not data.get("rows"):
-        sys.exit(f"error: {args.record} holds no rows; name what "
-                 "benchmarks/real_model_protocol.py recorded")
-    out = table(data)
-    if args.commit:
-        out += (f"\n<!-- table: {args.record} @ {args.commit} by python "
-                f"benchmarks/real_model_protocol_report.py --record {args.record} -->\n")
-    print(out, end="")
-    return 0
+    return report_main(argv, doc=__doc__, script="benchmarks/real_model_protocol_report.py",
+                       producer="benchmarks/real_model_protocol.py", key="rows", table=table)
 
 
 if __name__ == "__main__":

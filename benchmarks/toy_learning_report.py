@@ -14,11 +14,11 @@ at that commit and compares it whole. It computes nothing.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from table_report import markdown, report_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,30 +42,13 @@ def table(data: dict[str, Any]) -> str:
                      str(r["optimizer_steps"]),
                      f"{r['opd_sampled_success_first5']:.2f} -> "
                      f"{r['opd_sampled_success_last5']:.2f}"])
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    return markdown(header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--record", required=True, help="the record, relative to the repository")
-    ap.add_argument("--commit", default=None,
-                    help="the commit that holds the record: the table gets its annotation")
-    args = ap.parse_args(argv)
-    path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
-    if not path.is_file():
-        sys.exit(f"error: {args.record} does not exist; run python benchmarks/toy_learning.py "
-                 "first, or name a committed record")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not data.get("runs"):
-        sys.exit(f"error: {args.record} holds no runs; name what benchmarks/toy_learning.py "
-                 "recorded (benchmarks/results/toy_learning*.json)")
-    out = table(data)
-    if args.commit:
-        out += (f"\n<!-- table: {args.record} @ {args.commit} by python "
-                f"benchmarks/toy_learning_report.py --record {args.record} -->\n")
-    print(out, end="")
-    return 0
+    return report_main(argv, doc=__doc__, script="benchmarks/toy_learning_report.py",
+                       producer="benchmarks/toy_learning.py", key="runs", table=table,
+                       records=" (benchmarks/results/toy_learning*.json)")
 
 
 if __name__ == "__main__":
