@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from table_report import report_main
+from table_report import markdown, report_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
