@@ -115,6 +115,19 @@ class TeacherInfo(_Wire):
     adapter_sha256: Name | None = None
 
 
+# A teacher serves at most this many named adapters (``--adapters``): HELLO_OK lists
+# them all, within the header's 256-item lists and 65,536 bytes.
+MAX_ADAPTERS = 64
+
+
+class AdapterInfo(_Wire):
+    """One adapter a teacher serves under a name (docs/protocol.md, "Adapters"): the
+    name a HELLO and a SCORE ask for, and the digest of its files (``adapter_sha256``)."""
+
+    name: Name
+    adapter_sha256: Name
+
+
 class TopkKind(_Wire):
     k_max: int = Field(ge=1, le=MAX_ID)
 
@@ -188,20 +201,26 @@ class Message(_Wire):
 class Hello(Message):
     """``understands`` (optional, off the wire when None, so an old client's HELLO is
     unchanged): target kinds beyond ``topk``/``exact`` this client can read. A client
-    that names ``xvocab`` may have another tokenizer than the teacher."""
+    that names ``xvocab`` may have another tokenizer than the teacher. ``adapter``
+    (optional, off the wire when None): the served adapter this client scores with;
+    HELLO_OK's ``teacher`` is then that adapter's identity."""
 
     t: Literal["HELLO"] = "HELLO"
     client: Name
     tokenizer_fp: Name
     vocab_size: int = Field(ge=1, le=2**31 - 1)
     understands: Annotated[list[Negotiated], Field(min_length=1, max_length=8)] | None = None
+    adapter: Name | None = None
 
     @model_serializer(mode="wrap")
-    def _omit_unset_understands(self, handler: Any) -> dict[str, Any]:
-        return _omit(handler(self), "understands")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        return _omit(handler(self), "understands", "adapter")
 
 
 class HelloOk(Message):
+    """``adapters`` (off the wire when None, so a one-model teacher's HELLO_OK is what it
+    always was): every adapter a teacher started with ``--adapters`` serves."""
+
     t: Literal["HELLO_OK"] = "HELLO_OK"
     teacher: TeacherInfo
     instance: Name
@@ -212,6 +231,11 @@ class HelloOk(Message):
     limits: ServerLimits
     heartbeat_ms: int = Field(ge=1, le=3_600_000)
     server_version: Name
+    adapters: Annotated[list[AdapterInfo], Field(max_length=MAX_ADAPTERS)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_adapters(self, handler: Any) -> dict[str, Any]:
+        return _omit(handler(self), "adapters")
 
 
 # The temperatures a SCORE may ask for; docs/protocol.md ("Temperature") says why.
@@ -226,7 +250,8 @@ class Score(Message):
     parses the header): score it alone, bit-identical however requests arrive.
     ``kind="xvocab"`` carries other arrays (:data:`XVOCAB_SCORE_ARRAYS`): the episode
     the teacher renders with its own tokenizer and chat template (docs/protocol.md,
-    "xvocab").
+    "xvocab"). ``adapter`` (optional, off the wire when None): the served adapter that
+    scores it (docs/protocol.md, "Adapters").
     """
 
     t: Literal["SCORE"] = "SCORE"
@@ -236,6 +261,7 @@ class Score(Message):
     temperature: float = 1.0
     deadline_ms: int | None = Field(None, ge=0, le=MAX_ID)
     deterministic: bool = False
+    adapter: Name | None = None
 
     @field_validator("temperature")
     @classmethod
@@ -252,8 +278,8 @@ class Score(Message):
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_default_deterministic(self, handler: Any) -> dict[str, Any]:
-        return _omit(handler(self), "deterministic", default=False)
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        return _omit(_omit(handler(self), "deterministic", default=False), "adapter")
 
 
 class ScoreOk(Message):
@@ -323,10 +349,17 @@ class Status(Message):
 
 
 class StatusOk(_Liveness):
+    """``adapters``: as in HELLO_OK (off the wire when None)."""
+
     t: Literal["STATUS_OK"] = "STATUS_OK"
     teacher: TeacherInfo | None = None
     counters: Counters = Field(default_factory=Counters)
     memory: DeviceMemory | None = None
+    adapters: Annotated[list[AdapterInfo], Field(max_length=MAX_ADAPTERS)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_adapters(self, handler: Any) -> dict[str, Any]:
+        return _omit(handler(self), "adapters")
 
 
 class AdminRequest(Message):
