@@ -93,6 +93,9 @@ class ProtocolViolation(ProtocolError):
 Id = Annotated[int, Field(ge=0, le=MAX_ID)]
 Count = Annotated[int, Field(ge=0, le=MAX_ID)]
 Name = Annotated[str, Field(max_length=1024)]
+# A vocabulary size and a top-k, both within int32 (token ids travel as i4).
+VocabSize = Annotated[int, Field(ge=1, le=2**31 - 1)]
+TopK = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Code = Annotated[ErrorCode, Field(strict=False)]
 State = Annotated[TeacherState, Field(strict=False)]
 Kind = Literal["topk", "exact", "xvocab"]
@@ -208,7 +211,7 @@ class Hello(Message):
     t: Literal["HELLO"] = "HELLO"
     client: Name
     tokenizer_fp: Name
-    vocab_size: int = Field(ge=1, le=2**31 - 1)
+    vocab_size: VocabSize
     understands: Annotated[list[Negotiated], Field(min_length=1, max_length=8)] | None = None
     adapter: Name | None = None
 
@@ -226,7 +229,7 @@ class HelloOk(Message):
     instance: Name
     gen: Count
     tokenizer_fp: Name
-    vocab_size: int = Field(ge=1, le=2**31 - 1)
+    vocab_size: VocabSize
     kinds: Kinds
     limits: ServerLimits
     heartbeat_ms: int = Field(ge=1, le=3_600_000)
@@ -257,7 +260,7 @@ class Score(Message):
     t: Literal["SCORE"] = "SCORE"
     student_version: Count
     kind: Kind
-    k: int = Field(0, ge=0, le=2**31 - 1)
+    k: TopK = 0
     temperature: float = 1.0
     deadline_ms: int | None = Field(None, ge=0, le=MAX_ID)
     deterministic: bool = False
@@ -292,7 +295,7 @@ class ScoreOk(Message):
     instance: Name
     gen: Count
     kind: Kind
-    k: int = Field(ge=0, le=2**31 - 1)
+    k: TopK
     timing: Timing
     episode_sha256: Name | None = None
     alignment_sha256: Name | None = None
