@@ -82,6 +82,13 @@ class BootstrapConfig(StrictModel):
     seed: int = Field(0, ge=0, description="Seed of the resampling generator.")
 
 
+def _gate(description: str, **bounds: float) -> Any:
+    """A gate's field: off (null) unless the config sets it, and dropped from
+    :meth:`BenchmarkConfig.dump` while off, so a config that predates the gate keeps its
+    digest."""
+    return Field(None, description=f"{description} null: not checked.", **bounds)
+
+
 class BenchmarkConfig(StrictModel):
     schema_version: Literal[1] = 1
     name: str = Field(
@@ -106,30 +113,22 @@ class BenchmarkConfig(StrictModel):
             "from the base recipe's student.model."
         ),
     )
-    student_prepare_band: tuple[float, float] | None = Field(
-        None,
-        description=(
-            "[low, high]: the held-out success the student_prepare preparation must reach "
-            "(its own eval: T=1 success when its eval section sets samples, else greedy), "
-            "checked before the first cell; outside it the benchmark stops with one line. "
-            "null: not checked."
-        ),
+    student_prepare_band: tuple[float, float] | None = _gate(
+        "[low, high]: the held-out success the student_prepare preparation must reach "
+        "(its own eval: T=1 success when its eval section sets samples, else greedy), "
+        "checked before the first cell; outside it the benchmark stops with one line."
     )
-    student_prepare_plateau: float | None = Field(
-        None, gt=0.0, le=1.0,
-        description=(
-            "The plateau rule: the student_prepare preparation's last two validation "
-            "evaluations (T=1 success) must differ by at most this much, checked before the "
-            "first cell (student/benchmark/gates.py). null: not checked."
-        ),
+    student_prepare_plateau: float | None = _gate(
+        "The plateau rule: the student_prepare preparation's last two validation "
+        "evaluations (T=1 success) must differ by at most this much, checked before the "
+        "first cell (student/benchmark/gates.py).",
+        gt=0.0, le=1.0,
     )
-    teacher_margin: float | None = Field(
-        None, gt=0.0, le=1.0,
-        description=(
-            "The teacher's T=1 validation success (its preparation's eval) must be at least "
-            "this much above the student's plateau (the student_prepare preparation's last "
-            "evaluation), checked before the first cell. null: not checked."
-        ),
+    teacher_margin: float | None = _gate(
+        "The teacher's T=1 validation success (its preparation's eval) must be at least "
+        "this much above the student's plateau (the student_prepare preparation's last "
+        "evaluation), checked before the first cell.",
+        gt=0.0, le=1.0,
     )
     output_dir: str | None = Field(
         None,
