@@ -36,7 +36,8 @@ class ScoreJob:
     ``tokens_N``, ``cu_seqlens_B1``, ``positions_P``, ``kind``, ``k`` and ``temperature``
     are what a backend scores. ``deterministic``: the batcher hands this job over alone,
     and a backend must compute it the same way every time (the built-in one skips its
-    prefix cache).
+    prefix cache). ``adapter``: the served adapter that scores it (None: the model
+    alone); the batcher hands over only jobs of one adapter at a time.
     """
 
     tokens_N: np.ndarray
@@ -55,6 +56,7 @@ class ScoreJob:
     # An xvocab request (teacher_server/xvocab.py): the plan its reply is sent with; the
     # backend scores it as the top-k job it is over the teacher's own tokens.
     xvocab: Any = None
+    adapter: str | None = None
 
 
 class Backend(Protocol):
@@ -66,6 +68,10 @@ class Backend(Protocol):
     # Optional: the model's context in tokens. When set, longer sequences are TOO_LARGE
     # and max_tokens defaults to it (protocol/limits.py, Limits.for_context).
     context_len: int | None
+    # Optional: the named adapters it serves, name -> adapter_sha256 (``--adapters``).
+    # When set, every job names one of them (ScoreJob.adapter) and the model alone is not
+    # served; absent or empty, no job names one.
+    adapters: dict[str, str]
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict[str, np.ndarray] | BackendError]:
         """Score coalesced jobs; one result (arrays) or :class:`BackendError` per job."""
@@ -84,6 +90,11 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the weights (called after a successful reload and at shutdown)."""
+
+
+def served_adapters(backend: Backend) -> dict[str, str]:
+    """The named adapters ``backend`` serves (``{}``: none; a plug-in may not say)."""
+    return dict(getattr(backend, "adapters", None) or {})
 
 
 # loader(None) builds the initial teacher; loader({"model", "revision", "adapter",

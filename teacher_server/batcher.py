@@ -6,7 +6,9 @@ Admission (``server.py``) appends jobs to ``srv.queue`` and sets ``srv.work``;
 passed in the queue with a retryable ``DEADLINE_EXCEEDED``, runs the rest on the
 worker thread and sends one ``SCORE_OK`` (or the backend's per-job ``ERROR``) per job.
 A ``deterministic`` job is never coalesced: it runs alone, so its reply does not depend
-on which other requests happened to be queued with it. A reply holding a NaN or an
+on which other requests happened to be queued with it. A batch holds the jobs of one
+adapter (``ScoreJob.adapter``, a teacher serving ``--adapters``): jobs asking for
+another are passed over, keeping their place, and go in a later batch. A reply holding a NaN or an
 infinity the protocol does not allow (``protocol/checks.py``, ``nonfinite_report``) is
 never sent: that job gets ``ERROR INTERNAL`` naming what was non-finite, whichever
 backend computed it. This is the teacher's one finite-targets check (docs/protocol.md,
@@ -68,18 +70,25 @@ async def dispatch_loop(srv: ServerState) -> None:
 
 
 def take_batch(srv: ServerState) -> list[ScoreJob]:
-    """The oldest job plus the following ones while their tokens fit ``batch_tokens``;
-    a deterministic job alone."""
+    """The oldest job plus the following ones of its adapter while their tokens fit
+    ``batch_tokens``; a deterministic job alone. Jobs of another adapter are passed over
+    and keep their place: one forward pass runs one adapter's weights."""
     queue = srv.queue
-    batch = [queue.popleft()]
-    if batch[0].deterministic:
-        return batch
-    tokens = batch[0].tokens_N.shape[0]
-    while (queue and not queue[0].deterministic
-           and tokens + queue[0].tokens_N.shape[0] <= srv.config.batch_tokens):
+    first = queue.popleft()
+    if first.deterministic:
+        return [first]
+    batch, passed = [first], []
+    tokens = first.tokens_N.shape[0]
+    while queue:
+        if queue[0].adapter != first.adapter:
+            passed.append(queue.popleft())
+            continue
+        if queue[0].deterministic or tokens + queue[0].tokens_N.shape[0] > srv.config.batch_tokens:
+            break
         job = queue.popleft()
         tokens += job.tokens_N.shape[0]
         batch.append(job)
+    queue.extendleft(reversed(passed))
     return batch
 
 

@@ -2,12 +2,14 @@
 
 A :class:`TeacherSpec` names the model the way a user does (a local Hugging Face
 directory, a hub id at a pinned revision, or the teacher section of a recipe, whose
-toy spec resolves to a cached toy directory) plus an optional PEFT adapter.
+toy spec resolves to a cached toy directory) plus an optional PEFT adapter, or several
+named ones (``adapters``, issue #42).
 :func:`load_teacher` resolves it, loads it through ``common/modeling.py`` (the same
-path the student uses), merges the adapter, freezes the weights and puts the model in
-eval mode, and returns a :class:`LoadedTeacher` with everything ``HELLO_OK`` needs:
-tokenizer fingerprint, vocabulary size and identity ``{name, model, revision,
-adapter_sha256}``.
+path the student uses), merges the one adapter (or loads the named ones side by side
+into one PEFT model over the one base, unmerged), freezes the weights and puts the
+model in eval mode, and returns a :class:`LoadedTeacher` with everything ``HELLO_OK``
+needs: tokenizer fingerprint, vocabulary size, identity ``{name, model, revision,
+adapter_sha256}`` and the named adapters' digests.
 
 ``offline=True`` never touches the network; a hub model missing from the local cache
 is reported with the files that are missing. This module does not score or serve.
@@ -27,6 +29,7 @@ from miniverl.common.modeling import load_causal_lm, resolve_model_dir
 from miniverl.common.recipe import load_recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.common.toy import toy_model_dir
+from miniverl.protocol.messages import MAX_ADAPTERS, AdapterInfo
 
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -34,11 +37,19 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+# A hub adapter among --adapters is pinned in its value: NAME=ORG/NAME@<40-hex>.
+PINNED_HUB_ADAPTER = re.compile(r"^(?P<ref>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<revision>[0-9a-f]{40})$")
 
 
 @dataclass(frozen=True)
 class TeacherSpec:
-    """What to load: ``model`` is a local directory or a hub id (then ``revision`` is required)."""
+    """What to load: ``model`` is a local directory or a hub id (then ``revision`` is required).
+
+    ``adapter`` is merged into the weights; ``adapters`` (name -> a directory or a pinned
+    hub id ``ORG/NAME@<40-hex>``, at most 64; not with ``adapter``) are served side by
+    side over the one base, each under its name (docs/teacher-server.md, "Several
+    adapters in one process").
+    """
 
     model: str
     revision: str | None = None
@@ -49,6 +60,7 @@ class TeacherSpec:
     quantization: str = "none"
     offline: bool = False
     name: str | None = None
+    adapters: dict[str, str] | None = None
 
     def with_model(
         self, model: str, revision: str | None, adapter: str | None,
@@ -56,7 +68,8 @@ class TeacherSpec:
     ) -> TeacherSpec:
         """The same placement (device, dtype, quantization, offline) for another model (RELOAD).
 
-        ``name`` is not kept: it named the previous model.
+        ``name`` is not kept: it named the previous model. ``adapters`` are kept: a
+        teacher serving named adapters serves the same ones over the new model.
         """
         return replace(
             self, model=model, revision=revision, adapter=adapter,
@@ -77,6 +90,7 @@ class LoadedTeacher:
     dtype: str
     extra: dict[str, Any] = field(default_factory=dict)
     context_len: int | None = None  # tokens the model attends over (None: unknown)
+    adapters: dict[str, str] = field(default_factory=dict)  # served name -> adapter_sha256
 
 
 def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
@@ -171,10 +185,95 @@ def adapter_sha256(adapter_dir: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def parse_adapters(pairs: list[str] | None) -> dict[str, str] | None:
+    """``["calc=DIR", ...]`` (``--adapters``, repeatable) -> ``{"calc": "DIR"}``, checked
+    by :func:`check_adapters`; None when there are none. Raises :class:`ConfigError`
+    (one line naming the value, the rule and the fix)."""
+    if not pairs:
+        return None
+    adapters: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, ref = pair.partition("=")
+        if not sep or not ref:
+            raise ConfigError(f"--adapters {pair!r} is not NAME=DIR; pass the name clients ask "
+                              "for and the adapter directory, e.g. --adapters calc=adapters/calc")
+        if name in adapters:
+            raise ConfigError(f"--adapters {pair!r}: the name {name!r} is given twice; give "
+                              "each adapter its own name")
+        adapters[name] = ref
+    check_adapters(adapters)
+    return adapters
+
+
+def check_adapters(adapters: dict[str, str]) -> None:
+    """The rules of named adapters, before anything loads: at most 64, each name as the
+    wire allows it (1 to 1024 characters), each value an adapter directory (with
+    ``adapter_config.json`` and ``adapter_model.safetensors``) or a pinned hub id."""
+    if len(adapters) > MAX_ADAPTERS:
+        raise ConfigError(f"--adapters: {len(adapters)} adapters; a teacher serves at most "
+                          f"{MAX_ADAPTERS}; serve the rest from another teacher")
+    for name, ref in adapters.items():
+        if not name or len(name) > 1024 or not _wire_name(name):
+            raise ConfigError(f"--adapters {name[:40]!r}={ref}: an adapter name has 1 to 1024 "
+                              "characters; pass NAME=DIR with a short name, e.g. calc=DIR")
+        if Path(ref).expanduser().is_dir():
+            missing = [f for f in ADAPTER_FILES if not (Path(ref).expanduser() / f).is_file()]
+            if missing:
+                raise ConfigError(f"--adapters {name}={ref}: not a PEFT adapter directory (no "
+                                  f"{', '.join(missing)}); save the adapter with "
+                                  "PeftModel.save_pretrained (safetensors)")
+        elif not PINNED_HUB_ADAPTER.match(ref):
+            raise ConfigError(f"--adapters {name}={ref}: no such directory, nor a pinned hub id "
+                              "ORG/NAME@<40-hex>; pass an adapter directory saved with "
+                              "PeftModel.save_pretrained, or pin the hub adapter's commit")
+
+
+def _wire_name(name: str) -> bool:
+    """``name`` travels in ``AdapterInfo.name`` (the wire's ``Name`` rule)."""
+    try:
+        AdapterInfo(name=name, adapter_sha256="sha256:")
+    except ValueError:
+        return False
+    return True
+
+
+def _adapter_dir(ref: str, offline: bool) -> Path:
+    """A named adapter's directory: ``ref`` itself, or the pinned hub id it names."""
+    pinned = PINNED_HUB_ADAPTER.match(ref)
+    if pinned is not None and not Path(ref).expanduser().is_dir():
+        return resolve_dir(pinned["ref"], pinned["revision"], offline, what="adapter")
+    return resolve_dir(ref, None, offline, what="adapter")
+
+
+def _load_named_adapters(model: Any, adapters: dict[str, str], offline: bool):
+    """The base wrapped once in a PeftModel holding every named adapter (unmerged; the
+    server picks one per batch with ``set_adapter``), and their digests."""
+    from peft import PeftModel
+
+    digests: dict[str, str] = {}
+    for name, ref in adapters.items():
+        adapter_dir = _adapter_dir(ref, offline)
+        digests[name] = adapter_sha256(adapter_dir)
+        # PEFT injects each adapter's layers beside the base weights it wraps: the base is
+        # held once however many adapters are loaded.
+        if isinstance(model, PeftModel):
+            model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
+        else:
+            model = PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=name,
+                                              is_trainable=False)
+    return model, digests
+
+
 def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
-    """Resolve, load, merge the adapter, freeze. Raises :class:`ConfigError` on bad input."""
+    """Resolve, load, merge the adapter (or load the named ones), freeze. Raises
+    :class:`ConfigError` on bad input."""
     import torch
 
+    if spec.adapters and spec.adapter:
+        raise ConfigError("--adapter (one adapter, merged) and --adapters NAME=DIR (several, "
+                          "served by name) do not go together; pass one of them")
+    if spec.adapters:
+        check_adapters(spec.adapters)
     model_dir = resolve_dir(spec.model, spec.revision, spec.offline)
     if not (model_dir / "config.json").is_file():
         raise ConfigError(
@@ -194,11 +293,19 @@ def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
         # merged model scores at base-model speed.
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
         model = model.merge_and_unload()
+    digests: dict[str, str] = {}
+    if spec.adapters:
+        model, digests = _load_named_adapters(model, spec.adapters, spec.offline)
     model.requires_grad_(False)
     model.eval()
     weight = model.get_output_embeddings().weight
     is_hub = not Path(spec.model).expanduser().is_dir()
     name = spec.name or (spec.model if is_hub else Path(spec.model).expanduser().name)
+    for adapter in digests:
+        if len(name) + 1 + len(adapter) > 1024:  # a HELLO_OK names it "{name}/{adapter}"
+            raise ConfigError(f"--adapters {adapter[:40]!r}...: the adapter's identity "
+                              f"{name[:40]!r}/... would pass the wire's 1024 characters; "
+                              "give the adapter a shorter name")
     return LoadedTeacher(
         model=model,
         model_dir=model_dir,
@@ -214,6 +321,7 @@ def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
         dtype=str(weight.dtype).removeprefix("torch."),
         extra={"threads": torch.get_num_threads()},
         context_len=context_length(model.config, model_dir),
+        adapters=digests,
     )
 
 

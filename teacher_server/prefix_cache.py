@@ -14,7 +14,9 @@ that common prefix (at least ``MIN_SHARED_TOKENS``), so it is a block two reques
 shared, never a guess. Entries are kept most recently used first, within a token budget.
 
 The cache belongs to one loaded model: a ``RELOAD`` builds a new backend (and so a new,
-empty cache), ``PARK`` clears it. A reply equals the uncached one to float rounding (the
+empty cache), ``PARK`` clears it. A teacher serving named adapters keys every entry by
+the adapter that computed it (:meth:`PrefixCache.keyed`): a block one adapter computed
+is never reused under another, whose weights give other states. A reply equals the uncached one to float rounding (the
 same computation split at another position); ``tests/teacher_server/test_prefix_cache.py``
 checks it. Runs on the server's one worker thread; it is not thread-safe.
 """
@@ -44,6 +46,7 @@ class _Entry:
     ids_T: Any  # long [n] prefix tokens
     hidden_1_T_H: Any  # the decoder's last hidden states over the prefix
     kv: Any  # the decoder's KV cache over the prefix (batch 1)
+    key: str | None = None  # the adapter that computed it (None: the model alone)
 
 
 class PrefixCache:
@@ -55,7 +58,7 @@ class PrefixCache:
         self.max_tokens = max_tokens
         self.min_shared = min_shared
         self.entries: list[_Entry] = []
-        self._recent_rows: deque = deque(maxlen=MAX_ENTRIES)  # first rows of recent misses
+        self._recent_rows: deque = deque(maxlen=MAX_ENTRIES)  # (key, first row) of recent misses
         self.hits = 0
         self.misses = 0
         self.tokens_reused = 0
@@ -72,8 +75,15 @@ class PrefixCache:
         return {"entries": len(self.entries), "tokens": self.tokens, "hits": self.hits,
                 "misses": self.misses, "tokens_reused": self.tokens_reused}
 
-    def hidden(self, decoder: Any, ids_B_T: Any, mask_B_T: Any, lengths: list[int]) -> Any:
-        """``hidden_B_T_H`` of ``decoder`` over a right-padded batch, reusing a cached prefix.
+    def keyed(self, key: str | None) -> _Keyed:
+        """This cache as seen by the adapter ``key``: it finds and stores only blocks that
+        adapter computed (the token budget stays shared)."""
+        return _Keyed(self, key)
+
+    def hidden(self, decoder: Any, ids_B_T: Any, mask_B_T: Any, lengths: list[int],
+               key: str | None = None) -> Any:
+        """``hidden_B_T_H`` of ``decoder`` over a right-padded batch, reusing a cached prefix
+        that the same ``key`` (adapter) computed.
 
         Same contract as :func:`miniverl.common.shared_prefix.decoder_hidden` (inference
         only: the cached tensors carry no graph).
@@ -82,28 +92,31 @@ class PrefixCache:
         row0 = ids_B_T[0, : lengths[0]]
         # Every row keeps at least one token of its own.
         n_batch = shared_prefix_len(ids_B_T, lengths) if B > 1 else max(lengths[0] - 1, 0)
-        entry = self._lookup(row0, n_batch)
+        entry = self._lookup(row0, n_batch, key)
         if entry is not None:
             self.hits += 1
             self.tokens_reused += int(entry.ids_T.shape[0]) * B
         else:
             self.misses += 1
-            n = self._new_prefix_len(row0, n_batch, B)
-            self._recent_rows.append(row0.clone())
+            n = self._new_prefix_len(row0, n_batch, B, key)
+            self._recent_rows.append((key, row0.clone()))
             if n < self.min_shared:
                 return decoder(input_ids=ids_B_T, attention_mask=mask_B_T,
                                use_cache=False).last_hidden_state
             head = decoder(input_ids=ids_B_T[:1, :n], use_cache=True)
-            entry = _Entry(ids_B_T[0, :n].clone(), head.last_hidden_state, output_cache(head))
+            entry = _Entry(ids_B_T[0, :n].clone(), head.last_hidden_state, output_cache(head),
+                           key)
             self._store(entry)  # kept only within the budget; this batch uses it anyway
         # The tail's forward repeats and extends the cache: work on a copy.
         return hidden_on_prefix(decoder, ids_B_T, mask_B_T, entry.hidden_1_T_H,
                                 copy.deepcopy(entry.kv))
 
-    def _lookup(self, row0: Any, n_batch: int) -> _Entry | None:
-        """The longest cached prefix that every row of the batch starts with."""
+    def _lookup(self, row0: Any, n_batch: int, key: str | None) -> _Entry | None:
+        """The longest prefix ``key`` cached that every row of the batch starts with."""
         best = None
         for entry in self.entries:
+            if entry.key != key:
+                continue
             n = int(entry.ids_T.shape[0])
             longer = best is None or n > best.ids_T.shape[0]
             if n <= n_batch and longer and bool((row0[:n] == entry.ids_T).all()):
@@ -113,10 +126,11 @@ class PrefixCache:
             self.entries.insert(0, best)
         return best
 
-    def _new_prefix_len(self, row0: Any, n_batch: int, B: int) -> int:
-        """How much of this batch to cache: what it shares with an earlier request, or,
-        when nothing earlier matches, what its own rows share."""
-        refs = [e.ids_T for e in self.entries] + list(self._recent_rows)
+    def _new_prefix_len(self, row0: Any, n_batch: int, B: int, key: str | None) -> int:
+        """How much of this batch to cache: what it shares with an earlier request of the
+        same ``key``, or, when nothing earlier matches, what its own rows share."""
+        refs = ([e.ids_T for e in self.entries if e.key == key]
+                + [row for row_key, row in self._recent_rows if row_key == key])
         n = max((_common_len(row0, ref) for ref in refs), default=0)
         n = min(n, n_batch)
         if n < self.min_shared and B > 1:
@@ -129,6 +143,17 @@ class PrefixCache:
         self.entries.insert(0, entry)
         while len(self.entries) > MAX_ENTRIES or self.tokens > self.max_tokens:
             self.entries.pop()
+
+
+@dataclass(frozen=True)
+class _Keyed:
+    """A :class:`PrefixCache` seen by one adapter (what ``gather_hidden`` calls)."""
+
+    cache: PrefixCache
+    key: str | None
+
+    def hidden(self, decoder: Any, ids_B_T: Any, mask_B_T: Any, lengths: list[int]) -> Any:
+        return self.cache.hidden(decoder, ids_B_T, mask_B_T, lengths, key=self.key)
 
 
 def _common_len(a: Any, b: Any) -> int:

@@ -9,12 +9,16 @@ loads, reads every message on an asyncio loop, and admits or refuses it (docs/pr
 - ``HELLO`` waits for the model while ``LOADING``; another tokenizer fingerprint or
   vocabulary → ``TOKENIZER_MISMATCH`` naming both, unless the client announced
   ``xvocab`` and the backend has a tokenizer (``xvocab.py``): then ``HELLO_OK``
-  advertises the kind, and that connection may ask for xvocab alone;
+  advertises the kind, and that connection may ask for xvocab alone; a teacher serving
+  named adapters lists them in ``HELLO_OK``, and a ``HELLO`` naming one gets that
+  adapter's identity (one it does not serve → ``UNSUPPORTED``);
 - ``SCORE`` while loading → retryable ``RELOADING``; before ``HELLO`` (to this
   instance) → ``NEED_HELLO``; per client at most ``max_inflight`` open requests
   (``OVERLOADED``); a resent id that is still open is not computed twice, a resent id
-  answered in the last ``dedup_ttl_s`` gets the cached reply; an accepted one is queued
-  for the batcher (``batcher.py``);
+  answered in the last ``dedup_ttl_s`` gets the cached reply; a ``SCORE`` must name the
+  adapter its connection's ``HELLO`` named, one the teacher serves, and must name one
+  when the teacher serves named adapters (else ``UNSUPPORTED``); an accepted one is
+  queued for the batcher (``batcher.py``);
 - ``PING``/``STATUS`` are answered at once, even while a batch computes;
 - ``RELOAD``/``PARK``/``WAKE``/``SHUTDOWN`` need admin proof (``roles.py``: an admin
   CURVE key or the admin token), checked before anything else, else ``UNAUTHORIZED``;
@@ -52,7 +56,7 @@ from miniverl.protocol.messages import ErrorCode, ProtocolViolation, TeacherStat
 from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.protocol.xvocab import parse_xvocab_score
 from miniverl.teacher_server import lifecycle, roles
-from miniverl.teacher_server.backend import Loader, ScoreJob
+from miniverl.teacher_server.backend import Loader, ScoreJob, served_adapters
 from miniverl.teacher_server.batcher import dispatch_loop
 from miniverl.teacher_server.server_state import (
     LogFn,
@@ -261,11 +265,20 @@ async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = 
             "other; docs/cross-tokenizer.md)",
         )
         return
+    served = served_adapters(backend)
+    refused = _unserved("HELLO", msg.adapter, served)
+    if refused is not None:
+        await send_error(srv, ident, msg.id, ErrorCode.UNSUPPORTED, refused)
+        return
     srv.hello[ident] = msg.client
     if xvocab:
         srv.xvocab[ident] = other
     else:
         srv.xvocab.pop(ident, None)
+    if msg.adapter is not None:
+        srv.hello_adapter[ident] = msg.adapter
+    else:
+        srv.hello_adapter.pop(ident, None)
     lim = srv.limits
     exact = (
         m.ExactKind(max_vocab=lim.max_exact_vocab)
@@ -274,7 +287,7 @@ async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = 
     )
     reply = m.HelloOk(
         id=msg.id,
-        teacher=m.TeacherInfo(**backend.info),
+        teacher=_identity(backend.info, msg.adapter, served),
         instance=srv.instance,
         gen=srv.gen,
         tokenizer_fp=backend.tokenizer_fp,
@@ -291,8 +304,10 @@ async def _on_hello(srv: ServerState, ident: bytes, msg: m.Hello, arrays: Any = 
         ),
         heartbeat_ms=srv.config.heartbeat_ms,
         server_version=srv.config.server_version,
+        adapters=_adapter_list(served),
     )
-    log(srv, "info", "hello", client=msg.client, gen=srv.gen)
+    log(srv, "info", "hello", client=msg.client, gen=srv.gen,
+        **({"adapter": msg.adapter} if msg.adapter is not None else {}))
     await send(srv, ident, encode(reply))
 
 
@@ -316,7 +331,7 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         code, message = refusal
         await send_error(srv, ident, msg.id, code, message, retryable=True)
         return
-    refusal = _kind_refusal(srv, ident, msg.kind)
+    refusal = _kind_refusal(srv, ident, msg.kind) or _adapter_refusal(srv, ident, msg.adapter)
     if refusal is not None:
         await send_error(srv, ident, msg.id, ErrorCode.UNSUPPORTED, refusal)
         return
@@ -346,7 +361,7 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         positions_P=arrays["positions"], kind=msg.kind, k=msg.k, temperature=msg.temperature,
         client=ident, id=msg.id, student_version=msg.student_version, received=now,
         deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
-        deterministic=msg.deterministic,
+        deterministic=msg.deterministic, adapter=msg.adapter,
     )
     srv.counters["requests"] += 1
     srv.inflight[key] = job
@@ -385,7 +400,7 @@ async def _on_xvocab(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict)
         positions_P=plan.positions, kind="topk", k=msg.k, temperature=msg.temperature,
         client=ident, id=msg.id, student_version=msg.student_version, received=now,
         deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
-        deterministic=msg.deterministic, xvocab=plan,
+        deterministic=msg.deterministic, xvocab=plan, adapter=msg.adapter,
     )
     srv.counters["requests"] += 1
     srv.inflight[(ident, msg.id)] = job
@@ -407,6 +422,62 @@ def _kind_refusal(srv: ServerState, ident: bytes, kind: str) -> str | None:
         return (f"this client's tokenizer is not the teacher's: {kind} targets would index "
                 "the teacher's vocabulary; ask for kind 'xvocab'")
     return None
+
+
+def _quoted(names) -> str:
+    return ", ".join(repr(name) for name in names)
+
+
+def _unserved(what: str, asked: str | None, served: dict[str, str]) -> str | None:
+    """Why a ``what`` (HELLO or SCORE) naming adapter ``asked`` is refused: this teacher
+    does not serve it (``UNSUPPORTED``); None when it does, or when none is named."""
+    if asked is None or asked in served:
+        return None
+    if not served:
+        return (f"{what} names adapter {asked!r}; this teacher serves no named adapters (one "
+                "model, under no name); leave adapter out, or ask a teacher started with "
+                f"--adapters {asked}=DIR")
+    return (f"{what} names adapter {asked!r}, which this teacher does not serve; it serves "
+            f"{_quoted(served)}; name one of them (SyncTeacherClient(adapter=NAME))")
+
+
+def _adapter_refusal(srv: ServerState, ident: bytes, asked: str | None) -> str | None:
+    """Why a ``SCORE`` naming adapter ``asked`` (or none) is refused (``UNSUPPORTED``):
+    an adapter not served, none named to a teacher serving only named adapters, or
+    another than its connection's HELLO named (that HELLO_OK's identity would not be
+    the one that scored it)."""
+    served = served_adapters(srv.backend)
+    refused = _unserved("SCORE", asked, served)
+    if refused is not None:
+        return refused
+    if asked is None and served:
+        return (f"SCORE names no adapter; this teacher serves only named adapters "
+                f"({_quoted(served)}), not its base model alone; say HELLO and SCORE with "
+                "adapter: one of them (SyncTeacherClient(adapter=NAME))")
+    said = srv.hello_adapter.get(ident)
+    if asked != said:
+        hello = f"with adapter {said!r}" if said is not None else "without an adapter"
+        return (f"SCORE names adapter {asked!r} but this connection said HELLO {hello}, whose "
+                f"HELLO_OK identity is not {asked!r}'s; say HELLO again with adapter {asked!r} "
+                "before scoring with it")
+    return None
+
+
+def _identity(info: dict[str, Any], adapter: str | None, served: dict[str, str]) -> m.TeacherInfo:
+    """HELLO_OK's ``teacher``: the model's identity, or a named adapter's (its digest, and
+    the name ``{model name}/{adapter}``), so a client's version tags, qualification record
+    and cache keys tell adapters apart."""
+    if adapter is None:
+        return m.TeacherInfo(**info)
+    return m.TeacherInfo(**{**info, "name": f"{info['name']}/{adapter}",
+                            "adapter_sha256": served[adapter]})
+
+
+def _adapter_list(served: dict[str, str]) -> list[m.AdapterInfo] | None:
+    """HELLO_OK's and STATUS_OK's ``adapters`` (None, off the wire, for one model)."""
+    if not served:
+        return None
+    return [m.AdapterInfo(name=name, adapter_sha256=digest) for name, digest in served.items()]
 
 
 def _score_refusal(srv: ServerState, ident: bytes) -> tuple[ErrorCode, str] | None:
@@ -447,6 +518,7 @@ async def _on_status(srv: ServerState, ident: bytes, msg: m.Status, arrays: Any 
         id=msg.id,
         **_liveness(srv),
         teacher=m.TeacherInfo(**backend.info) if backend is not None else None,
+        adapters=_adapter_list(served_adapters(backend)) if backend is not None else None,
         counters=m.Counters(
             requests=c["requests"],
             positions=c["positions"],

@@ -109,6 +109,9 @@ class ServerState:
     # tokenizer is another than the teacher's (then xvocab is all they may ask for).
     xvocab: dict[bytes, bool] = field(default_factory=dict)
     held_hellos: list[tuple[bytes, m.Hello]] = field(default_factory=list)  # while LOADING
+    # Clients whose HELLO named an adapter (docs/protocol.md, "Adapters"): their HELLO_OK
+    # gave that adapter's identity, so each of their SCOREs must name it.
+    hello_adapter: dict[bytes, str] = field(default_factory=dict)
     last_progress: float = field(default_factory=time.monotonic)
     work: asyncio.Event = field(default_factory=asyncio.Event)
     stopped: asyncio.Event = field(default_factory=asyncio.Event)

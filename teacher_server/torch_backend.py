@@ -4,7 +4,10 @@
 the :class:`~miniverl.teacher_server.backend.Backend` interface: coalesced jobs go through
 :func:`~miniverl.teacher_server.scoring.score_requests` in one decoder pass (the server
 checked each job when it arrived, the batcher checks each reply before it is sent), and
-park/wake move the weights between the accelerator and host memory. The loader the server calls is built by
+park/wake move the weights between the accelerator and host memory. A teacher loaded
+with named adapters (``--adapters``) holds one PEFT model over one base; each batch,
+whose jobs all name one adapter (``batcher.take_batch``), is scored with that adapter
+active (PEFT's ``set_adapter``), and the prefix cache keys its blocks by adapter. The loader the server calls is built by
 :func:`~miniverl.teacher_server.scorers.make_loader`.
 
 Parking on CPU: the weights already live in host memory, so PARK/WAKE only change the
@@ -42,6 +45,8 @@ class TorchTeacher:
         self.prefix_cache = PrefixCache()  # make_loader sizes it (--prefix-cache-tokens)
         self.parked = False
         self._tokenizer: Any = loaded.extra.get("tokenizer")
+        self.adapters = dict(loaded.adapters)  # name -> adapter_sha256; {} for one model
+        self._active_adapter: str | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -58,12 +63,30 @@ class TorchTeacher:
         # whether a cached prefix is hit depends on earlier requests, and a prefix computed
         # apart from its suffix rounds differently from one forward pass over both.
         deterministic = any(getattr(job, "deterministic", False) for job in jobs)
+        adapter = self._activate({job.adapter for job in jobs})
         return score_requests(
             self.model,
             jobs,
             max_batch_tokens=self.max_batch_tokens,
-            prefix_cache=None if deterministic else self.prefix_cache,
+            prefix_cache=None if deterministic else self.prefix_cache.keyed(adapter),
         )
+
+    def _activate(self, asked: set[str | None]) -> str | None:
+        """Make the one adapter a batch asks for the active one; returns its name."""
+        if len(asked) != 1:  # batcher.take_batch coalesces one adapter's jobs only
+            raise RuntimeError(f"one batch asks for several adapters: {sorted(map(str, asked))}")
+        (adapter,) = asked
+        if (adapter is None) != (not self.adapters) or (adapter and adapter not in self.adapters):
+            # The server refuses such a SCORE on receipt; this is a bug, not a request.
+            raise RuntimeError(f"a job asks for adapter {adapter!r}; this backend serves "
+                               f"{sorted(self.adapters) or 'none'}")
+        if adapter is not None and adapter != self._active_adapter:
+            self.model.set_adapter(adapter)
+            # set_adapter makes the adapter trainable (and not every PEFT we accept has
+            # its inference_mode=); the teacher stays frozen.
+            self.model.requires_grad_(False)
+            self._active_adapter = adapter
+        return adapter
 
     def stats(self) -> dict[str, Any]:
         """Counters the server logs with each batch (``--log-level debug``)."""

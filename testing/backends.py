@@ -89,7 +89,10 @@ class FakeBackend:
     - ``calls`` records ``park``, ``wake`` and ``close``; ``parked`` the current state;
     - ``context_len`` (optional) bounds sequences as a model's context does;
     - ``tokenizer`` (optional): a fast tokenizer with a chat template, which makes it
-      serve ``xvocab`` (docs/protocol.md, "xvocab") over that tokenizer's ids.
+      serve ``xvocab`` (docs/protocol.md, "xvocab") over that tokenizer's ids;
+    - ``adapters`` (optional): name -> adapter_sha256 of the named adapters it serves
+      (docs/protocol.md, "Adapters"); ``batch_adapters`` records the one each batch asked
+      for (its targets do not depend on it).
     """
 
     context_len: int | None = None
@@ -104,6 +107,7 @@ class FakeBackend:
         gate: threading.Event | None = None,
         fail: Callable[[ScoreJob], BackendError | None] | None = None,
         tokenizer: Any = None,
+        adapters: dict[str, str] | None = None,
     ):
         self.info: dict[str, Any] = {"name": name, "model": name, "revision": None,
                                      "adapter_sha256": None}
@@ -115,6 +119,8 @@ class FakeBackend:
         self.fail = fail
         self.tokenizer = tokenizer
         self.batches: list[list[int]] = []
+        self.adapters: dict[str, str] = dict(adapters or {})
+        self.batch_adapters: list[list[str | None]] = []
         self.entered = threading.Event()
         self.parked = False
         self.calls: list[str] = []
@@ -131,6 +137,7 @@ class FakeBackend:
 
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict[str, np.ndarray] | BackendError]:
         self.batches.append([job.id for job in jobs])
+        self.batch_adapters.append([job.adapter for job in jobs])
         self.entered.set()
         if self.gate is not None and not self.gate.wait(30):
             raise RuntimeError("FakeBackend was held for 30 s and never released")

@@ -171,10 +171,12 @@ class RawConnection:
         return reply
 
     def hello(self, tokenizer_fp: str, vocab_size: int, rid: int = 1,
-              client: str = "raw") -> m.Message:
-        """Say ``HELLO``; returns the reply (``HELLO_OK`` or ``ERROR``)."""
+              client: str = "raw", adapter: str | None = None) -> m.Message:
+        """Say ``HELLO`` (naming ``adapter`` when given); returns the reply (``HELLO_OK``
+        or ``ERROR``)."""
         header = {"v": 1, "t": "HELLO", "id": rid, "client": client,
-                  "tokenizer_fp": tokenizer_fp, "vocab_size": vocab_size}
+                  "tokenizer_fp": tokenizer_fp, "vocab_size": vocab_size,
+                  **({"adapter": adapter} if adapter is not None else {})}
         return self.call(header)[0]
 
     def close(self) -> None:
