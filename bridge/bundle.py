@@ -45,6 +45,7 @@ from miniverl.common.hashing import write_sums
 from miniverl.common.manifest import load_manifest
 from miniverl.common.recipe_sections import LOSS_VARIANT_FIELDS
 from miniverl.common.redact import redact
+from miniverl.common.teacher_routes import routes
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.student.environments import make_tasks
 
@@ -297,6 +298,13 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None) -> dict:
     if out.exists():
         raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
     recipe = artifacts.load_run_recipe(run)
+    routed = routes(recipe)
+    if routed:
+        raise ConfigError(
+            f"run {run.name} was scored by several teachers ({', '.join(routed)}), and a "
+            f"bundle for verl {target.version} names one teacher for every example; export "
+            "the mixture's tasks, each row tagged with its environment, with `miniverl "
+            "convert-dataset RECIPE OUT.parquet --to verl` and route them on the verl side")
     if recipe.environments is not None:
         names = ", ".join(env.name for env in recipe.environments)
         raise ConfigError(

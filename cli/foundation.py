@@ -260,6 +260,8 @@ def _check_toy_vocab(recipe: Any) -> str | None:
 
 def plan_lines(recipe: Any) -> list[str]:
     """A short human plan of what the recipe will do."""
+    from miniverl.common.teacher_routes import route_of_environment
+
     mode = recipe.run.mode
     policy = {
         "opd": "strict on-policy: one update per fresh rollout batch of the current version",
@@ -277,12 +279,15 @@ def plan_lines(recipe: Any) -> list[str]:
         f"mode         {mode} ({policy})",
         f"student      {student.model.describe()} on {student.device}, {student.dtype}, {tuning}",
     ]
-    if recipe.teacher is not None:
-        t = recipe.teacher
+    for name, t in (recipe.teachers or ({"": recipe.teacher} if recipe.teacher else {})).items():
         where = f"at {t.endpoint}" if t.endpoint else "launched by `miniverl up`"
-        lines.append(f"teacher      {t.model.describe()} {where}, memory {t.memory}, {t.mode}")
+        served = f", adapters {', '.join(t.adapters)}" if t.adapters else ""
+        lines.append(f"teacher      {name + ': ' if name else ''}{t.model.describe()} {where}, "
+                     f"memory {t.memory}, {t.mode}{served}")
+    routed = route_of_environment(recipe)
     for env in recipe.environments or [recipe.environment]:
         weight = f", weight {env.weight:g}" if recipe.environments is not None else ""
+        weight += f", teacher {routed[env.name]}" if env.name in routed else ""
         lines.append(
             f"environment  {env.name} ({env.difficulty}{weight}): {env.train_tasks} train / "
             f"{env.eval_tasks} eval / {env.test_tasks} test tasks"

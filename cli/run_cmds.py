@@ -237,9 +237,17 @@ def register_up(app: typer.Typer) -> None:
             f"version {reply['version']}, cycle {reply['cycle']}/{reply['cycles']}, "
             f"{reply['wall_s']:.0f} s"
         )
-        if teacher:
+        by_teacher = reply.get("by_teacher") or {}
+        if teacher and not by_teacher:
             typer.echo(f"teacher: {teacher.get('name')} instance {teacher.get('instance')} "
                        f"gen {teacher.get('gen')} at {reply.get('endpoint')}")
+        from miniverl.student.report.summary import fmt_by_teacher
+
+        for route, line in zip(by_teacher.values(), fmt_by_teacher(by_teacher), strict=True):
+            who = route.get("teacher") or {}
+            typer.echo(f"teacher {line} ({who.get('name')} instance "
+                       f"{str(who.get('instance'))[:8]} gen {who.get('gen')} at "
+                       f"{route.get('endpoint')})")
         counters = reply.get("counters") or {}
         typer.echo(f"stale replies dropped: {counters.get('stale_dropped', 0)}, bytes received: "
                    f"{counters.get('bytes_received', 0):,}")

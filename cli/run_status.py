@@ -20,6 +20,7 @@ from typing import Any
 from miniverl.common.errors import MiniverlError
 from miniverl.common.manifest import read_manifest
 from miniverl.common.rundir import RunDir
+from miniverl.student.report.summary import fmt_by_teacher, last_by_teacher
 
 TERMINAL = ("run_completed", "run_failed", "run_interrupted")
 
@@ -112,6 +113,7 @@ def finished_summary(run: RunDir) -> dict[str, Any]:
         "updated_at": status.get("updated_at"), "mode": mode,
         "steps": _steps(metrics, manifest), "success": _success(events),
         "wall_s": _wall_s(events), "path": str(run.path),
+        "by_teacher": last_by_teacher(metrics),
         "artifacts": {k: str(v) for k, v in artifacts.items() if v is not None},
     }
 
@@ -143,6 +145,8 @@ def finished_lines(s: dict[str, Any]) -> list[str]:
             lines.append(f"             {name} {float(env['success']):.1%} at v"
                          f"{success['after_version']} ({env.get('n')} tasks, weight "
                          f"{float(env.get('weight', 0)):g})")
+    for i, line in enumerate(fmt_by_teacher(s.get("by_teacher") or {})):
+        lines.append(f"  {'teachers' if i == 0 else '':<10} {line}")
     if s["wall_s"] is not None:
         lines.append(f"  wall time  {s['wall_s']:.1f} s")
     art = s["artifacts"]

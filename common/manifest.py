@@ -226,13 +226,19 @@ def update_manifest(run: Any, **fields: Any) -> dict[str, Any]:
     return write_manifest(run, None, **fields)
 
 
-def record_teacher(run: Any, from_version: int, identity: dict[str, Any], how: str) -> None:
-    """Close the open teacher range at ``from_version - 1`` and open a new one."""
+def record_teacher(run: Any, from_version: int, identity: dict[str, Any], how: str,
+                   route: str | None = None) -> None:
+    """Close the open teacher range at ``from_version - 1`` and open a new one; with
+    several teachers, each ``route`` (docs/several-teachers.md) keeps its own ranges."""
     manifest = read_manifest(run)
     teachers = manifest.setdefault("teachers", [])
-    if teachers and teachers[-1].get("to_version") is None:
-        teachers[-1]["to_version"] = max(from_version - 1, teachers[-1]["from_version"])
-    teachers.append({"from_version": from_version, "to_version": None, "how": how, **identity})
+    for entry in reversed(teachers):
+        if entry.get("route") == route:
+            if entry.get("to_version") is None:
+                entry["to_version"] = max(from_version - 1, entry["from_version"])
+            break
+    teachers.append({"from_version": from_version, "to_version": None, "how": how,
+                     **({"route": route} if route is not None else {}), **identity})
     write_manifest(run, manifest)
 
 
@@ -247,9 +253,9 @@ def finish_manifest(run: Any, final_version: int, *, mode_on_policy: bool,
     uses when a teacher is replaced. A resumed run that connects again opens a new range.
     """
     manifest = read_manifest(run)
-    teachers = manifest.setdefault("teachers", [])
-    if teachers and teachers[-1].get("to_version") is None:
-        teachers[-1]["to_version"] = max(final_version - 1, teachers[-1]["from_version"])
+    for entry in manifest.setdefault("teachers", []):  # one open range per route
+        if entry.get("to_version") is None:
+            entry["to_version"] = max(final_version - 1, entry["from_version"])
     manifest["final_version"] = final_version
     manifest["steps"] = {"on_policy": on_policy_steps, "off_policy": off_policy_steps}
     manifest["on_policy"] = mode_on_policy and off_policy_steps == 0

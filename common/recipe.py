@@ -40,6 +40,7 @@ from .recipe_sections import (
     TrainConfig,
     raise_issues,
 )
+from .teacher_routes import is_routed, routing_issues
 
 TEACHER_MODES: frozenset[str] = frozenset({"offline_kd", "opd", "replay", "dpo"})
 # Modes whose cycles draw fresh episodes through the one cycle draw (student/train/state.py
@@ -149,6 +150,12 @@ class Recipe(BaseModel):
     schema_version: Literal[1] = Field(1, description="Recipe schema version.")
     run: RunConfig = Field(description="Name, mode, seed, output directory.")
     student: StudentConfig = Field(description="The policy being trained.")
+    teachers: dict[str, TeacherConfig] | None = Field(
+        None, min_length=1, max_length=16,
+        description="Several teachers instead of teacher: name -> teacher section; each "
+        "environment of a mixture names the one that scores its episodes "
+        "(docs/several-teachers.md).",
+    )
     teacher: TeacherConfig | None = Field(
         None, description="The frozen scorer; required by offline_kd, opd, replay and dpo."
     )
@@ -205,11 +212,15 @@ class Recipe(BaseModel):
     @field_validator("teacher")
     @classmethod
     def _teacher_needed(cls, teacher: TeacherConfig | None, info: ValidationInfo):
-        run = info.data.get("run")
-        if run is not None and teacher is not None and run.mode == "rl":
+        run, teachers = info.data.get("run"), info.data.get("teachers")
+        if teacher is not None and teachers is not None:
+            raise_issues([((), "teacher and teachers both name the run's teachers; keep one: "
+                               "teacher for one, teachers (name -> section) for several")])
+        if run is not None and (teacher or teachers) is not None and run.mode == "rl":
             raise_issues([((), "mode 'rl' trains on the task reward alone and asks no teacher; "
                                "remove the teacher section, or set run.mode: opd")])
-        if run is not None and teacher is None and run.mode in TEACHER_MODES:
+        if run is not None and teacher is None and teachers is None \
+                and run.mode in TEACHER_MODES:
             raise_issues([((), f"mode {run.mode!r} needs a teacher section (teacher: "
                                "{model: ...}); add one or set run.mode: sft")])
         return teacher
@@ -218,9 +229,13 @@ class Recipe(BaseModel):
     @classmethod
     def _mixture_rules(cls, mixture: list[MixtureEnvironmentConfig] | None,
                        info: ValidationInfo):
+        run, teacher = info.data.get("run"), info.data.get("teacher")
+        teachers = info.data.get("teachers")
+        issues: list[tuple[tuple[str | int, ...], str]] = routing_issues(
+            run, teacher, teachers, mixture)
         if mixture is None:
+            raise_issues(issues)
             return mixture
-        issues: list[tuple[tuple[str | int, ...], str]] = []
         total = sum(member.weight for member in mixture)
         if not total > 0.0:
             issues.append(((), (
@@ -234,13 +249,12 @@ class Recipe(BaseModel):
                     "with its environment's name, so name each environment once (put its "
                     "difficulties in one entry with difficulty: mixed)")))
             seen.add(member.name)
-        run, teacher = info.data.get("run"), info.data.get("teacher")
         if run is not None and run.mode not in MIXTURE_MODES:
             issues.append(((), (
                 f"a mixture mixes the fresh episodes of opd, rl, replay and dpo cycles; "
                 f"mode {run.mode!r} reads one environment's tasks; use environment: with one "
                 "environment, or run.mode: opd")))
-        if teacher is not None:
+        if teacher is not None and not is_routed(teacher, teachers):  # else routing_issues
             for field, value, why in (
                 ("mode", teacher.mode if teacher.mode != "standard" else None,
                  "views each task through one environment's privileged context"),
@@ -605,7 +619,7 @@ HASHED_ONLY_WHEN_SET = (
     *(f"loss.{name}" for name in LOSS_VARIANT_FIELDS),
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
     "train.oracle_tasks", "train.score_fixed_set", "eval.before", "teacher.tokenizer",
-    "loss.cross_vocab", "environments",
+    "loss.cross_vocab", "environments", "teachers", "teacher.adapters",
 )
 
 

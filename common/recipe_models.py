@@ -18,6 +18,9 @@ from pydantic import Field, field_validator, model_validator
 from .recipe_sections import Section, raise_issue, raise_issues
 
 HEX40 = r"^[0-9a-f]{40}$"
+# A teacher's name under teachers: and an adapter's name: they travel on the wire (a
+# SCORE's adapter) and name a route in metrics, so they are short and plain.
+ROUTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # https://, hf://, s3://, file://, ...: a recipe never names a URL (issue 18).
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
@@ -224,6 +227,14 @@ class TeacherConfig(Placement):
     adapter_revision: str | None = Field(
         None, pattern=HEX40, description="40-hex revision for a hub adapter."
     )
+    adapters: dict[str, str] | None = Field(
+        None, min_length=1, max_length=64,
+        description=(
+            "Several PEFT adapters on one base model, served by one teacher process "
+            "(`teacher serve --adapters NAME=DIR`): name -> adapter dir or hub id; each "
+            "environment of a mixture names its adapter (docs/several-teachers.md)."
+        ),
+    )
     endpoint: str | None = Field(
         None,
         pattern=r"^(tcp|ipc|https?)://.+$",
@@ -299,6 +310,20 @@ class TeacherConfig(Placement):
     def _adapter_not_a_url(cls, value: str | None) -> str | None:
         return refuse_url(value)
 
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, ref in (value or {}).items():
+            if not ROUTE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"adapter name {name!r} must be 1-64 letters, digits, '_', '-' or '.', "
+                    "starting with a letter or digit (it travels in every SCORE); rename it")
+            if not ref:
+                raise ValueError(f"adapter {name!r} has an empty path; give its directory or "
+                                 "hub id")
+            refuse_url(ref)
+        return value
+
     @field_validator("tokenizer")
     @classmethod
     def _same_is_the_default(cls, value: str | None) -> str | None:
@@ -338,6 +363,14 @@ class TeacherConfig(Placement):
         if engine and (self.model.path or self.model.hub_id) is None:
             raise_issue("model", "an engine teacher's model is the served model's name: give it "
                         "as teacher.model.path or teacher.model.hub_id", involves=("endpoint",))
+        if self.adapters is not None:
+            for name, value in (("adapter", self.adapter), ("prepare", self.prepare),
+                                ("endpoint", self.endpoint if engine else None)):
+                if value is not None:
+                    raise_issue("adapters", f"adapters (one process serving several) cannot "
+                                f"go with {name} {value!r}: `miniverl teacher serve "
+                                "--adapters` loads them on the plain base model; drop "
+                                f"{name}", involves=(name,))
         if self.prepare is not None and self.adapter is not None:
             # The prepared directory is served as plain merged weights; an adapter named
             # beside it was silently dropped by `up` and `teacher serve --recipe`.

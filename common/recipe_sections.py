@@ -86,6 +86,16 @@ class MixtureEnvironmentConfig(EnvironmentConfig):
         description="Share of a cycle's episodes drawn from this environment, relative to "
         "the others' weights (finite, >= 0; the weights sum to more than 0).",
     )
+    teacher: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="The teacher of teachers: that scores this environment's episodes "
+        "(docs/several-teachers.md); unset with one teacher: section.",
+    )
+    adapter: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="The adapter of the routed teacher's adapters: that scores this "
+        "environment's episodes (one process serving several; docs/several-teachers.md).",
+    )
 
 
 class RolloutConfig(Section):

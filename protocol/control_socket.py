@@ -41,6 +41,8 @@ class StatusRequest(_Control):
 class RetargetRequest(_Control):
     t: Literal["RETARGET"] = "RETARGET"
     endpoint: str = Field(min_length=1, max_length=1024)
+    # Several teachers (docs/several-teachers.md): the route to move; None for one teacher.
+    route: str | None = Field(None, min_length=1, max_length=129)
 
 
 class StopRequest(_Control):
@@ -63,6 +65,8 @@ class StatusReply(_Control):
     endpoint: str | None = None
     counters: dict[str, int] = Field(default_factory=dict)
     last: dict[str, Any] = Field(default_factory=dict)
+    # Several teachers: each route's counters and who scores it (None for one teacher).
+    by_teacher: dict[str, dict[str, Any]] | None = None
 
 
 class RetargetReply(_Control):

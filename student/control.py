@@ -43,7 +43,7 @@ from miniverl.protocol.engine_client import check_engine_endpoint, is_engine_end
 from miniverl.protocol.messages import Ping, Pong
 from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.student.train.optim import planned_cycles
-from miniverl.student.train.teacher import vet_endpoint
+from miniverl.student.train.teacher import vet_endpoint, vet_route
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,10 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
     ) if k in metrics}
     side = trainer.teacher
     counters = side.counters()
+    counters.pop("by_teacher", None)
+    by_teacher = {name: {**route.counters(), "teacher": route.identity or None,
+                         "endpoint": route.endpoint}
+                  for name, route in (side.routes or {}).items()}
     return dict(
         run_id=trainer.run.id,
         status=trainer.run.status,
@@ -97,6 +101,7 @@ def status_snapshot(trainer: Any) -> dict[str, Any]:
         endpoint=side.endpoint,
         counters={k: int(v) for k, v in counters.items()},
         last=json.loads(json.dumps(last, default=float)),
+        by_teacher=json.loads(json.dumps(by_teacher, default=str)) if by_teacher else None,
     )
 
 
@@ -188,17 +193,22 @@ class ControlServer:
             # refused here instead, before anything waits on it (an engine: by the
             # handshake of vet_endpoint, over HTTP with its own timeouts).
             try:
+                route = trainer.route_to_retarget(req.route)
                 if not engine:
                     probe_teacher(req.endpoint, RETARGET_PROBE_S)
                 if trainer.state is not None and trainer.state.policy is not None:
                     # The swap the run would refuse is refused now, before it is queued.
-                    vet_endpoint(trainer.state, req.endpoint, RETARGET_HANDSHAKE_S)
+                    if route is not None:
+                        vet_route(trainer.state, route, req.endpoint)
+                    else:
+                        vet_endpoint(trainer.state, req.endpoint, RETARGET_HANDSHAKE_S)
             except MiniverlError as exc:
                 trainer.run.event("teacher_swap_refused", endpoint=req.endpoint,
                                   reason=str(exc), version=trainer.version)
                 raise
-            trainer.request_retarget(req.endpoint)
-            trainer.run.event("retarget_requested", endpoint=req.endpoint, version=trainer.version)
+            trainer.request_retarget(req.endpoint, route)
+            trainer.run.event("retarget_requested", endpoint=req.endpoint, version=trainer.version,
+                              **({"route": req.route} if req.route is not None else {}))
             return RetargetReply(id=req.id, endpoint=req.endpoint)
         if isinstance(req, StopRequest):
             trainer.run.event("stop_requested", checkpoint=req.checkpoint, version=trainer.version)

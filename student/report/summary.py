@@ -6,6 +6,8 @@ here so the two never disagree. This module formats; it reads no file.
 
 from __future__ import annotations
 
+from typing import Any
+
 from miniverl.common.trajectory import MODEL_SPANS, SpanType
 from miniverl.student.report.data import ReportData
 
@@ -43,6 +45,23 @@ def fmt_bytes(n: float | None) -> str:
     return f"{n:.1f} GiB"
 
 
+def last_by_teacher(metrics: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each route's counters in the last metrics row that has them (several teachers,
+    docs/several-teachers.md); empty for a run with one teacher."""
+    for row in reversed(metrics):
+        if isinstance(row.get("by_teacher"), dict):
+            return row["by_teacher"]
+    return {}
+
+
+def fmt_by_teacher(by_teacher: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per route: what it scored, how long the student waited, what it dropped."""
+    return [f"{name}: {int(c.get('positions_scored', 0)):,} positions of "
+            f"{int(c.get('episodes', 0))} episodes, {float(c.get('wait_s', 0.0)):.1f} s "
+            f"waiting, {int(c.get('stale_dropped', 0))} stale dropped"
+            for name, c in by_teacher.items()]
+
+
 def summary_rows(data: ReportData) -> list[tuple[str, str]]:
     """The summary as (label, value) pairs, shared by the HTML and markdown output."""
     before, after = data.success_before_after()
@@ -65,6 +84,8 @@ def summary_rows(data: ReportData) -> list[tuple[str, str]]:
         ("success before → after", f"{fmt_success(before)} → {fmt_success(after)}"),
         *([("success by environment", by_environment)] if by_environment else []),
         ("teachers", "; ".join(data.teacher_identities()) or "none recorded"),
+        *([("by teacher", "; ".join(fmt_by_teacher(last_by_teacher(data.metrics))))]
+          if last_by_teacher(data.metrics) else []),
         ("stale replies dropped", str(data.stale_dropped())),
         ("trajectories", str(data.n_trajectories)),
     ]

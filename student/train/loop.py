@@ -172,7 +172,7 @@ def train_cycles(state: TrainState, mode: Mode, *, show_progress: bool) -> str:
                 state.run.event("wall_budget_reached", wall_s=state.wall(),
                                 version=state.version)
                 break
-            if state.teacher.pending_endpoint is not None:
+            if state.teacher.pending_endpoint is not None or state.teacher.routes:
                 apply_retarget(state)  # a RETARGET from the control socket, at this boundary
             done = mode.cycle(state)  # rollout -> score -> update
             if done is not None:  # dpo skips a cycle without a preference pair
@@ -226,6 +226,7 @@ def log_cycle(state: TrainState, done: CycleResult) -> None:
         "positions_per_s": positions_scored / done.t_wait if done.t_wait > 0 else None,
         "bytes_sent": counters.get("bytes_sent", 0),
         "bytes_received": counters.get("bytes_received", 0),
+        **({"by_teacher": counters["by_teacher"]} if "by_teacher" in counters else {}),
         "lr": stats.lr,
         "grad_norm": stats.grad_norm,
         # Success of the student's own rollouts; oracle batches (SFT) have none.

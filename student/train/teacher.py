@@ -57,6 +57,7 @@ from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.cross_vocab import VocabMap, vocab_map
+from miniverl.student.train.routes import RouteSide, apply_route_retarget, connect_routes
 from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher_link import PrivilegedLink, TeacherLink, teacher_identity
 from miniverl.student.train.xvocab_targets import XvocabLink, XvocabRequests
@@ -70,6 +71,9 @@ UPDATE_HEADROOM = 4.0
 # it, so an attached teacher is gated before the first warm-up step; a teacher still
 # loading or being prepared answers in the background instead, and is gated then.
 HANDSHAKE_GRACE_S = 2.0
+# How long a `teacher use NAME` of one route waits for the new teacher's handshake, at
+# the update boundary (the control socket has already probed it).
+RETARGET_HANDSHAKE_S = 10.0
 
 # Answers that will not change by waiting: the run stops on them at once. Anything
 # else from an early handshake (a teacher not up yet) is left to connect(), which tries
@@ -90,13 +94,17 @@ class Handshake:
 
 
 def new_client(state: TrainState, endpoint: str | None = None, *,
-               timeout_s: float | None = None, suffix: str = "") -> ScoringClient:
+               timeout_s: float | None = None, suffix: str = "", teacher: Any = None,
+               adapter: str | None = None) -> ScoringClient:
     """A client of ``endpoint`` (default: the run's) with the run's tokenizer and proof:
-    an :class:`EngineTeacherClient` for an http(s) server, else a ``SyncTeacherClient``."""
+    an :class:`EngineTeacherClient` for an http(s) server, else a ``SyncTeacherClient``.
+    ``teacher`` is the teacher section it reaches (default: the recipe's ``teacher``;
+    a route's own under ``teachers:``), ``adapter`` the served adapter it scores with."""
     rt = state.recipe.runtime
     endpoint = endpoint or state.teacher.endpoint
+    teacher = teacher or state.recipe.teacher
     if is_engine_endpoint(endpoint):
-        return engine_client(state, endpoint, timeout_s=timeout_s)
+        return engine_client(state, endpoint, timeout_s=timeout_s, teacher=teacher)
     return SyncTeacherClient(
         endpoint,
         tokenizer_fp=state.policy.tokenizer_fp,
@@ -106,20 +114,21 @@ def new_client(state: TrainState, endpoint: str | None = None, *,
         request_timeout_s=timeout_s or rt.request_timeout_s,
         unavailable_timeout_s=max(timeout_s or 0.0, rt.unavailable_timeout_s),
         # teacher.tokenizer: other announces xvocab in HELLO (docs/cross-tokenizer.md).
-        xvocab=state.recipe.teacher is not None and state.recipe.teacher.tokenizer == "other",
-        **client_proof(state),
+        xvocab=teacher is not None and teacher.tokenizer == "other",
+        **({"adapter": adapter} if adapter is not None else {}),
+        **client_proof(state, teacher),
     )
 
 
-def engine_client(state: TrainState, endpoint: str, *,
-                  timeout_s: float | None = None) -> EngineTeacherClient:
+def engine_client(state: TrainState, endpoint: str, *, timeout_s: float | None = None,
+                  teacher: Any = None) -> EngineTeacherClient:
     """A client of the vLLM or SGLang server at ``endpoint`` (docs/engine-teachers.md).
 
     The run's own engine (``teacher.endpoint``) serves ``teacher.model`` under its path
     or hub id and speaks ``teacher.api``; another one (``miniverl teacher use``) speaks
     the same API and is taken with the one model it serves, gated like any teacher.
     """
-    teacher, policy, loss = state.recipe.teacher, state.policy, state.recipe.loss
+    teacher, policy, loss = teacher or state.recipe.teacher, state.policy, state.recipe.loss
     if state.kind != "topk" or loss.temperature != 1.0:
         # Refused here, at the handshake: before the warm-up and any rollout.
         raise ConfigError(
@@ -172,6 +181,9 @@ def check_handshake(state: TrainState, handshake: Handshake) -> None:
 def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     """Handshake with the teacher, refuse an unqualified one, bind a link, pick memory."""
     recipe, side = state.recipe, state.teacher
+    if side.routes is not None:
+        connect_routed(state)
+        return
     if side.client is None:
         side.client = new_client(state)
     if handshake is not None and handshake.future is not None:
@@ -192,6 +204,24 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
                     endpoint=side.endpoint)
     record_teacher(state.run, state.version, identity, how="connect")
     side.memory = choose_memory(state)
+
+
+def connect_routed(state: TrainState) -> None:
+    """Several teachers (docs/several-teachers.md): connect each route's teacher (its
+    own client, the adapter it scores with) and bind the run's routed link. Every route
+    stays resident (the recipe refuses ``memory: swap`` for a routed teacher)."""
+    side = state.teacher
+
+    def client_of(route: RouteSide) -> ScoringClient:
+        return new_client(state, route.endpoint, teacher=route.route.config,
+                          adapter=route.route.adapter, suffix=f":{route.route.name}")
+
+    side.link = connect_routes(state, client_of,
+                               lambda client, changed: teacher_link(state, client, changed))
+    side.identity = side.link.identity()
+    side.memory = "resident"
+    state.run.event("memory_strategy", wanted="resident", chosen="resident",
+                    reason="several teachers stay resident")
 
 
 def teacher_link(state: TrainState, client: ScoringClient,
@@ -266,10 +296,10 @@ def teacher_vocab_map(state: TrainState, client: ScoringClient) -> VocabMap | No
     return vmap
 
 
-def client_proof(state: TrainState) -> dict[str, Any]:
-    """``curve`` keys and ``admin_token_file`` for the teacher client (docs/protocol.md,
-    "Admin")."""
-    side, teacher = state.teacher, state.recipe.teacher
+def client_proof(state: TrainState, teacher: Any = None) -> dict[str, Any]:
+    """``curve`` keys and ``admin_token_file`` for the client of ``teacher`` (default:
+    the recipe's teacher section; docs/protocol.md, "Admin")."""
+    side, teacher = state.teacher, teacher or state.recipe.teacher
     files = side.curve
     if files is None and teacher is not None and teacher.curve_secret_key is not None:
         files = (teacher.curve_secret_key, teacher.curve_server_key)
@@ -364,9 +394,23 @@ def vet_endpoint(state: TrainState, endpoint: str, timeout_s: float) -> dict[str
     return identity
 
 
+def vet_route(state: TrainState, route: RouteSide, endpoint: str) -> dict[str, Any]:
+    """The identity of the teacher at ``endpoint`` if ``route`` would accept it: the
+    run's tokenizer, the route's adapter served (:func:`vet_endpoint` for one route)."""
+    probe = new_client(state, endpoint, teacher=route.route.config, adapter=route.route.adapter,
+                       timeout_s=RETARGET_HANDSHAKE_S, suffix=f":{route.route.name}:vet")
+    try:
+        probe.connect(RETARGET_HANDSHAKE_S)
+        return teacher_identity(probe)
+    finally:
+        probe.close()
+
+
 def apply_retarget(state: TrainState) -> None:
     """Switch to the endpoint a ``RETARGET`` asked for, if any (an update boundary)."""
     side = state.teacher
+    for route in (side.routes or {}).values():
+        apply_route_retarget(state, route, lambda r, endpoint: vet_route(state, r, endpoint))
     endpoint, side.pending_endpoint = side.pending_endpoint, None
     if endpoint is None or side.client is None:
         return

@@ -85,6 +85,9 @@ class TeacherSide:
     # A RETARGET asked for (control socket); teacher.apply_retarget takes it at the
     # next update boundary.
     pending_endpoint: str | None = None
+    # Several teachers (docs/several-teachers.md): route name -> routes.RouteSide, each
+    # with its own client and link; ``link`` is then a routes.RoutedLink. None: one teacher.
+    routes: dict[str, Any] | None = None
 
     def counters(self) -> dict[str, Any]:
         """The client's counters (sent, stale_dropped, bytes, ...) and the link's own

@@ -23,10 +23,12 @@ from typing import Any
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe, diff_recipes
 from miniverl.common.rundir import RunDir
+from miniverl.common.teacher_routes import is_routed
 from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.student.report.build import build_report
 from miniverl.student.trackers import Trackers, check_loggers, open_trackers
 from miniverl.student.train.loop import resume_from_checkpoint, run
+from miniverl.student.train.routes import RouteSide, routed_side
 from miniverl.student.train.state import TrainState, build_state
 from miniverl.student.train.teacher_link import TeacherSide
 
@@ -99,6 +101,8 @@ class Trainer:
         teacher_curve: tuple[str, str] | None = None,
         teacher_admin_token: str | None = None,
         client: ScoringClient | None = None,
+        teacher_endpoints: dict[str, str] | None = None,
+        route_clients: dict[str, ScoringClient] | None = None,
         run_id: str | None = None,
         resume: bool = False,
         offline: bool = False,
@@ -112,6 +116,9 @@ class Trainer:
         endpoint = teacher_endpoint or (recipe.teacher.endpoint if recipe.teacher else None)
         self.teacher = TeacherSide(client=client, endpoint=endpoint, curve=teacher_curve,
                                    admin_token_file=teacher_admin_token)
+        if is_routed(recipe.teacher, recipe.teachers):
+            self.teacher = routed_side(recipe, teacher_endpoint, teacher_endpoints,
+                                       route_clients, teacher_curve)
         self.offline = offline
         self.stop_event = stop_event or threading.Event()
         self.show_progress = show_progress
@@ -121,7 +128,8 @@ class Trainer:
         self.state: TrainState | None = None
         self.trackers: Trackers | None = None
         check_loggers(recipe.run.loggers)  # a missing extra stops before the run exists
-        if recipe.needs_teacher and client is None and endpoint is None:
+        if recipe.needs_teacher and client is None and endpoint is None \
+                and self.teacher.routes is None:
             raise ConfigError(
                 f"mode {recipe.run.mode!r} needs a teacher: pass --teacher ENDPOINT, set "
                 "teacher.endpoint, or start both processes with `miniverl up`"
@@ -177,12 +185,15 @@ class Trainer:
         answers (or drips its answer) must not hold a stop. The loop then stops at the
         update boundary it was waiting at and checkpoints (loop.run). A client made
         after the stop (the connect after the warm-up) is interrupted as it appears."""
-        interrupted = None
+        interrupted: set[int] = set()
         while not finished.wait(0.1):
-            client = self.teacher.client
-            if self.stop_event.is_set() and client is not None and client is not interrupted:
-                client.interrupt("stop requested while waiting on the teacher")
-                interrupted = client
+            if not self.stop_event.is_set():
+                continue
+            routes = self.teacher.routes or {}
+            for client in (self.teacher.client, *(r.client for r in routes.values())):
+                if client is not None and id(client) not in interrupted:
+                    client.interrupt("stop requested while waiting on the teacher")
+                    interrupted.add(id(client))
 
     @property
     def version(self) -> int:
@@ -194,9 +205,27 @@ class Trainer:
         """Optimizer steps taken so far."""
         return self.state.step if self.state is not None else 0
 
-    def request_retarget(self, endpoint: str) -> None:
-        """Switch teachers at the next update boundary (control socket ``RETARGET``)."""
-        self.teacher.pending_endpoint = endpoint
+    def request_retarget(self, endpoint: str, route: RouteSide | None = None) -> None:
+        """Switch teachers (one ``route`` of several) at the next update boundary
+        (control socket ``RETARGET``)."""
+        if route is not None:
+            route.pending_endpoint = endpoint
+        else:
+            self.teacher.pending_endpoint = endpoint
+
+    def route_to_retarget(self, name: str | None) -> RouteSide | None:
+        """The route a ``RETARGET`` names (None for a run with one teacher); raises
+        ``ConfigError`` when the name and the run do not match."""
+        routes = self.teacher.routes
+        if routes is None:
+            if name is not None:
+                raise ConfigError(f"--route {name}: this run has one teacher; drop --route")
+            return None
+        if name not in routes:
+            said = "no route" if name is None else f"route {name!r}"
+            raise ConfigError(f"this run scores with several teachers ({', '.join(routes)}) "
+                              f"and the request names {said}; pass --route with one of them")
+        return routes[name]
 
     def _finish_report(self) -> None:
         if not self.write_report:

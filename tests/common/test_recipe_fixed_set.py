@@ -78,6 +78,8 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     assert data["teacher"].pop("tokenizer") is None  # cross-tokenizer opt-in (xvocab)
     assert data["loss"].pop("cross_vocab") is None  # its target (docs/cross-tokenizer.md)
     assert data.pop("environments") is None  # a mixture (docs/environments.md)
+    # Several teachers (docs/several-teachers.md).
+    assert data.pop("teachers") is None and data["teacher"].pop("adapters") is None
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]
         assert toy.pop("init_std") is None and toy.pop("rope_theta") is None

@@ -1,0 +1,270 @@
+"""Several teachers for one student (docs/several-teachers.md): a recipe routes each
+environment of a mixture to its own teacher (``teachers:``) or adapter
+(``teacher.adapters``); ``miniverl validate`` refuses a bad route in one line before any
+process starts; a routed OPD run sends each episode to its own environment's teacher
+only, keeps per-teacher counters in every metrics row and per-route teacher ranges in
+the manifest, and a reload of one teacher re-sends only that teacher's episodes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from miniverl.cli.app import app
+from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import Recipe
+from miniverl.common.teacher_routes import route_of_environment, routes
+from miniverl.common.trajectory import read_trajectories
+from miniverl.testing.fake_teacher import FakeTeacherClient
+from tests.toy_kit import events, recipe_dict
+
+ENVS = [{"name": "calculator", "train_tasks": 8, "eval_tasks": 2, "test_tasks": 2},
+        {"name": "jsonnav", "train_tasks": 8, "eval_tasks": 2, "test_tasks": 2}]
+
+
+def _data(tmp_path, *, adapters: bool = False, **train):
+    data = recipe_dict("opd", tmp_path, **train)
+    teacher = data.pop("teacher")
+    del data["environment"]
+    if adapters:
+        data["teacher"] = {**teacher, "adapters": {"calc": "adapters/calc", "nav": "adapters/nav"}}
+        data["environments"] = [{**ENVS[0], "adapter": "calc"}, {**ENVS[1], "adapter": "nav"}]
+    else:
+        data["teachers"] = {"calc": dict(teacher), "nav": dict(teacher)}
+        data["environments"] = [{**ENVS[0], "teacher": "calc"}, {**ENVS[1], "teacher": "nav"}]
+    return data
+
+
+def _problems(data) -> str:
+    try:
+        Recipe.model_validate(data)
+    except (ConfigError, ValidationError) as exc:
+        return str(exc)
+    raise AssertionError("the recipe was accepted")
+
+
+def test_routes_name_each_teacher_and_adapter(tmp_path):
+    recipe = Recipe.model_validate(_data(tmp_path))
+    assert route_of_environment(recipe) == {"calculator": "calc", "jsonnav": "nav"}
+    recipe = Recipe.model_validate(_data(tmp_path, adapters=True))
+    assert {n: (r.teacher, r.adapter) for n, r in routes(recipe).items()} == {
+        "teacher/calc": ("teacher", "calc"), "teacher/nav": ("teacher", "nav")}
+    # A single teacher without adapters routes nothing: the plain path.
+    plain = recipe_dict("opd", tmp_path)
+    assert routes(Recipe.model_validate(plain)) == {}
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d["environments"][1].pop("teacher"),
+     "'jsonnav' is routed to no teacher; set environments[1].teacher to one of calc, nav"),
+    (lambda d: d["environments"][1].update(teacher="sql"),
+     "'jsonnav' is routed to teacher 'sql', not one of teachers:"),
+    (lambda d: d["environments"][1].update(teacher="calc"),
+     "teachers.nav scores no environment; route one to it"),
+    (lambda d: d["environments"][0].update(adapter="calc"),
+     "'calculator' names adapter 'calc', but teacher 'calc' serves no adapters"),
+    (lambda d: d.update(teacher=d["teachers"]["calc"]),
+     "teacher and teachers both name the run's teachers"),
+    (lambda d: d["teachers"]["nav"].update(memory="swap"),
+     "teachers.nav.memory 'swap'"),
+    (lambda d: d["teachers"]["calc"].update(min_success=0.5),
+     "teachers.calc.min_success 0.5 is gated on one environment's record"),
+    (lambda d: d["run"].update(mode="replay"), "mode 'replay' is not routed"),
+    (lambda d: (d.update(environment=d.pop("environments")[0] | {"teacher": None}),
+                d["environment"].pop("teacher")),
+     "teachers: routes each environment of a mixture to its own teacher, and this recipe "
+     "has one environment"),
+])
+def test_a_bad_route_is_one_line_naming_the_field_and_the_fix(tmp_path, change, says):
+    data = _data(tmp_path)
+    change(data)
+    assert says in _problems(data)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d["environments"][1].update(adapter="sql"),
+     "'jsonnav' names adapter 'sql', which teacher 'teacher' does not serve; set "
+     "environments[1].adapter to one of calc, nav"),
+    (lambda d: d["environments"][1].pop("adapter"), "'jsonnav' names no adapter"),
+    (lambda d: d["environments"][1].update(teacher="teacher"),
+     "'jsonnav' names teacher 'teacher', but the recipe has one teacher: section"),
+    (lambda d: d["teacher"]["adapters"].update({"bad name": "x"}),
+     "adapter name 'bad name' must be 1-64 letters"),
+    (lambda d: d["teacher"].update(adapter="adapters/one"),
+     "adapters (one process serving several) cannot go with adapter 'adapters/one'"),
+])
+def test_a_bad_adapter_route_is_one_line(tmp_path, change, says):
+    data = _data(tmp_path, adapters=True)
+    change(data)
+    assert says in _problems(data)
+
+
+def test_weights_that_sum_to_zero_are_refused_with_routes(tmp_path):
+    data = _data(tmp_path)
+    for member in data["environments"]:
+        member["weight"] = 0
+    assert "the weights sum to 0" in _problems(data)
+
+
+def test_validate_refuses_a_bad_route_before_any_process_starts(tmp_path):
+    import yaml
+
+    data = _data(tmp_path)
+    data["environments"][1]["teacher"] = "sql"
+    path = tmp_path / "routed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, lines
+    assert "environments[1].teacher: 'jsonnav' is routed to teacher 'sql'" in lines[0]
+    assert "Traceback" not in result.output
+    data["environments"][1]["teacher"] = "nav"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "teacher      calc: " in result.output
+    assert "(easy, weight 1, teacher nav)" in result.output
+
+
+def test_the_trainer_refuses_a_teacher_it_cannot_reach(tmp_path):
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = Recipe.model_validate(_data(tmp_path))
+    with pytest.raises(ConfigError, match="teacher 'calc' has no endpoint: set "
+                                          "teachers.calc.endpoint, pass --teacher calc="):
+        Trainer(recipe, show_progress=False)
+    with pytest.raises(ConfigError, match="names one teacher, and this recipe routes to 2"):
+        Trainer(recipe, teacher_endpoint="ipc:///tmp/x", show_progress=False)
+    with pytest.raises(ConfigError, match="--teacher sql=... names no teacher"):
+        Trainer(recipe, teacher_endpoints={"sql": "ipc:///tmp/x"}, show_progress=False)
+
+
+def _clients(toy):
+    return {name: FakeTeacherClient(toy.model, toy.tokenizer_fp, toy.vocab_size,
+                                    name=f"{name}-teacher")
+            for name in ("calc", "nav")}
+
+
+@pytest.mark.slow  # two toy OPD runs
+def test_a_routed_run_scores_each_episode_by_its_own_teacher(tmp_path, toy):
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = Recipe.model_validate(_data(tmp_path, cycles=3, rollouts_per_cycle=8))
+    clients = _clients(toy)
+    clients["nav"].reload_before_next_wait = True  # nav's teacher reloads during update 1
+    with Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
+                 checkpoints=False) as trainer:
+        result = trainer.train()
+    assert result.status == "completed" and result.final_version == 3
+    trajs = read_trajectories(result.run_dir / "trajectories.jsonl")
+    per_env = {env: sum(t.environment == env for t in trajs) for env in ("calculator", "jsonnav")}
+    assert per_env["calculator"] and per_env["jsonnav"]
+    # Each teacher was asked for its own environment's episodes only; nav's reload
+    # re-sent its own (one update's worth), calc's count is exactly its episodes.
+    assert len(clients["calc"].scored_versions) == per_env["calculator"]
+    assert len(clients["nav"].scored_versions) > per_env["jsonnav"]
+    rows = [json.loads(line) for line in
+            (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r.get("phase") == "train"]
+    last = train_rows[-1]["by_teacher"]
+    assert last["calc"]["episodes"] == per_env["calculator"]
+    assert last["nav"]["episodes"] == per_env["jsonnav"]
+    assert all(r["stale_dropped"] == 0 for r in train_rows)
+    connected = events(result.run_dir, "teacher_connected")
+    assert [(e["route"], e["environments"]) for e in connected] == [
+        ("calc", ["calculator"]), ("nav", ["jsonnav"])]
+    changed = events(result.run_dir, "teacher_changed")
+    assert [e["route"] for e in changed] == ["nav"] and changed[0]["how"] == "reload"
+    manifest = json.loads((result.run_dir / "manifest.json").read_text())
+    ranges = [(t["route"], t["name"], t["from_version"], t["to_version"], t["how"])
+              for t in manifest["teachers"]]
+    assert ranges == [("calc", "calc-teacher", 0, 2, "connect"),
+                      ("nav", "nav-teacher", 0, 0, "connect"),
+                      ("nav", "nav-teacher", 0, 2, "reload")]  # reloaded in update 0
+    final = events(result.run_dir, "run_completed")[-1]["teacher_counters"]
+    assert set(final["by_teacher"]) == {"calc", "nav"}
+    # The report's summary and `miniverl status` show each teacher.
+    from miniverl.cli.run_status import finished_lines, finished_summary
+    from miniverl.common.rundir import RunDir
+    from miniverl.student.report.load import load_run
+    from miniverl.student.report.summary import summary_rows
+
+    rows = dict(summary_rows(load_run(result.run_dir)))
+    assert rows["by teacher"].startswith("calc: ") and "; nav: " in rows["by teacher"]
+    assert f"of {per_env['jsonnav']} episodes" in rows["by teacher"]
+    lines = finished_lines(finished_summary(RunDir.open(result.run_dir)))
+    assert any(line.startswith("  teachers   calc: ") for line in lines)
+    assert any(line.strip().startswith("nav: ") for line in lines)
+
+
+@pytest.mark.slow  # one toy OPD run
+def test_teacher_use_moves_one_route_and_leaves_the_other(tmp_path, toy, monkeypatch):
+    from miniverl.student.train import loop, teacher
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = Recipe.model_validate(_data(tmp_path, cycles=3, rollouts_per_cycle=8))
+    clients = _clients(toy)
+    vetted = []
+    monkeypatch.setattr(teacher, "vet_route",
+                        lambda state, route, endpoint: vetted.append((route.route.name, endpoint)))
+    log = loop.log_cycle
+
+    def logging_then_retarget(state, done):
+        log(state, done)
+        if state.step == 1:
+            trainer.request_retarget("ipc:///tmp/nav-2.sock", trainer.route_to_retarget("nav"))
+
+    monkeypatch.setattr(loop, "log_cycle", logging_then_retarget)
+    trainer = Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
+                      checkpoints=False)
+    with pytest.raises(ConfigError, match=r"several teachers \(calc, nav\) and the request "
+                                          "names no route; pass --route"):
+        trainer.route_to_retarget(None)
+    with pytest.raises(ConfigError, match="names route 'sql'"):
+        trainer.route_to_retarget("sql")
+    with trainer:
+        result = trainer.train()
+    assert result.status == "completed"
+    assert vetted == [("nav", "ipc:///tmp/nav-2.sock")]
+    changed = events(result.run_dir, "teacher_changed")
+    assert [(e["route"], e["how"], e["version"]) for e in changed] == [("nav", "retarget", 1)]
+    manifest = json.loads((result.run_dir / "manifest.json").read_text())
+    assert [(t["route"], t["from_version"], t["to_version"]) for t in manifest["teachers"]] == [
+        ("calc", 0, 2), ("nav", 0, 0), ("nav", 1, 2)]
+    rows = [json.loads(line) for line in
+            (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["stale_dropped"] == 0 for r in rows if r.get("phase") == "train")
+
+
+def test_export_verl_refuses_a_run_of_several_teachers(tmp_path):
+    from miniverl.bridge.bundle import export_verl
+    from miniverl.common.recipe import dump_resolved
+
+    run = tmp_path / "routed-run"
+    run.mkdir()
+    (run / "recipe.resolved.yaml").write_text(dump_resolved(Recipe.model_validate(
+        _data(tmp_path))))
+    with pytest.raises(ConfigError, match=r"scored by several teachers \(calc, nav\), and a "
+                                          r"bundle for verl .* names one teacher"):
+        export_verl(run, tmp_path / "bundle")
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_status_shows_each_teacher(tmp_path, toy):
+    from miniverl.protocol.control_socket import StatusReply
+    from miniverl.student.control import status_snapshot
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = Recipe.model_validate(_data(tmp_path))
+    with Trainer(recipe, route_clients=_clients(toy), show_progress=False,
+                 write_report=False, checkpoints=False) as trainer:
+        snapshot = status_snapshot(trainer)
+    reply = StatusReply(id=1, **snapshot)
+    assert list(reply.by_teacher) == ["calc", "nav"]
+    assert reply.by_teacher["calc"]["episodes"] == 0 and "sent" in reply.by_teacher["nav"]
+    # Before the first cycle connects them: no one has answered yet.
+    assert reply.by_teacher["calc"]["teacher"] is None
