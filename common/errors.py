@@ -37,6 +37,11 @@ class Unauthorized(TeacherError):
     """The teacher refused an admin message (``ERROR UNAUTHORIZED``): no admin proof."""
 
 
+class AdapterNotServed(TeacherError):
+    """The teacher does not serve the adapter this client scores with: it refused the
+    ``HELLO`` naming it, or its ``HELLO_OK`` does not list it (docs/protocol.md, "Adapters")."""
+
+
 class StaleTargetError(MiniverlError, RuntimeError):
     """A target belongs to another student version or teacher generation than asked."""
 

@@ -74,7 +74,9 @@ class TeacherClient:
     ``tokenizer_fp`` and ``vocab_size`` (required; ``tokenizer_fp=None`` makes an
     admin-only client: status/park/wake/reload/shutdown, no HELLO, no SCORE),
     ``client_name``, ``heartbeat_ms``, ``request_timeout_s``, ``unavailable_timeout_s``,
-    ``curve``, ``transport_factory``, ``limits``, ``admin_token``, ``admin_token_file``.
+    ``curve``, ``transport_factory``, ``limits``, ``admin_token``, ``admin_token_file``,
+    ``xvocab``, ``adapter`` (the named adapter every SCORE asks for; docs/protocol.md,
+    "Adapters").
     """
 
     def __init__(self, endpoint: str, **settings: Any):
@@ -179,6 +181,7 @@ class TeacherClient:
             temperature=temperature,
             deadline_ms=deadline_ms,
             deterministic=deterministic,
+            adapter=link.settings.adapter,
         )
         hello = link.hello
         if hello is not None and (hello.tokenizer_fp, hello.vocab_size) != (
@@ -220,7 +223,7 @@ class TeacherClient:
         rid = self._table.new_id()
         msg = Score(id=rid, student_version=self._table.version, kind="xvocab", k=k,
                     temperature=temperature, deadline_ms=deadline_ms,
-                    deterministic=deterministic)
+                    deterministic=deterministic, adapter=link.settings.adapter)
         validate_score(msg, arrays, link.vocab_size, link.limits)
         self._table.file_score(encode(msg, arrays), rid=rid, kind="xvocab", k=k,
                                positions=len(arrays["student_cuts"]) - 1,

@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from miniverl.common.errors import (
+    AdapterNotServed,
     ConfigError,
     ProtocolError,
     TeacherError,
@@ -73,6 +74,9 @@ class LinkSettings:
     ``xvocab``: announce in HELLO that this client reads xvocab replies
     (docs/protocol.md, "xvocab"); a teacher with another tokenizer is then accepted
     when its HELLO_OK advertises the kind. False: HELLO is what it always was.
+    ``adapter``: the named adapter this client scores with, sent in HELLO (and by the
+    client in every SCORE); a HELLO_OK that does not list it is
+    :class:`AdapterNotServed`. None: HELLO is what it always was.
     """
 
     endpoint: str
@@ -88,6 +92,7 @@ class LinkSettings:
     admin_token: str | None = None
     admin_token_file: str | None = None
     xvocab: bool = False
+    adapter: str | None = None
 
 
 class Link:
@@ -394,6 +399,9 @@ class Link:
                 break
             if reply.code == ErrorCode.TOKENIZER_MISMATCH:
                 raise TokenizerMismatch(reply.message)
+            if reply.code == ErrorCode.UNSUPPORTED and self.settings.adapter is not None:
+                raise AdapterNotServed(f"teacher refused HELLO: {reply.code.value}: "
+                                       f"{reply.message}")
             if not (reply.retryable or reply.code in RETRYABLE_CODES):
                 raise TeacherError(f"teacher refused HELLO: {reply.code.value}: {reply.message}")
             await anyio.sleep(min(BACKOFF_MAX_S, max(self.tick, self.heartbeat_s)))
@@ -408,6 +416,14 @@ class Link:
                 + ("" if not self.settings.xvocab else
                    " (this teacher's HELLO_OK does not advertise xvocab)")
             )
+        served = [info.name for info in reply.adapters or ()]
+        if self.settings.adapter is not None and self.settings.adapter not in served:
+            raise AdapterNotServed(
+                f"the teacher at {self.endpoint} does not serve adapter "
+                f"{self.settings.adapter!r}; it serves "
+                + (", ".join(repr(name) for name in served) if served else "no named adapters")
+                + "; pass one of them as adapter=, or start the teacher with --adapters "
+                f"{self.settings.adapter}=DIR")
         self.hello = reply
         self.limits = Limits.from_hello(reply, self._base_limits)
         self._observe(reply.instance, reply.gen, rehello=False)
@@ -421,6 +437,7 @@ class Link:
             tokenizer_fp=self.tokenizer_fp,
             vocab_size=self.vocab_size,
             understands=["xvocab"] if self.settings.xvocab else None,
+            adapter=self.settings.adapter,
         )
         req = Request(id=hello.id, t="HELLO", frames=encode(hello))
         self.table.file(req)

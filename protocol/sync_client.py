@@ -43,7 +43,8 @@ class SyncTeacherClient:
     """
 
     def __init__(self, endpoint: str, **settings: Any):
-        """``settings`` as for :class:`TeacherClient` (``LinkSettings`` fields)."""
+        """``settings`` as for :class:`TeacherClient` (``LinkSettings`` fields; ``adapter=NAME``
+        scores with that adapter of a teacher serving ``--adapters``)."""
         self._core = TeacherClient(endpoint, **settings)
         self._portal_cm = None
         self._portal = None

@@ -282,9 +282,11 @@ header_values = (
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    t=st.sampled_from(["SCORE", "SCORE_OK", "HELLO", "HELLO_OK", "ERROR", "PONG", "X"]),
+    t=st.sampled_from(["SCORE", "SCORE_OK", "HELLO", "HELLO_OK", "STATUS_OK", "ERROR", "PONG",
+                       "X"]),
     extra=st.dictionaries(
-        st.sampled_from(["v", "id", "k", "kind", "arrays", "gen", "code", "teacher", "zz"]),
+        st.sampled_from(["v", "id", "k", "kind", "arrays", "gen", "code", "teacher", "adapter",
+                         "adapters", "zz"]),
         header_values,
         max_size=4,
     ),
