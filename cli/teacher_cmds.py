@@ -54,6 +54,11 @@ def serve(
     adapter_revision: str = typer.Option(
         None, "--adapter-revision", help="40-hex commit pinning a hub adapter id."
     ),
+    adapters: list[str] = typer.Option(
+        None, "--adapters", metavar="NAME=DIR",
+        help="Serve this PEFT adapter (a directory, or ORG/NAME@<40-hex>) under NAME beside "
+        "the other --adapters, over one base (repeatable; not with --adapter).",
+    ),
     recipe: str = typer.Option(
         None, "--recipe",
         help="Use this recipe's teacher section (teacher.prepare: prepared first, or the "
@@ -132,6 +137,8 @@ def serve(
             argv += [flag, str(value)]
     for option in scorer_option or []:
         argv += ["--scorer-option", option]
+    for pair in adapters or []:
+        argv += ["--adapters", pair]
     if offline:
         argv.append("--offline")
     code = run(build_parser().parse_args(argv))
@@ -241,6 +248,8 @@ def status(
             " + adapter " + teacher["adapter_sha256"][:19] if teacher.get("adapter_sha256") else ""
         )
         typer.echo(f"teacher: {teacher['name']} ({teacher['model']}{rev}){adapter}")
+    for served in info.get("adapters") or []:
+        typer.echo(f"adapter: {served['name']} {served['adapter_sha256'][:19]}")
     typer.echo(
         f"inflight {info['inflight']}  queue {info['queue_depth']}  requests "
         f"{counters.get('requests', 0)}  positions {counters.get('positions', 0)}  errors "
@@ -343,6 +352,10 @@ def use(
     run: str = typer.Argument(..., help="Run directory of a running student (`miniverl up`)."),
     endpoint: str = ENDPOINT_ARG,
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds to wait for the student."),
+    route: str = typer.Option(
+        None, "--route",
+        help="With several teachers: the route to move (a teacher's name, or NAME/ADAPTER); "
+        "the others keep theirs (docs/several-teachers.md)."),
 ) -> None:
     """Switch a running student to another teacher at its next update boundary (RETARGET);
     a teacher the run would refuse is refused now (exit 1)."""
@@ -354,10 +367,11 @@ def use(
     )
 
     reply = control_request(
-        control_endpoint(run), RetargetRequest(id=new_id(), endpoint=endpoint), timeout_s=timeout
-    )
+        control_endpoint(run), RetargetRequest(id=new_id(), endpoint=endpoint, route=route),
+        timeout_s=timeout)
     typer.echo(
-        f"retarget to {reply.endpoint} accepted (handshake, tokenizer and gate checked); it "
+        f"retarget{f' of {route}' if route else ''} to {reply.endpoint} accepted (handshake, "
+        "tokenizer and gate checked); it "
         f"takes effect at the {reply.takes_effect} (events.jsonl records teacher_changed)"
     )
 

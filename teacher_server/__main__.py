@@ -1,6 +1,7 @@
 """Entry point of the teacher process: ``python -m miniverl.teacher_server``.
 
     python -m miniverl.teacher_server --model DIR|ORG/NAME [--revision SHA] [--adapter DIR]
+        [--adapters NAME=DIR ...]    # several adapters over one base, served by name
         [--bind tcp://127.0.0.1:5555] [--device auto] [--dtype auto] [--offline]
         [--log FILE] [--threads N] [--scorer NAME [--scorer-option KEY=VALUE ...]]
         [--curve-secret-key FILE --curve-authorized-dir DIR [--curve-admin-dir DIR]]
@@ -40,7 +41,7 @@ from miniverl.common.runtime import THREAD_ENV_VARS
 from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT, admin_token_path
 from miniverl.protocol.limits import Limits
 from miniverl.teacher_server.jsonlog import JsonLog
-from miniverl.teacher_server.loader import TeacherSpec, spec_from_recipe
+from miniverl.teacher_server.loader import TeacherSpec, parse_adapters, spec_from_recipe
 from miniverl.teacher_server.openai_http import openai_config, run_with_openai
 from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS
 from miniverl.teacher_server.scorers import DEFAULT_SCORER, make_loader, parse_options
@@ -71,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--revision", help="40-hex commit pinning a hub id.")
     src.add_argument("--adapter", help="PEFT adapter directory merged into the teacher.")
     src.add_argument("--adapter-revision", help="40-hex commit pinning a hub adapter id.")
+    src.add_argument(
+        "--adapters", action="append", default=None, metavar="NAME=DIR",
+        help="Serve this PEFT adapter (a directory, or ORG/NAME@<40-hex>) under NAME, over "
+        "the one base model, beside the other --adapters (repeatable; at most 64; not with "
+        "--adapter). A client names the adapter it scores with in HELLO and SCORE.",
+    )
     src.add_argument("--recipe", help="Take the teacher section of this recipe.")
     src.add_argument(
         "--prepared-dir",
@@ -141,7 +148,17 @@ def serve(args: argparse.Namespace) -> int:
     if args.prepared_dir and not args.recipe:
         raise ConfigError("--prepared-dir goes with --recipe (the recipe it was prepared "
                           "for); to serve any model directory use --model DIR")
-    # Validate now: a bad recipe fails before binding.
+    # Validate now: a bad recipe or a bad --adapters fails before binding.
+    adapters = parse_adapters(args.adapters)
+    if adapters and args.adapter:
+        raise ConfigError(f"--adapter {args.adapter} and --adapters "
+                          f"{' '.join(args.adapters)}: --adapter merges one adapter into the "
+                          "weights, --adapters serves several by name; pass one of them")
+    if adapters and args.openai is not None:
+        raise ConfigError(f"--openai {args.openai} and --adapters: the OpenAI endpoint's "
+                          "requests name no adapter, and a teacher serving --adapters scores "
+                          "only requests that name one; serve the OpenAI endpoint from a "
+                          "teacher with one model (--adapter DIR merges one)")
     recipe = load_recipe(args.recipe) if args.recipe else None
     gate_recipe = load_recipe(args.gate) if args.gate else recipe
     gate = _gate(gate_recipe) if gate_recipe is not None else None
@@ -149,6 +166,10 @@ def serve(args: argparse.Namespace) -> int:
         if recipe.teacher is None:
             raise ConfigError(f"recipe {args.recipe!r} has no teacher section; add one")
         _check_prepared(args.recipe, recipe.teacher.prepare, args.prepared_dir)
+        if adapters and recipe.teacher.adapter and not args.prepared_dir:
+            raise ConfigError(f"--adapters with recipe {args.recipe!r}, whose teacher.adapter "
+                              f"is {recipe.teacher.adapter}: one adapter merged and several "
+                              "served by name do not go together; drop one of them")
         threads = threads or recipe.runtime.cpu_threads
         bind = args.bind or recipe.teacher.endpoint or DEFAULT_TCP_ENDPOINT
         if args.scorer is None:
@@ -164,7 +185,7 @@ def serve(args: argparse.Namespace) -> int:
                 # (the preparation merged any adapter), named by the directory.
                 fields.update(model=str(Path(args.prepared_dir).resolve()), revision=None,
                               adapter=None, adapter_revision=None, name=None)
-            return TeacherSpec(**fields)
+            return TeacherSpec(**{**fields, "adapters": adapters or base.adapters})
     else:
         bind = args.bind or DEFAULT_TCP_ENDPOINT
         spec = TeacherSpec(
@@ -175,6 +196,7 @@ def serve(args: argparse.Namespace) -> int:
             device=args.device or "auto",
             dtype=args.dtype or "auto",
             offline=args.offline,
+            adapters=adapters,
         )
     if args.wait_for_model > 0:
         if not args.model:
