@@ -154,12 +154,13 @@ def serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--adapter {args.adapter} and --adapters "
                           f"{' '.join(args.adapters)}: --adapter merges one adapter into the "
                           "weights, --adapters serves several by name; pass one of them")
-    if adapters and args.openai is not None:
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    named = adapters or (recipe.teacher.adapters if recipe and recipe.teacher else None)
+    if named and args.openai is not None:
         raise ConfigError(f"--openai {args.openai} and --adapters: the OpenAI endpoint's "
                           "requests name no adapter, and a teacher serving --adapters scores "
                           "only requests that name one; serve the OpenAI endpoint from a "
                           "teacher with one model (--adapter DIR merges one)")
-    recipe = load_recipe(args.recipe) if args.recipe else None
     gate_recipe = load_recipe(args.gate) if args.gate else recipe
     gate = _gate(gate_recipe) if gate_recipe is not None else None
     if recipe is not None:

@@ -115,6 +115,7 @@ def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
         model=model, revision=revision, adapter=teacher.adapter,
         adapter_revision=teacher.adapter_revision, device=teacher.device, dtype=teacher.dtype,
         quantization=teacher.quantization, offline=offline, name=name,
+        adapters=dict(teacher.adapters) if teacher.adapters else None,
     )
 
 

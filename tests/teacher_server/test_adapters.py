@@ -30,7 +30,7 @@ from miniverl.teacher_server.loader import (  # noqa: E402
 from miniverl.teacher_server.scoring import score_positions  # noqa: E402
 from miniverl.teacher_server.torch_backend import TorchTeacher  # noqa: E402
 from miniverl.testing import TeacherHarness  # noqa: E402
-from tests.toy_kit import ONE_LAYER, toy_dir  # noqa: E402
+from tests.toy_kit import ONE_LAYER, recipe_dict, toy_dir, write_recipe  # noqa: E402
 
 NAMES = ("calc", "chat")
 # Every episode opens with the same block, long enough for the prefix cache to keep it.
@@ -233,3 +233,16 @@ def test_the_process_holds_the_base_weights_once(loaded, base_dir):
     assert len({p.data_ptr() for p in weights.values()}) == len(weights)
     assert {name.split("lora_")[1].split(".")[1] for name in lora} == set(NAMES)
     assert not any(p.requires_grad for p in params.values())
+
+
+def test_a_recipes_teacher_adapters_are_what_teacher_serve_recipe_loads(tmp_path, adapter_dirs):
+    from miniverl.teacher_server.loader import spec_from_recipe
+
+    data = recipe_dict("opd", tmp_path)
+    del data["environment"]
+    data["teacher"]["adapters"] = adapter_dirs
+    data["environments"] = [
+        {"name": "calculator", "train_tasks": 8, "eval_tasks": 2, "adapter": "calc"},
+        {"name": "jsonnav", "train_tasks": 8, "eval_tasks": 2, "adapter": "chat"}]
+    spec = spec_from_recipe(write_recipe(tmp_path / "r.yaml", data))
+    assert spec.adapters == adapter_dirs and spec.adapter is None
