@@ -33,7 +33,7 @@ from typing import Any
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.runtime import apply_cpu_threads
-from miniverl.teacher_server.backend import Loader
+from miniverl.teacher_server.backend import Loader, served_adapters
 from miniverl.teacher_server.loader import TeacherSpec, load_teacher
 from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from miniverl.teacher_server.torch_backend import TorchTeacher
@@ -131,6 +131,15 @@ def make_loader(
         )
         if isinstance(backend, TorchTeacher):  # a plug-in scorer manages its own
             backend.prefix_cache = PrefixCache(prefix_cache_tokens)
+        if chosen.adapters and set(served_adapters(backend)) != set(chosen.adapters):
+            # A backend that does not say which it serves would score every request with
+            # whatever it holds, under each adapter's name.
+            backend.close()
+            raise ConfigError(
+                f"scorer {scorer!r} does not serve the named adapters "
+                f"{', '.join(chosen.adapters)} (its backend lists "
+                f"{', '.join(served_adapters(backend)) or 'none'}); drop --adapters, or use "
+                f"the {DEFAULT_SCORER} scorer")
         return backend
 
     return load

@@ -76,8 +76,8 @@ class TorchTeacher:
         if len(asked) != 1:  # batcher.take_batch coalesces one adapter's jobs only
             raise RuntimeError(f"one batch asks for several adapters: {sorted(map(str, asked))}")
         (adapter,) = asked
-        if (adapter is None) != (not self.adapters) or (adapter and adapter not in self.adapters):
-            # The server refuses such a SCORE on receipt; this is a bug, not a request.
+        served = adapter in self.adapters if self.adapters else adapter is None
+        if not served:  # the server refuses such a SCORE on receipt: a bug, not a request
             raise RuntimeError(f"a job asks for adapter {adapter!r}; this backend serves "
                                f"{sorted(self.adapters) or 'none'}")
         if adapter is not None and adapter != self._active_adapter:

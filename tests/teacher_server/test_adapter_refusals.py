@@ -177,3 +177,20 @@ def test_generated_adapter_fields_are_answered_and_the_teacher_keeps_serving(
     reply = conn.call(header, score_arrays(), timeout_s=REPLY_WITHIN_S)[0]
     ok = score_adapter == state["said"]
     assert reply.t == ("SCORE_OK" if ok else "ERROR"), reply
+
+
+def test_a_scorer_whose_backend_does_not_serve_the_adapters_fails_the_load(monkeypatch):
+    # A plug-in scorer that does not list the adapters would score every request with
+    # whatever it holds, under each adapter's name: the load fails instead.
+    from miniverl.common.errors import ConfigError
+    from miniverl.teacher_server import scorers
+    from miniverl.teacher_server.loader import TeacherSpec
+
+    made = []
+    monkeypatch.setattr(scorers, "get_scorer",
+                        lambda name: lambda spec, **kw: made.append(FakeBackend()) or made[-1])
+    load = scorers.make_loader(TeacherSpec(model="m", adapters={"calc": "dir"}), scorer="plain")
+    with pytest.raises(ConfigError, match="scorer 'plain' does not serve the named adapters "
+                                          "calc .its backend lists none.; drop --adapters"):
+        load(None)
+    assert made[0].calls == ["close"]
