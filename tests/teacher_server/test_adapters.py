@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("peft")
 
+from miniverl.common.errors import ConfigError  # noqa: E402
 from miniverl.teacher_server.loader import (  # noqa: E402
     TeacherSpec,
     adapter_sha256,
@@ -246,3 +247,18 @@ def test_a_recipes_teacher_adapters_are_what_teacher_serve_recipe_loads(tmp_path
         {"name": "jsonnav", "train_tasks": 8, "eval_tasks": 2, "adapter": "chat"}]
     spec = spec_from_recipe(write_recipe(tmp_path / "r.yaml", data))
     assert spec.adapters == adapter_dirs and spec.adapter is None
+
+
+def test_a_reload_serves_the_same_adapters_over_the_new_model(base_dir, adapter_dirs):
+    # RELOAD names a model (and revision), not adapters: a teacher serving --adapters
+    # keeps serving them, so its clients' adapters stay there after the new gen.
+    from miniverl.teacher_server.scorers import make_loader
+
+    load = make_loader(TeacherSpec(model=str(base_dir), device="cpu", dtype="float32",
+                                   adapters=adapter_dirs))
+    first = load(None)
+    again = load({"model": str(base_dir), "revision": None, "adapter": None,
+                  "adapter_revision": None})
+    assert again.adapters == first.adapters and list(again.adapters) == list(NAMES)
+    with pytest.raises(ConfigError, match="do not go together"):
+        load({"model": str(base_dir), "adapter": adapter_dirs["calc"]})
