@@ -42,6 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "distill" / "pilot_v3.yaml"
 RECORD = "distill_pilot_v3.json"
+# The configs whose record is RECORD (the first pilot and its smoke form).
+PILOT_NAMES = ("distill-pilot-v3", "distill-pilot-v3-smoke")
 
 
 class PilotTrain(BaseModel):
@@ -271,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         raise fail(f"--jobs {args.jobs} must be at least 1")
     out_dir = (ROOT / "benchmarks" / "results" if args.update_committed
                else args.output_dir or ROOT / "runs" / "benchmarks" / config.name)
-    record_path = out_dir / RECORD
+    # A later config (a longer pilot) keeps its own record beside this one's.
+    record_path = out_dir / (RECORD if config.name in PILOT_NAMES else
+                             f"{config.name.replace('-', '_')}.json")
     runs = (args.output_dir or ROOT / "runs" / "benchmarks" / config.name) / "runs"
     config_dir = args.config.resolve().parent
     teacher = prepare_teacher(config, config_dir)
