@@ -63,7 +63,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def train(
         recipe: Path = RECIPE_ARG,
-        teacher: str = typer.Option(None, "--teacher", help="Teacher endpoint to attach to."),
+        teacher: list[str] = typer.Option(
+            None, "--teacher", help="Teacher endpoint to attach to; NAME=ENDPOINT for each of "
+            "several teachers (repeatable; docs/several-teachers.md)."),
         run_id: str = RUN_ID_OPT,
         resume: bool = RESUME_OPT,
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan."),
@@ -83,23 +85,29 @@ def register(app: typer.Typer) -> None:
 
         curve = curve_key_files(curve_secret_key, curve_server_key)
 
+        from miniverl.common.teacher_routes import is_routed, teacher_flags
         from miniverl.student.trackers import with_loggers
 
         loaded = with_loggers(load_recipe(recipe), logger)  # an unknown --logger: one line
+        routed = is_routed(loaded.teacher, loaded.teachers)
+        plain, named = teacher_flags(teacher)
+        if named and not routed:
+            raise ConfigError(f"--teacher {next(iter(named))}=... names a teacher, and this "
+                              "recipe has one teacher; pass --teacher ENDPOINT")
         if dry_run:
             from miniverl.cli.foundation import plan_lines
 
             for line in plan_lines(loaded):
                 typer.echo(line)
-            endpoint = teacher or (loaded.teacher.endpoint if loaded.teacher else None)
-            if loaded.needs_teacher and endpoint is None:
+            endpoint = plain or (loaded.teacher.endpoint if loaded.teacher else None)
+            if loaded.needs_teacher and endpoint is None and not routed:
                 typer.echo("teacher      none given: pass --teacher ENDPOINT or use `miniverl up`")
             warning = cuda_warning(loaded)
             if warning:
                 typer.echo(warning, err=True)
             typer.echo("dry run: nothing was loaded")
             return
-        if loaded.needs_teacher and not (teacher or loaded.teacher.endpoint):
+        if loaded.needs_teacher and not routed and not (plain or loaded.teacher.endpoint):
             raise ConfigError(
                 f"mode {loaded.run.mode!r} needs a teacher: pass --teacher ENDPOINT (see "
                 "`miniverl teacher serve`) or start both processes with `miniverl up`"

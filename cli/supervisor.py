@@ -19,6 +19,12 @@ CURVE with ``--curve-secret-key``/``--curve-server-key`` or the recipe's
 the student is told the file (``--admin-token``) so the ``swap`` memory strategy's
 PARK/WAKE are admitted.
 
+With several teachers (``teachers:``, docs/several-teachers.md) ``up`` starts one
+teacher process per teacher that has no ``endpoint`` (``ipc://<run>/teacher-NAME.sock``,
+its output in ``logs/teacher-NAME.stderr.log``), tells the student each one
+(``--teacher NAME=ENDPOINT``) and restarts each that dies, on its own bounded retries;
+a teacher with an ``endpoint`` is attached to as it is.
+
 The supervisor trains nothing and scores nothing; it only runs processes.
 """
 
@@ -31,6 +37,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,6 +53,17 @@ from miniverl.student.teacher_process import StudentExited, teacher_command, wai
 from miniverl.student.trackers import check_loggers, with_loggers
 
 TEACHER_RESTARTS = 3
+
+
+@dataclass
+class NamedTeacher:
+    """One teacher of ``teachers:``: where it listens and, if ``up`` runs it, its process."""
+
+    name: str
+    endpoint: str
+    launched: bool  # False: the recipe gave its endpoint; it is attached to as it is
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
 TEACHER_OUTPUT = "teacher.stderr.log"  # the teacher's stdout and stderr, under logs/
 STOP_GRACE_S = 120.0
 START_FAILED_GRACE_S = 10.0
@@ -104,7 +122,14 @@ class Supervisor:
                 update={"run": self.recipe.run.model_copy(update={"output_dir": output_dir})}
             )
         self.output_dir = Path(self.recipe.run.output_dir).resolve()
+        if teacher is not None and self.recipe.teachers is not None:
+            raise ConfigError(
+                f"--teacher {teacher} names one teacher, and this recipe names several "
+                f"({', '.join(self.recipe.teachers)}); set teachers.NAME.endpoint for each "
+                "one already serving, and `up` starts the others")
         self.external = teacher or (self.recipe.teacher.endpoint if self.recipe.teacher else None)
+        # Several teachers (teachers:): one per name, made when the run directory exists.
+        self.named: dict[str, NamedTeacher] = {}
         self.curve = tuple(str(Path(f).resolve()) for f in curve) if curve else None
         keyed = self.curve or (self.recipe.teacher and self.recipe.teacher.curve_secret_key)
         if keyed and self.external is None:
@@ -157,7 +182,10 @@ class Supervisor:
         cmd = [sys.executable, "-m", "miniverl.student", str(self.recipe_path),
                "--run-id", self.run_id, "--output-dir", str(self.output_dir), "--control",
                "--no-progress"]
-        if self.recipe.needs_teacher:
+        if self.named:
+            for named in self.named.values():
+                cmd += ["--teacher", f"{named.name}={named.endpoint}"]
+        elif self.recipe.needs_teacher:
             cmd += ["--teacher", self.endpoint]
             if self.external is None:  # our teacher writes its token there (swap's PARK)
                 cmd += ["--admin-token", str(admin_token_path(self.endpoint))]
@@ -193,6 +221,74 @@ class Supervisor:
         else:
             args += ["--recipe", str(self.recipe_path)]
         return teacher_command(args)
+
+    def _start_named(self) -> None:
+        """Several teachers: start every one ``up`` runs, then wait until each is READY."""
+        for named in self.named.values():
+            if named.launched:
+                self._spawn_named(named)
+        self.teacher_phase = "loading"
+        for named in self.named.values():
+            if named.launched:
+                self._wait_named(named)
+        self.teacher_phase = "serving"
+        for named in self.named.values():
+            self.console.print(f"[bold]teacher {named.name}[/bold] "
+                               f"{'serving' if named.launched else 'attached'} on "
+                               f"{named.endpoint}")
+
+    def _spawn_named(self, named: NamedTeacher) -> None:
+        args = ["--bind", named.endpoint,
+                "--log", str(self.run.logs_dir / f"teacher-{named.name}.log"),
+                "--threads", str(threads_per_process(self.recipe)),
+                "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms),
+                "--recipe", str(self.recipe_path), "--recipe-teacher", named.name]
+        named.proc = self._spawn(teacher_command(args), f"[teacher {named.name}]",
+                                 f"teacher-{named.name}.stderr.log")
+
+    def _wait_named(self, named: NamedTeacher) -> None:
+        try:
+            wait_until_ready(named.endpoint, named.proc,
+                             self.recipe.runtime.teacher_startup_timeout_s,
+                             log=self.run.logs_dir / f"teacher-{named.name}.stderr.log",
+                             also_watch=self.student)
+        except TeacherUnavailable as exc:
+            named.proc.pump.join(2)
+            tail = "\n".join(f"  {line}" for line in list(named.proc.pump.tail)[-15:])
+            raise MiniverlError(f"teacher {named.name}: {exc}; last log lines:\n"
+                                f"{tail or '  (no output)'}") from None
+
+    def _restart_dead_named(self) -> None:
+        """Restart each teacher of ``teachers:`` that died, on its own bounded retries; the
+        others keep serving (the student's routes to them never notice)."""
+        for named in self.named.values():
+            if named.proc is None or named.proc.poll() is None:
+                continue
+            code = named.proc.returncode
+            if named.restarts >= self.teacher_restarts:
+                self.run.event("teacher_gave_up", restarts=named.restarts, exit_code=code,
+                               teacher=named.name)
+                self.console.print(f"[bold red]teacher {named.name}[/bold red] died again; "
+                                   "no more restarts")
+                named.proc = None
+                continue
+            named.restarts += 1
+            time.sleep(min(8.0, 0.5 * 2**named.restarts))
+            self.console.print(f"[bold yellow]teacher {named.name}[/bold yellow] exited "
+                               f"({code}); restart {named.restarts}/{self.teacher_restarts}")
+            self.run.event("teacher_restarted", attempt=named.restarts, exit_code=code,
+                           teacher=named.name)
+            try:
+                self._spawn_named(named)
+                self._wait_named(named)
+            except MiniverlError as exc:
+                self.console.print(f"[bold red]teacher {named.name}[/bold red] restart "
+                                   f"failed: {exc}")
+
+    def _children(self) -> list[subprocess.Popen]:
+        """Every teacher process ``up`` runs now."""
+        return [p for p in (self.teacher, *(n.proc for n in self.named.values()))
+                if p is not None]
 
     def _spawn_teacher(self) -> None:
         self.teacher = self._spawn(self._teacher_cmd(), "[teacher]", TEACHER_OUTPUT)
@@ -274,7 +370,12 @@ class Supervisor:
         self.run.logs_dir.mkdir(parents=True, exist_ok=True)
         needs_teacher = self.recipe.needs_teacher
         self.endpoint = self.external or socket_endpoint(self.run.path, "teacher.sock")
-        if needs_teacher:
+        for name, section in (self.recipe.teachers or {}).items():
+            self.named[name] = NamedTeacher(
+                name, section.endpoint or socket_endpoint(self.run.path, f"teacher-{name}.sock"),
+                launched=section.endpoint is None)
+            record_socket(self.run.path, f"teacher:{name}", self.named[name].endpoint)
+        if needs_teacher and not self.named:
             record_socket(self.run.path, "teacher", self.endpoint)
         self.console.print(f"[bold]run[/bold] {self.run.path}")
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -282,7 +383,9 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         try:
             self._start_student()
-            if self.external is None and needs_teacher:  # sft runs need no teacher
+            if self.named:
+                self._start_named()
+            elif self.external is None and needs_teacher:  # sft runs need no teacher
                 self._prepare_teacher()
                 if self._stopping or self.student.poll() is not None:
                     return self._watch()
@@ -326,7 +429,7 @@ class Supervisor:
         self._forced = True
         self.console.print("[bold red]stopping now[/bold red]: killing the student and the "
                            "teacher without a checkpoint")
-        for child in (self.student, self.teacher):
+        for child in (self.student, *self._children()):
             if child is not None and child.poll() is None:
                 child.kill()
 
@@ -346,6 +449,8 @@ class Supervisor:
                     stop_deadline = time.monotonic() + STOP_GRACE_S
                 if stop_deadline is not None and time.monotonic() > stop_deadline:
                     self.student.kill()
+                if self.named and not self._stopping and self.student.poll() is None:
+                    self._restart_dead_named()
                 teacher_dead = (self.teacher is not None and self.teacher.poll() is not None)
                 if teacher_dead and not self._stopping and self.student.poll() is None:
                     if restarts >= self.teacher_restarts:
@@ -425,13 +530,15 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.student.kill()
                 self.student.wait()
-        if self.teacher is not None and self.teacher.poll() is None:
-            self.teacher.send_signal(signal.SIGTERM)  # SIGTERM = SHUTDOWN drain
+        for child in self._children():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)  # SIGTERM = SHUTDOWN drain
+        for child in self._children():
             try:
-                self.teacher.wait(15)
+                child.wait(15)
             except subprocess.TimeoutExpired:
-                self.teacher.kill()
-                self.teacher.wait()
+                child.kill()
+                child.wait()
         self.teacher_phase = "stopped"
         for pump in self._pumps:
             pump.join(2)

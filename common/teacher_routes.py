@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ConfigError
+
 # The name a single ``teacher:`` section's routes go by.
 SINGLE = "teacher"
 # Modes whose episodes are routed: strict on-policy distillation scores each fresh
@@ -94,6 +96,12 @@ def routing_issues(run: Any, teacher: Any, teachers: dict[str, Any] | None,
                 issues.append(((), (
                     f"{where}.{field} {value_of(config)!r} {why}, so a routed teacher cannot "
                     "have it; remove it")))
+    for name, config in (teachers or {}).items():
+        if config.prepare is not None:
+            issues.append(((), (
+                f"teachers.{name}.prepare {config.prepare!r}: `up` prepares the teacher of "
+                "one teacher: section; prepare each teacher once in a run of its own and "
+                f"give its directory as teachers.{name}.model.path")))
     used: set[str] = set()
     for i, member in enumerate(mixture):
         if teachers is None:
@@ -148,6 +156,28 @@ def routes(recipe: Any) -> dict[str, Route]:
         keys[name] = (teacher, member.adapter)
     return {name: Route(name, keys[name][0], keys[name][1], named[keys[name][0]], tuple(envs))
             for name, envs in out.items()}
+
+
+def teacher_flags(values: list[str] | str | None) -> tuple[str | None, dict[str, str]]:
+    """``--teacher`` values: ``(ENDPOINT, {NAME: ENDPOINT})``. A plain endpoint names the
+    run's one teacher; ``NAME=ENDPOINT`` (repeatable) one of several. Raises
+    ``ConfigError`` for two plain endpoints or a name given twice."""
+    if values is None or isinstance(values, str):
+        return values, {}
+    plain, named = None, {}
+    for value in values:
+        name, sep, endpoint = value.partition("=")
+        if sep and "://" not in name:
+            if name in named:
+                raise ConfigError(f"--teacher {value}: teacher {name!r} is named twice; give "
+                                  "each teacher one endpoint")
+            named[name] = endpoint
+        elif plain is not None:
+            raise ConfigError(f"--teacher {value}: a second endpoint without a name; name "
+                              "each teacher of teachers: as --teacher NAME=ENDPOINT")
+        else:
+            plain = value
+    return plain, named
 
 
 def route_of_environment(recipe: Any) -> dict[str, str]:

@@ -20,7 +20,8 @@ from miniverl.protocol.endpoints import curve_key_files
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miniverl.student")
     parser.add_argument("recipe")
-    parser.add_argument("--teacher", default=None, help="teacher endpoint")
+    parser.add_argument("--teacher", action="append", default=None,
+                        help="teacher endpoint, or NAME=ENDPOINT for each of several teachers")
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--offline", action="store_true")

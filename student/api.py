@@ -17,6 +17,7 @@ import torch
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import load_recipe
 from miniverl.common.rundir import RunDir
+from miniverl.common.teacher_routes import teacher_flags
 from miniverl.student.checkpoint import latest as latest_checkpoint
 from miniverl.student.checkpoint import load as load_checkpoint
 from miniverl.student.control import ControlServer
@@ -29,7 +30,7 @@ from miniverl.student.train.trainer import Trainer
 def train_from_file(
     recipe_path: str | Path,
     *,
-    teacher: str | None = None,
+    teacher: str | list[str] | None = None,
     run_id: str | None = None,
     resume: bool = False,
     offline: bool = False,
@@ -43,7 +44,9 @@ def train_from_file(
 ):
     """Run the recipe at ``recipe_path``; returns the :class:`TrainResult`.
 
-    ``teacher_curve`` (secret key file, server public key file) and
+    ``teacher`` is an endpoint, or ``--teacher`` values (``NAME=ENDPOINT`` for each of
+    several teachers, docs/several-teachers.md); ``teacher_curve`` (secret key file,
+    server public key file) and
     ``teacher_admin_token`` (a token file) say how to reach and steer the teacher;
     ``loggers`` adds experiment trackers to ``run.loggers`` (``--logger``).
     """
@@ -54,8 +57,10 @@ def train_from_file(
         )
     recipe = with_loggers(recipe, loggers)
     text = Path(recipe_path).read_text(encoding="utf-8")
+    endpoint, endpoints = teacher_flags(teacher)
     with Trainer(
-        recipe, teacher_endpoint=teacher, run_id=run_id, resume=resume, offline=offline,
+        recipe, teacher_endpoint=endpoint, teacher_endpoints=endpoints or None, run_id=run_id,
+        resume=resume, offline=offline,
         recipe_text=text, show_progress=show_progress, stop_event=stop_event,
         teacher_curve=teacher_curve, teacher_admin_token=teacher_admin_token,
     ) as trainer:

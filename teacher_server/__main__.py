@@ -41,7 +41,12 @@ from miniverl.common.runtime import THREAD_ENV_VARS
 from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT, admin_token_path
 from miniverl.protocol.limits import Limits
 from miniverl.teacher_server.jsonlog import JsonLog
-from miniverl.teacher_server.loader import TeacherSpec, parse_adapters, spec_from_recipe
+from miniverl.teacher_server.loader import (
+    TeacherSpec,
+    parse_adapters,
+    recipe_teacher,
+    spec_from_recipe,
+)
 from miniverl.teacher_server.openai_http import openai_config, run_with_openai
 from miniverl.teacher_server.prefix_cache import PREFIX_CACHE_TOKENS
 from miniverl.teacher_server.scorers import DEFAULT_SCORER, make_loader, parse_options
@@ -79,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapter). A client names the adapter it scores with in HELLO and SCORE.",
     )
     src.add_argument("--recipe", help="Take the teacher section of this recipe.")
+    src.add_argument(
+        "--recipe-teacher", metavar="NAME",
+        help="With --recipe: serve its teacher NAME of teachers: (several teachers; "
+        "docs/several-teachers.md).",
+    )
     src.add_argument(
         "--prepared-dir",
         help="With --recipe: serve this prepared teacher (made by the recipe's "
@@ -155,6 +165,13 @@ def serve(args: argparse.Namespace) -> int:
                           f"{' '.join(args.adapters)}: --adapter merges one adapter into the "
                           "weights, --adapters serves several by name; pass one of them")
     recipe = load_recipe(args.recipe) if args.recipe else None
+    if args.recipe_teacher and recipe is None:
+        raise ConfigError(f"--recipe-teacher {args.recipe_teacher} goes with --recipe (the "
+                          "recipe whose teachers: names it)")
+    if recipe is not None and args.recipe_teacher:
+        # Serve that teacher as the recipe's one teacher section; the rest is unchanged.
+        section = recipe_teacher(recipe, args.recipe, args.recipe_teacher)
+        recipe = recipe.model_copy(update={"teacher": section, "teachers": None})
     named = adapters or (recipe.teacher.adapters if recipe and recipe.teacher else None)
     if named and args.openai is not None:
         raise ConfigError(f"--openai {args.openai} and --adapters: the OpenAI endpoint's "
@@ -178,7 +195,8 @@ def serve(args: argparse.Namespace) -> int:
             scorer_options = {**recipe.teacher.scorer_options, **scorer_options}
 
         def spec() -> TeacherSpec:
-            base = spec_from_recipe(args.recipe, offline=args.offline)
+            base = spec_from_recipe(args.recipe, offline=args.offline,
+                                    teacher_name=args.recipe_teacher)
             fields = {**base.__dict__, "device": args.device or base.device,
                       "dtype": args.dtype or base.dtype}
             if args.prepared_dir:

@@ -93,10 +93,24 @@ class LoadedTeacher:
     adapters: dict[str, str] = field(default_factory=dict)  # served name -> adapter_sha256
 
 
-def spec_from_recipe(path: str | Path, *, offline: bool = False) -> TeacherSpec:
-    """The teacher section of a recipe as a :class:`TeacherSpec` (a toy spec is built now)."""
+def recipe_teacher(recipe: Any, path: str | Path, name: str | None) -> Any:
+    """The recipe's teacher section, or with ``name`` the one of its ``teachers:``
+    (several teachers, docs/several-teachers.md); ``ConfigError`` when there is none."""
+    if name is None:
+        return recipe.teacher
+    if name not in (recipe.teachers or {}):
+        raise ConfigError(
+            f"--recipe-teacher {name}: recipe {str(path)!r} has no teacher {name!r} under "
+            f"teachers:; name one of {', '.join(recipe.teachers or {}) or '(none)'}")
+    return recipe.teachers[name]
+
+
+def spec_from_recipe(path: str | Path, *, offline: bool = False,
+                     teacher_name: str | None = None) -> TeacherSpec:
+    """The teacher section of a recipe (``teacher_name``: one of its ``teachers:``) as a
+    :class:`TeacherSpec` (a toy spec is built now)."""
     recipe = load_recipe(path)
-    teacher = recipe.teacher
+    teacher = recipe_teacher(recipe, path, teacher_name)
     if teacher is None:
         raise ConfigError(
             f"recipe {str(path)!r} has no teacher section; add one or pass --model DIR|ID"

@@ -238,8 +238,10 @@ class Trainer:
     # -- context manager -----------------------------------------------------------------
 
     def close(self) -> None:
-        if self.teacher.client is not None:
-            self.teacher.client.close()
+        routes = self.teacher.routes or {}
+        for client in (self.teacher.client, *(r.client for r in routes.values())):
+            if client is not None:
+                client.close()
         self.run.release()
 
     def __enter__(self) -> Trainer:

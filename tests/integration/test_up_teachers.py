@@ -1,0 +1,138 @@
+"""``miniverl up`` with several teachers (docs/several-teachers.md): real processes.
+
+A two-domain strict-OPD run (calculator and jsonnav) under ``up`` with two teachers,
+one process each: each domain's episodes are scored by its own teacher, each teacher
+keeps its own counters, and ``kill -9`` of one teacher mid-run restarts that teacher
+only (the other keeps its process and its connection); the run completes with no stale
+reply trained on, every update trained once, and each domain's success before and after
+in the eval events.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_up import Up, read_jsonl
+from tests.toy_kit import ONE_TURN, TWO_LAYER, recipe_dict, seeded, toy_dir, write_recipe
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STUDENT = seeded(TWO_LAYER, 0)
+CALC = seeded(TWO_LAYER, 1)
+NAV = seeded(TWO_LAYER, 2)
+
+
+@pytest.fixture(scope="module")
+def work():
+    path = Path(tempfile.mkdtemp(prefix="mvt", dir="/tmp"))  # ipc paths fit 107 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def two_teacher_recipe(work: Path, cycles: int) -> Path:
+    for spec in (STUDENT, CALC, NAV):
+        toy_dir(spec)  # built once here, not raced by three processes
+    data = recipe_dict("opd", work / "runs", student=STUDENT, teacher=CALC, cycles=cycles,
+                       rollouts_per_cycle=2, sections={
+                           "run": {"name": "two"},
+                           "rollout": {**ONE_TURN, "batch_size": 2},
+                           "loss": {"divergence": "forward_kl", "top_k": 4},
+                           "eval": {"before": True},
+                           "runtime": {"cpu_threads": 1, "heartbeat_ms": 200,
+                                       "request_timeout_s": 60, "unavailable_timeout_s": 180,
+                                       "teacher_startup_timeout_s": 180}})
+    teacher = data.pop("teacher")
+    teacher["memory"] = "resident"
+    del data["environment"]
+    data["teachers"] = {"calc": teacher, "nav": {**teacher, "model": {"toy": NAV}}}
+    data["environments"] = [
+        {"name": "calculator", "train_tasks": 16, "eval_tasks": 2, "test_tasks": 2,
+         "teacher": "calc"},
+        {"name": "jsonnav", "train_tasks": 16, "eval_tasks": 2, "test_tasks": 2,
+         "teacher": "nav"}]
+    return write_recipe(work / "two.yaml", data)
+
+
+def test_two_teachers_under_up_and_one_killed_mid_run(work):
+    path = two_teacher_recipe(work, cycles=10)
+    run = Up(work, path, "two")
+    sockets = run.wait_for("both teachers' sockets", lambda: all(
+        (run.run_dir / f"teacher-{n}.sock").exists() for n in ("calc", "nav")))
+    assert sockets
+    run.wait_for("two updates", lambda: run.steps() >= 2)
+    calc_pid = _teacher_pid(run.run_dir, "calc")
+    os.kill(_teacher_pid(run.run_dir, "nav"), signal.SIGKILL)
+    run.wait_for("nav's restart", lambda: run.events("teacher_restarted"))
+    assert _teacher_pid(run.run_dir, "calc") == calc_pid  # calc kept its process
+    assert run.finish() == 0, run.output()
+    assert run.status() == "completed"
+    # Only nav was restarted; calc kept its process throughout.
+    restarted = run.events("teacher_restarted")
+    assert [e["teacher"] for e in restarted] == ["nav"], restarted
+    changed = [(e["route"], e["how"]) for e in run.events("teacher_changed")]
+    assert changed == [("nav", "restart")], changed
+    rows = [r for r in read_jsonl(run.run_dir / "metrics.jsonl") if r.get("phase") == "train"]
+    assert [r["step"] for r in rows] == list(range(1, 11))  # every update once
+    assert all(r["stale_dropped"] == 0 for r in rows)  # a killed teacher sends nothing late
+    last = rows[-1]["by_teacher"]
+    trajs = read_jsonl(run.run_dir / "trajectories.jsonl")
+    per_env = {env: sum(t["environment"] == env for t in trajs) for env in ("calculator",
+                                                                          "jsonnav")}
+    assert last["calc"]["episodes"] == per_env["calculator"] > 0
+    assert last["nav"]["episodes"] == per_env["jsonnav"] > 0
+    evals = run.events("eval")
+    assert evals[0]["version"] == 0 and evals[-1]["version"] == 10
+    assert set(evals[0]["by_environment"]) == {"calculator", "jsonnav"}
+    assert set(evals[-1]["by_environment"]) == {"calculator", "jsonnav"}
+
+
+def _teacher_pid(run_dir: Path, name: str) -> int:
+    """The pid of the teacher process ``up`` runs for ``name``."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "--recipe-teacher" in cmd and cmd[cmd.index("--recipe-teacher") + 1] == name \
+                and str(run_dir) in " ".join(cmd):
+            return proc.info["pid"]
+    pytest.fail(f"no teacher process for {name}")
+
+
+def test_one_teacher_process_serving_two_adapters_under_up(work):
+    pytest.importorskip("peft")
+    from tests.teacher_server.test_adapters import make_lora
+
+    path = two_teacher_recipe(work, cycles=4)
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    base = toy_dir(CALC)
+    teacher = data.pop("teachers")["calc"]
+    teacher["adapters"] = {
+        "calc": make_lora(base, work / "adapters" / "calc", seed=1, targets=["q_proj"]),
+        "nav": make_lora(base, work / "adapters" / "nav", seed=2, targets=["v_proj"])}
+    data["teacher"] = teacher
+    for member in data["environments"]:
+        member["adapter"] = member.pop("teacher")
+    path = write_recipe(work / "adapters.yaml", data)
+    run = Up(work, path, "adapters")
+    assert run.finish() == 0, run.output()
+    assert run.status() == "completed"
+    connected = run.events("teacher_connected")
+    assert [e["route"] for e in connected] == ["teacher/calc", "teacher/nav"]
+    # One process: one instance behind both routes, each route its own adapter's identity.
+    assert len({e["teacher"]["instance"] for e in connected}) == 1
+    digests = {e["route"]: e["teacher"]["adapter_sha256"] for e in connected}
+    assert len(set(digests.values())) == 2 and None not in digests.values()
+    rows = [r for r in read_jsonl(run.run_dir / "metrics.jsonl") if r.get("phase") == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["stale_dropped"] == 0 for r in rows)
+    by_teacher = rows[-1]["by_teacher"]
+    assert set(by_teacher) == {"teacher/calc", "teacher/nav"}
+    assert sum(c["episodes"] for c in by_teacher.values()) == 8
