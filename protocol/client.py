@@ -116,10 +116,6 @@ class TeacherClient:
     def bound(self) -> Identity | None:
         return self._table.bound
 
-    @property
-    def version(self) -> int:
-        return self._table.version
-
     # ----------------------------------------------------------------- scoring
     async def connect(self, timeout_s: float | None = None) -> HelloOk | None:
         """Open the link and handshake; returns the validated ``HELLO_OK``.
