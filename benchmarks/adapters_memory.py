@@ -119,7 +119,9 @@ def measure_arm(name: str, launches: list[tuple[list[str], list[str | None]]], w
         for proc, _ in procs:
             stop_teacher(proc)
     return {"processes": len(procs), "rss_ready_bytes": ready, "rss_scored_bytes": scored,
-            "rss_ready_total_bytes": sum(ready), "rss_scored_total_bytes": sum(scored)}
+            "rss_ready_total_bytes": sum(ready), "rss_scored_total_bytes": sum(scored),
+            "rss_ready_total_mib": round(sum(ready) / 2**20, 1),
+            "rss_scored_total_mib": round(sum(scored) / 2**20, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         "what": "resident memory of one teacher process serving two LoRA adapters by name "
                 "against two teacher processes each merging one; CPU, float32",
         "command": "python benchmarks/adapters_memory.py " + " ".join(argv or sys.argv[1:]),
-        "base": {"hidden": args.hidden, "layers": args.layers, "parameter_bytes": base_bytes},
+        "base": {"hidden": args.hidden, "layers": args.layers, "parameter_bytes": base_bytes,
+                 "parameter_mib": round(base_bytes / 2**20, 1)},
         "adapters": {"rank": args.rank, "targets": TARGETS, "parameter_bytes": adapter_bytes},
         "one_process_two_adapters": {**one, "parameter_bytes":
                                      base_bytes + sum(adapter_bytes.values())},
