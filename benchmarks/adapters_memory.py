@@ -1,7 +1,7 @@
 """Memory of one teacher process serving two adapters against two teacher processes.
 
     python benchmarks/adapters_memory.py [--hidden 1024] [--layers 8] [--rank 8]
-        [--update-committed]
+        [--update-committed | --output-dir DIR]
 
 Several specialists that share a base model can be served two ways
 (docs/several-teachers.md): one ``teacher serve --adapters a=DIR --adapters b=DIR``
@@ -110,7 +110,7 @@ def measure_arm(name: str, launches: list[tuple[list[str], list[str | None]]], w
                                         log=work / f"{name}-{i}.log", timeout_s=600),
                           endpoint))
         ready = [rss(proc.pid) for proc, _ in procs]
-        for (proc, endpoint), (_, adapters) in zip(procs, launches, strict=True):
+        for (_proc, endpoint), (_, adapters) in zip(procs, launches, strict=True):
             for adapter in adapters:
                 score_once(endpoint, adapter, vocab, fingerprint)
         time.sleep(0.5)
@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--update-committed", action="store_true")
+    ap.add_argument("--output-dir", type=Path, default=None,
+                    help="where the record goes (default runs/benchmarks)")
     args = ap.parse_args(argv)
     from miniverl.common.modeling import load_tokenizer
     from miniverl.common.recipe_models import ToySpec
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"two processes hold {record['ratio_rss_scored']:.2f}x the memory of one "
           f"({record['saved_rss_scored_bytes'] / mib:.0f} MiB more after scoring)")
     out = (ROOT / "benchmarks" / "results" if args.update_committed
-           else ROOT / "runs" / "benchmarks")
+           else args.output_dir or ROOT / "runs" / "benchmarks")
     out.mkdir(parents=True, exist_ok=True)
     (out / "adapters_memory.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out / 'adapters_memory.json'}")

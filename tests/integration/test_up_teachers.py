@@ -2,10 +2,11 @@
 
 A two-domain strict-OPD run (calculator and jsonnav) under ``up`` with two teachers,
 one process each: each domain's episodes are scored by its own teacher, each teacher
-keeps its own counters, and ``kill -9`` of one teacher mid-run restarts that teacher
-only (the other keeps its process and its connection); the run completes with no stale
-reply trained on, every update trained once, and each domain's success before and after
-in the eval events.
+keeps its own counters; ``kill -9`` of one teacher mid-run restarts that teacher only
+(the other keeps its process and its connection), and ``teacher use --route`` moves the
+other route to a third teacher; the run completes with no stale reply trained on, every
+update trained once, and each domain's success before and after in the eval events.
+One teacher process serving two adapters runs under ``up`` the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_up import Up, read_jsonl
-from tests.toy_kit import ONE_TURN, TWO_LAYER, recipe_dict, seeded, toy_dir, write_recipe
+from tests.integration.test_up import WAIT_S, Up, read_jsonl
+from tests.toy_kit import (
+    ONE_TURN,
+    TWO_LAYER,
+    recipe_dict,
+    seeded,
+    started_teacher,
+    toy_dir,
+    write_recipe,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,26 +68,37 @@ def two_teacher_recipe(work: Path, cycles: int) -> Path:
     return write_recipe(work / "two.yaml", data)
 
 
-def test_two_teachers_under_up_and_one_killed_mid_run(work):
-    path = two_teacher_recipe(work, cycles=10)
-    run = Up(work, path, "two")
-    sockets = run.wait_for("both teachers' sockets", lambda: all(
-        (run.run_dir / f"teacher-{n}.sock").exists() for n in ("calc", "nav")))
-    assert sockets
-    run.wait_for("two updates", lambda: run.steps() >= 2)
-    calc_pid = _teacher_pid(run.run_dir, "calc")
-    os.kill(_teacher_pid(run.run_dir, "nav"), signal.SIGKILL)
-    run.wait_for("nav's restart", lambda: run.events("teacher_restarted"))
-    assert _teacher_pid(run.run_dir, "calc") == calc_pid  # calc kept its process
-    assert run.finish() == 0, run.output()
+def test_two_teachers_under_up_one_killed_and_one_swapped_mid_run(work):
+    from tests.integration.test_up import cli
+
+    cycles = 30
+    path = two_teacher_recipe(work, cycles=cycles)
+    with started_teacher(toy_dir(seeded(TWO_LAYER, 3)), work, "calc2",
+                         timeout_s=WAIT_S) as other:
+        run = Up(work, path, "two")
+        sockets = run.wait_for("both teachers' sockets", lambda: all(
+            (run.run_dir / f"teacher-{n}.sock").exists() for n in ("calc", "nav")))
+        assert sockets
+        run.wait_for("two updates", lambda: run.steps() >= 2)
+        calc_pid = _teacher_pid(run.run_dir, "calc")
+        os.kill(_teacher_pid(run.run_dir, "nav"), signal.SIGKILL)
+        run.wait_for("nav's restart", lambda: run.events("teacher_restarted"))
+        assert _teacher_pid(run.run_dir, "calc") == calc_pid  # calc kept its process
+        # `teacher use --route calc`: calc's route moves to another teacher; nav's stays.
+        said = cli("teacher", "use", str(run.run_dir), other.endpoint, "--route", "calc")
+        assert "retarget of calc to" in said
+        run.wait_for("the swap", lambda: [e for e in run.events("teacher_changed")
+                                          if e.get("how") == "retarget"])
+        assert run.finish() == 0, run.output()
     assert run.status() == "completed"
     # Only nav was restarted; calc kept its process throughout.
     restarted = run.events("teacher_restarted")
     assert [e["teacher"] for e in restarted] == ["nav"], restarted
     changed = [(e["route"], e["how"]) for e in run.events("teacher_changed")]
-    assert changed == [("nav", "restart")], changed
+    assert changed == [("nav", "restart"), ("calc", "retarget")], changed
+    assert [e["route"] for e in run.events("retarget_requested")] == ["calc"]
     rows = [r for r in read_jsonl(run.run_dir / "metrics.jsonl") if r.get("phase") == "train"]
-    assert [r["step"] for r in rows] == list(range(1, 11))  # every update once
+    assert [r["step"] for r in rows] == list(range(1, cycles + 1))  # every update once
     assert all(r["stale_dropped"] == 0 for r in rows)  # a killed teacher sends nothing late
     last = rows[-1]["by_teacher"]
     trajs = read_jsonl(run.run_dir / "trajectories.jsonl")
@@ -87,7 +107,7 @@ def test_two_teachers_under_up_and_one_killed_mid_run(work):
     assert last["calc"]["episodes"] == per_env["calculator"] > 0
     assert last["nav"]["episodes"] == per_env["jsonnav"] > 0
     evals = run.events("eval")
-    assert evals[0]["version"] == 0 and evals[-1]["version"] == 10
+    assert evals[0]["version"] == 0 and evals[-1]["version"] == cycles
     assert set(evals[0]["by_environment"]) == {"calculator", "jsonnav"}
     assert set(evals[-1]["by_environment"]) == {"calculator", "jsonnav"}
 
