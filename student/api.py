@@ -22,6 +22,7 @@ from miniverl.student.checkpoint import latest as latest_checkpoint
 from miniverl.student.checkpoint import load as load_checkpoint
 from miniverl.student.control import ControlServer
 from miniverl.student.eval import evaluate
+from miniverl.student.report.summary import fmt_by_teacher
 from miniverl.student.trackers import with_loggers
 from miniverl.student.train.policy import load_policy
 from miniverl.student.train.trainer import Trainer
@@ -113,6 +114,10 @@ def summary_lines(result) -> list[str]:
             f"teacher      {c.get('received', 0)} replies, {c.get('bytes_received', 0):,} bytes "
             f"received, {c.get('stale_dropped', 0)} stale replies dropped"
         )
+        # Several teachers (docs/several-teachers.md): each one's share.
+        lines += [f"  {line}" for line in fmt_by_teacher(c.get("by_teacher") or {})]
+    for name, env in ((result.eval or {}).get("by_environment") or {}).items():
+        lines.append(f"  {name} {float(env['success']):.0%} on its {env.get('n')} tasks")
     lines.append(f"report       {Path(result.run_dir) / 'report.html'}")
     return lines
 

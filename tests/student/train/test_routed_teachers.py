@@ -199,6 +199,12 @@ def test_a_routed_run_scores_each_episode_by_its_own_teacher(tmp_path, toy):
     lines = finished_lines(finished_summary(RunDir.open(result.run_dir)))
     assert any(line.startswith("  teachers   calc: ") for line in lines)
     assert any(line.strip().startswith("nav: ") for line in lines)
+    # ... and so does the summary the student process prints when it ends.
+    from miniverl.student.api import summary_lines
+
+    printed = summary_lines(result)
+    assert any(line.startswith("  calc: ") and "episodes" in line for line in printed)
+    assert any(line.startswith("  nav: ") for line in printed)
 
 
 @pytest.mark.slow  # one toy OPD run
