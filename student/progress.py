@@ -34,6 +34,9 @@ def progress_info(metrics: dict[str, Any]) -> str:
         info.append(f"loss {metrics['loss']:.4f}")
     if metrics.get("train_success") is not None:
         info.append(f"rollout success {metrics['train_success']:.0%}")
+    if isinstance(metrics.get("by_teacher"), dict):  # several teachers: episodes each
+        info.append("teachers " + ", ".join(
+            f"{name} {int(c.get('episodes', 0))}" for name, c in metrics["by_teacher"].items()))
     return "  ".join(info)
 
 

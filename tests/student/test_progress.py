@@ -83,3 +83,11 @@ def test_captured_stderr_is_not_a_terminal_so_the_default_console_prints_lines(
         progress.update(2, _row(2))
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("train 1/2  0:00:00  v1") and err[-1].startswith("train 2/2")
+
+
+def test_several_teachers_show_each_ones_episodes_beside_the_bar():
+    from miniverl.student.progress import progress_info
+
+    row = {**_row(3), "by_teacher": {"calc": {"episodes": 5}, "nav": {"episodes": 7}}}
+    assert progress_info(row) == "v3  loss 0.3333  rollout success 30%  teachers calc 5, nav 7"
+    assert "teachers" not in progress_info(_row(3))  # one teacher: nothing added
