@@ -631,6 +631,10 @@ def recipe_digest(recipe: Recipe, leave_out: tuple[str, ...] = ()) -> str:
     ``HASHED_ONLY_WHEN_SET`` are dropped while they are null.
     """
     data = recipe_dict(recipe)
+    for member in data.get("environments") or ():  # routes: added after mixtures were hashed
+        for leaf in ("teacher", "adapter"):
+            if member.get(leaf) is None:
+                member.pop(leaf, None)
     for dotted in (*leave_out, *HASHED_ONLY_WHEN_SET):
         *parents, leaf = dotted.split(".")
         node = data

@@ -51,6 +51,26 @@ def test_a_single_environment_recipe_keeps_its_digest(tmp_path):
     assert recipe_digest(recipe) == recipe_digest(recipe, leave_out=("environments",))
 
 
+def test_a_mixture_keeps_its_digest_beside_the_unset_route_fields(tmp_path, monkeypatch):
+    # environments[].teacher and .adapter and the top-level teachers (several teachers)
+    # came after mixtures were hashed: unset, the digest is what it was without them.
+    from miniverl.common import recipe as recipe_module
+
+    recipe = loads_recipe(yaml.safe_dump(_mixture(tmp_path)))
+    digest = recipe_digest(recipe)
+    dump = recipe_module.recipe_dict
+
+    def as_before(r):
+        data = dump(r)
+        assert data.pop("teachers") is None
+        for member in data["environments"]:
+            assert member.pop("teacher") is None and member.pop("adapter") is None
+        return data
+
+    monkeypatch.setattr(recipe_module, "recipe_dict", as_before)
+    assert recipe_digest(recipe) == digest
+
+
 @pytest.mark.parametrize(("edit", "where", "words"), [
     ({"environment": {"name": "calculator"}}, "environments:",
      "keep one: environment for one, environments"),
