@@ -108,6 +108,11 @@ class DistillSettings(BaseModel):
         None, gt=0.0, le=1.0,
         description="the margin gate: the teacher's T=1 validation success at least this "
                     "above the warm student's last evaluation; null: off")
+    reach_arm: str | None = Field(
+        None,
+        description="an arm whose final T=1 success per seed every other arm is timed to "
+                    "reach (training seconds plus what its data cost; version 3: rl); null: "
+                    "not read")
     also_against: list[str] = Field(
         default_factory=list,
         description="arms the report also pairs every arm with, beside the baseline "
@@ -177,7 +182,9 @@ def phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
     rel = Path(os.path.relpath(config_dir.resolve(), phase_dir.resolve()))
     out["recipe"] = (rel / raw["recipe"]).as_posix()
     if raw.get("student_prepare"):
-        out["student_prepare"] = (rel / raw["student_prepare"]).as_posix()
+        prep = student_prepare_path(raw, config_dir)
+        out["student_prepare"] = (Path(os.path.relpath(prep.resolve(), phase_dir.resolve()))
+                                  .as_posix())
     out["name"] = f"{raw['name']}-{phase}"[:24]
     out["output_dir"] = f"{raw.get('output_dir') or 'benchmarks/results/' + raw['name']}/{phase}"
     if phase == "grid":
@@ -400,7 +407,8 @@ def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict 
 
     recipe_path = config_dir / raw["recipe"]
     base = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
-    jobs = {"warm": (str(config_dir / raw["student_prepare"]), base["student"]["model"],
+    warm_prep = student_prepare_path(raw, config_dir)
+    jobs = {"warm": (str(warm_prep), base["student"]["model"],
                      "student_prepare", "the base recipe's model")}
     for arm in raw["arms"]:
         recipe = merge_overrides(base, arm.get("overrides") or {})
@@ -411,13 +419,63 @@ def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict 
                                "teacher.prepare", "teacher.model")
             break
     print(f"preparing (or finding cached): {', '.join(jobs)}", flush=True)
+    seqkd_warm = on_teacher_samples(config_dir / raw["student_prepare"])
     with ProcessPoolExecutor(max_workers=len(jobs), mp_context=get_context("spawn")) as pool:
-        futures = {name: pool.submit(_prepare, *job) for name, job in jobs.items()}
         try:
-            records = {name: f.result() for name, f in futures.items()}
+            if seqkd_warm is not None:
+                # The user's data is the teacher's own episodes: the teacher first, then
+                # the student on what it plays (student_prepare_path names its dir).
+                if "teacher" not in jobs:
+                    raise fail(f"{raw['student_prepare']} trains on a prepared teacher's "
+                               "episodes, and no arm of the config names a teacher with "
+                               "teacher.prepare; give the base recipe that teacher")
+                teacher = pool.submit(_prepare, *jobs.pop("teacher")).result()
+                resolve_student_prepare(raw, config_dir, teacher["model_dir"])
+                records = {"teacher": teacher, "warm": pool.submit(_prepare, *jobs["warm"]).result()}
+            else:
+                futures = {name: pool.submit(_prepare, *job) for name, job in jobs.items()}
+                records = {name: f.result() for name, f in futures.items()}
         except ConfigError as exc:
             raise fail(str(exc)) from None
     return records["warm"], records.get("teacher")
+
+
+def on_teacher_samples(prep: Path) -> dict[str, Any] | None:
+    """The student preparation's teacher section when it trains on the teacher's own
+    episodes (``train.fixed_set: teacher`` with a ``teacher.prepare``: version 3's user
+    data), else None."""
+    data = yaml.safe_load(prep.read_text(encoding="utf-8"))
+    teacher = data.get("teacher") or {}
+    if (data.get("train") or {}).get("fixed_set") == "teacher" and teacher.get("prepare"):
+        return teacher
+    return None
+
+
+def student_prepare_path(raw: dict[str, Any], config_dir: Path) -> Path:
+    """The recipe the student is prepared from: the config's ``student_prepare``, or, when
+    that plays the prepared teacher's episodes, its copy naming the teacher's prepared
+    directory (``resolve_student_prepare``; git-ignored, under runs/benchmarks/)."""
+    prep = config_dir / raw["student_prepare"]
+    if on_teacher_samples(prep) is None:
+        return prep
+    return ROOT / "runs" / "benchmarks" / raw["name"] / f"{prep.stem}.resolved.yaml"
+
+
+def resolve_student_prepare(raw: dict[str, Any], config_dir: Path, teacher_dir: str) -> Path:
+    """Write the student preparation with ``teacher.model.path`` at the prepared teacher
+    (``teacher.prepare`` dropped: the student process plays that teacher's episodes
+    itself, and refuses a teacher it would have to prepare)."""
+    prep = config_dir / raw["student_prepare"]
+    data = yaml.safe_load(prep.read_text(encoding="utf-8"))
+    data["teacher"] = {**{k: v for k, v in data["teacher"].items() if k != "prepare"},
+                       "model": {"path": str(teacher_dir)}}
+    out = student_prepare_path(raw, config_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = (f"# {prep.name} with its teacher's prepared directory, written by "
+            "benchmarks/distill_bench.py; do not edit\n" + yaml.safe_dump(data, sort_keys=False))
+    if not out.is_file() or out.read_text(encoding="utf-8") != text:
+        out.write_text(text, encoding="utf-8")
+    return out
 
 
 def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], split: str,
@@ -448,8 +506,11 @@ def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], s
         data["run"] = {**data["run"], "mode": "sft", "seed": 0}
         data["student"] = {**data["student"], "model": {"path": model_dir}}
         data["eval"] = {**data["eval"], "split": split}
+        # An eval trains nothing: the baseline's data settings (a teacher's fixed set:
+        # version 3's seqkd) go with the teacher section dropped above.
         data["train"] = {k: v for k, v in data["train"].items()
-                         if k not in ("pipelining", "max_lag")}
+                         if k not in ("pipelining", "max_lag", "fixed_set", "score_fixed_set",
+                                      "on_policy_fraction")}
         recipe = Recipe.model_validate(data)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -631,6 +692,44 @@ def add_comparisons(block: dict[str, Any], baseline: str, against: list[str],
     return block
 
 
+def add_gap_closed(block: dict[str, Any], start: dict[str, Any] | None,
+                   teacher: dict[str, Any] | None) -> None:
+    """Per arm, reading and evaluation, ``<kind>_gap_closed``: the share of the gap from
+    the student's start (its plateau) to the teacher, on the report's split, that the
+    arm's mean closes: (arm - start) / (teacher - start); None without a gap."""
+    if not start or not teacher:
+        return
+    for entry in block["arms"].values():
+        for label in [k for k in entry if k.startswith(("updates=", "seconds="))]:
+            for kind in READINGS:
+                low, high = start.get(kind), teacher.get(kind)
+                mean = (entry[label].get(kind) or {}).get("mean")
+                gap = None if low is None or high is None else high - low
+                entry[label][f"{kind}_gap_closed"] = (
+                    (mean - low) / gap if mean is not None and gap else None)
+    block["gap"] = {"start": {k: start.get(k) for k in READINGS},
+                    "teacher": {k: teacher.get(k) for k in READINGS}}
+
+
+def add_time_to_reach(block: dict[str, Any], target_arm: str) -> None:
+    """Per arm and seed, the seconds it took to reach ``target_arm``'s final T=1 success
+    of the same seed: the training seconds at its first evaluation at or above it (which
+    count what its data cost to make, :func:`read_curve`); None if it never did."""
+    cells = [c for c in block["cells"] if c.get("curve")]
+    target = {c["seed"]: c["curve"][-1]["t1"] for c in cells if c["arm"] == target_arm}
+    for arm, entry in block["arms"].items():
+        per_seed: dict[str, float | None] = {}
+        for cell in (c for c in cells if c["arm"] == arm and c["seed"] in target):
+            goal = target[cell["seed"]]
+            hit = next((p for p in cell["curve"] if p["t1"] is not None and goal is not None
+                        and p["t1"] >= goal), None)
+            per_seed[str(cell["seed"])] = None if hit is None else hit["train_s"]
+        reached = [v for v in per_seed.values() if v is not None]
+        entry[f"seconds_to_{target_arm}_final"] = {
+            "per_seed": per_seed, "reached": len(reached), "of": len(per_seed),
+            "mean_s": float(np.mean(reached)) if reached else None}
+
+
 def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, output: Path,
             start: dict[str, Any] | None) -> dict[str, Any]:
     """The analysis of whatever phases ``out_dir`` holds."""
@@ -668,6 +767,10 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
         block["cells"] = cells
         if phase == "main":
             add_comparisons(block, data["baseline"], settings.also_against)
+            add_gap_closed(block, known_starts.get(f"warm:{split}"),
+                           known_starts.get(f"teacher:{split}"))
+            if settings.reach_arm is not None:
+                add_time_to_reach(block, settings.reach_arm)
         summary[phase] = block
     summary["complete"] = all((summary.get(p) or {}).get("complete") for p in PHASES)
     return summary
@@ -711,6 +814,15 @@ def print_table(summary: dict[str, Any]) -> None:
                       iv(e["unseen_states_final"]),
                       f"{e['mean_training_s']:.1f}" if e["mean_training_s"] is not None else "-")
     console.print(table)
+    for arm, e in main["arms"].items():  # version 3's readings, where the config asks them
+        shares = [f"{kind} {e[last][f'{kind}_gap_closed']:+.2f}" for kind in READINGS
+                  if e[last].get(f"{kind}_gap_closed") is not None]
+        reach = next((v for k, v in e.items() if k.startswith("seconds_to_")), None)
+        if shares or reach:
+            console.print(f"{arm}: gap closed {', '.join(shares) or '-'}" + (
+                f"; reached the reach arm's final T=1 in {reach['reached']}/{reach['of']} "
+                f"seeds" + (f", mean {reach['mean_s']:.1f} training s" if reach["mean_s"]
+                            is not None else "") if reach else ""))
 
 
 # -- running ----------------------------------------------------------------------------
@@ -819,10 +931,11 @@ def main(argv: list[str] | None = None) -> int:
     raw, settings = load_config(args.config)
     names = [a["name"] for a in raw["arms"]]
     against = list(dict.fromkeys([*settings.also_against, *args.also_against]))
-    unknown = [a for a in against if a not in names]
+    unknown = [a for a in [*against, *([settings.reach_arm] if settings.reach_arm else [])]
+               if a not in names]
     if unknown:
-        raise fail(f"also_against names {unknown}, not arms of {args.config} ({names}); "
-                   "name arms of the config")
+        raise fail(f"also_against or reach_arm names {unknown}, not arms of {args.config} "
+                   f"({names}); name arms of the config")
     settings = settings.model_copy(update={"also_against": against})
     config_dir = args.config.resolve().parent
     out_dir, output = output_paths(args, raw)

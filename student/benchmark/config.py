@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_text
 
-ArmMode = Literal["sft", "offline_kd", "opd", "replay"]
+ArmMode = Literal["sft", "offline_kd", "opd", "replay", "rl"]
 # The fault metrics read the eval's fault breakdown (environments with injected faults,
 # student/eval.py): success on faulted and on fault-free tasks, recovery after an error.
 Metric = Literal["success_after", "success_gain", "final_loss", "wall_s", "faulted_success_after",

@@ -342,3 +342,80 @@ def test_the_plateau_and_margin_gates_stop_the_script_in_one_line():
     with pytest.raises(SystemExit, match=r"below the required margin 0\.4") as exc:
         bench.check_gates(warm, teacher, on.model_copy(update={"teacher_margin": 0.4}), "w")
     assert "\n" not in str(exc.value)
+
+
+def test_version_3_reads_the_gap_each_arm_closes_and_the_seconds_to_rls_final_score():
+    import numpy as np
+
+    cells = []
+    for seed in (1, 2):
+        # rl ends at T=1 0.7 (seed 1) and 0.8 (seed 2).
+        # (_point: update, training seconds, greedy, T=1)
+        cells.append(_cell("rl", seed, [_point(0, 0, 0.6, 0.5),
+                                        _point(64, 50, 0.7, 0.6 + 0.1 * seed)]))
+        # opd reaches rl's final score at its first evaluation (30 s) for seed 1 only.
+        cells.append(_cell("opd", seed, [_point(0, 0, 0.6, 0.5), _point(32, 30, 0.7, 0.7),
+                                         _point(64, 60, 0.8, 0.75)]))
+    block = {"cells": cells,
+             "arms": bench.compare(cells, "rl", [0, 64], [], np.random.default_rng(0))}
+    bench.add_gap_closed(block, {"t1": 0.5, "greedy": 0.6}, {"t1": 1.0, "greedy": 1.0})
+    # opd's mean T=1 after 64 updates is 0.75: half of the gap from 0.5 to 1.0.
+    assert block["arms"]["opd"]["updates=64"]["t1_gap_closed"] == pytest.approx(0.5)
+    assert block["arms"]["rl"]["updates=64"]["t1_gap_closed"] == pytest.approx(0.5)
+    assert block["arms"]["opd"]["updates=0"]["t1_gap_closed"] == pytest.approx(0.0)
+    assert block["gap"] == {"start": {"greedy": 0.6, "t1": 0.5},
+                            "teacher": {"greedy": 1.0, "t1": 1.0}}
+    bench.add_time_to_reach(block, "rl")
+    reach = block["arms"]["opd"]["seconds_to_rl_final"]
+    assert reach["per_seed"] == {"1": 30, "2": None}  # seed 2's 0.8 was never reached
+    assert (reach["reached"], reach["of"], reach["mean_s"]) == (1, 2, 30.0)
+    assert block["arms"]["rl"]["seconds_to_rl_final"]["reached"] == 2
+    # No gap (a teacher no better than the start): no share is made up.
+    bench.add_gap_closed(block, {"t1": 0.5, "greedy": 0.6}, {"t1": 0.5, "greedy": 0.6})
+    assert block["arms"]["opd"]["updates=64"]["t1_gap_closed"] is None
+
+
+def test_a_student_prepared_on_the_teachers_episodes_names_the_prepared_teacher(tmp_path):
+    raw, _ = bench.load_config(ROOT / "benchmarks" / "distill" / "v3.yaml")
+    config_dir = ROOT / "benchmarks" / "distill"
+    assert bench.on_teacher_samples(config_dir / raw["student_prepare"])["prepare"] == \
+        "teacher.yaml"
+    assert bench.on_teacher_samples(config_dir / "warm_student.yaml") is None
+    raw = {**raw, "name": f"v3-test-{tmp_path.name}"}
+    path = bench.resolve_student_prepare(raw, config_dir, str(tmp_path / "teacher"))
+    try:
+        assert path == bench.student_prepare_path(raw, config_dir)
+        data = yaml.safe_load(path.read_text())
+        assert data["teacher"]["model"] == {"path": str(tmp_path / "teacher")}
+        assert "prepare" not in data["teacher"] and data["train"]["fixed_set"] == "teacher"
+        from miniverl.common.recipe import Recipe
+
+        Recipe.model_validate(data)  # what prepare_model trains
+        # The phase configs name that copy as the student preparation.
+        phase = bench.phase_config(raw, bench.load_config(
+            ROOT / "benchmarks" / "distill" / "v3.yaml")[1], "grid", config_dir, tmp_path / "grid")
+        assert (tmp_path / "grid" / phase["student_prepare"]).resolve() == path.resolve()
+    finally:
+        path.unlink()
+        path.parent.rmdir()
+
+
+@pytest.mark.slow
+def test_the_version_3_smoke_runs_end_to_end(tmp_path):
+    # The student prepared on what the prepared teacher plays, an rl arm with no teacher
+    # section, the gap and time-to-rl readings (benchmarks/smoke/distill_v3.yaml).
+    assert bench.main(["--config", str(ROOT / "benchmarks/smoke/distill_v3.yaml"),
+                       "--output-dir", str(tmp_path / "v3")]) == 0
+    summary = json.loads((tmp_path / "v3" / "distill_bench_v3_smoke.json").read_text())
+    assert summary["complete"] and set(summary["grid"]["choice"]) == {"seqkd", "rl", "opd_rl"}
+    main = summary["main"]
+    assert main["gap"]["start"]["t1"] is not None and main["also_against"] == ["rl"]
+    for arm, entry in main["arms"].items():
+        assert entry["seconds_to_rl_final"]["of"] == 1
+        assert "t1_gap_closed" in entry["updates=2"]
+        if arm != "rl":
+            assert "t1_vs_rl" in entry["updates=2"]
+    rl_run = next(c for c in main["cells"] if c["arm"] == "rl")["run_dir"]
+    events = [json.loads(line) for line in
+              (tmp_path / "v3" / "main" / rl_run / "events.jsonl").read_text().splitlines()]
+    assert not any(e["event"] == "teacher_connected" for e in events)  # no teacher asked
