@@ -100,6 +100,7 @@ class Request:
     frames: list[Any]
     sent_at: float | None = None  # None: queued, not sent yet
     retry_at: float | None = None
+    resent: bool = False  # queued again after it went out once: its next send is a retry
     student_version: int = 0
     binding: Identity | None = None  # the teacher the update was bound to; None: any
     kind: str = ""
@@ -232,7 +233,7 @@ class PendingTable:
         """Queue every open SCORE again under its id (the teacher may have lost them)."""
         for req in self._rows.values():
             if req.t == "SCORE" and req.open:
-                req.sent_at = None
+                req.sent_at, req.resent = None, req.resent or req.sent_at is not None
 
     # ----------------------------------------------------------------- version and binding
     def set_version(self, version: int, allowed_lag: int = 0) -> None:
@@ -294,9 +295,10 @@ class PendingTable:
                 and now - req.sent_at >= request_timeout_s
             ):
                 continue
-            resend = req.sent_at is not None
+            resend = req.sent_at is not None or req.resent
             req.sent_at, req.retry_at = time.monotonic(), None
             if await send(req.frames) and resend:
+                req.resent = False
                 self._counts["retries"] += 1
 
     # ----------------------------------------------------------------- receiving
@@ -340,7 +342,8 @@ class PendingTable:
         if req.t != "SCORE":
             req.finish(result=msg)  # the caller interprets control errors
         elif msg.code == ErrorCode.NEED_HELLO:
-            req.sent_at = None  # resent after the new HELLO_OK
+            # resent after the new HELLO_OK
+            req.sent_at, req.resent = None, req.resent or req.sent_at is not None
         elif msg.code == ErrorCode.TOKENIZER_MISMATCH:
             return TokenizerMismatch(msg.message)
         elif msg.retryable or msg.code in RETRYABLE_CODES:

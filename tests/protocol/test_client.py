@@ -339,3 +339,35 @@ def test_a_factory_returning_no_transport_fails_at_connect_not_after_the_timeout
                 await client.connect()
 
     run(body, transport_factory=lambda endpoint: None, unavailable_timeout_s=60)
+
+
+def test_a_score_sent_again_after_a_new_instance_or_need_hello_counts_as_a_retry():
+    # docs/protocol.md: `retries` counts every resend, also the ones a restarted teacher
+    # (new instance: resend_scores) or a NEED_HELLO queues, not only timeouts.
+    from miniverl.protocol.pending import PendingTable
+
+    async def main():
+        table = PendingTable()
+        sent = []
+
+        async def send(frames):
+            sent.append(frames)
+            return True
+
+        async def pump():
+            await table.pump(send, lambda t: True, max_inflight=8, request_timeout_s=60)
+
+        table.file_score([b"a"], rid=1, kind="topk", k=4, positions=2)
+        await pump()
+        assert table.counters()["retries"] == 0 and len(sent) == 1  # the first send
+        table.resend_scores()  # a new instance: what is open goes out again
+        await pump()
+        assert table.counters()["retries"] == 1 and len(sent) == 2
+        await pump()
+        assert table.counters()["retries"] == 1 and len(sent) == 2  # sent once, not again
+        table.on_error(m.ErrorReply(id=1, ref_id=1, code=m.ErrorCode.NEED_HELLO,
+                                    message="say HELLO", retryable=True), retry_after_s=0.0)
+        await pump()
+        assert table.counters()["retries"] == 2 and len(sent) == 3
+
+    anyio.run(main)

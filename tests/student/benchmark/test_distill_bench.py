@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import distill_bench as bench  # noqa: E402
 
 SMOKE = "benchmarks/smoke/distill.yaml"
+SMOKE_V3 = "benchmarks/smoke/distill_v3.yaml"
 # Documented command (docs/distillbench.md) -> its smoke form, in this order.
 DISTILL_SMOKE = {
     "python benchmarks/distill_bench.py --phase grid":
@@ -37,6 +38,14 @@ DISTILL_SMOKE = {
         f"python benchmarks/distill_bench.py --config {SMOKE} --analyze-only",
     "python benchmarks/distill_bench.py": f"python benchmarks/distill_bench.py --config {SMOKE} "
                                           "--output-dir runs/benchmarks/distill-smoke-again",
+    # Version 3 (its own config; in parts, then --resume).
+    "python benchmarks/distill_bench.py --config benchmarks/distill/v3.yaml --update-committed "
+    "--part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V3} "
+                         "--output-dir runs/benchmarks/distill-v3-doc --part-minutes 45",
+    "python benchmarks/distill_bench.py --config benchmarks/distill/v3.yaml --update-committed "
+    "--resume --part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V3} "
+                                  "--output-dir runs/benchmarks/distill-v3-doc --resume "
+                                  "--part-minutes 45",
 }
 
 
