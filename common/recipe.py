@@ -274,8 +274,10 @@ class Recipe(BaseModel):
     @classmethod
     def _fits_toy(cls, rollout: RolloutConfig, info: ValidationInfo):
         issues: list[tuple[tuple[str | int, ...], str]] = []
-        for role in ("student", "teacher"):
-            placement = info.data.get(role)
+        roles = {"student": info.data.get("student"), "teacher": info.data.get("teacher"),
+                 **{f"teachers.{name}": section
+                    for name, section in (info.data.get("teachers") or {}).items()}}
+        for role, placement in roles.items():
             toy = placement.model.toy if placement is not None else None
             if toy is not None and rollout.max_total_tokens > toy.max_positions:
                 issues.append((("max_total_tokens",), f"max_total_tokens "

@@ -7,6 +7,7 @@ the manifest, and a reload of one teacher re-sends only that teacher's episodes.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -33,7 +34,7 @@ def _data(tmp_path, *, adapters: bool = False, **train):
         data["teacher"] = {**teacher, "adapters": {"calc": "adapters/calc", "nav": "adapters/nav"}}
         data["environments"] = [{**ENVS[0], "adapter": "calc"}, {**ENVS[1], "adapter": "nav"}]
     else:
-        data["teachers"] = {"calc": dict(teacher), "nav": dict(teacher)}
+        data["teachers"] = {"calc": copy.deepcopy(teacher), "nav": copy.deepcopy(teacher)}
         data["environments"] = [{**ENVS[0], "teacher": "calc"}, {**ENVS[1], "teacher": "nav"}]
     return data
 
@@ -73,6 +74,8 @@ def test_routes_name_each_teacher_and_adapter(tmp_path):
     (lambda d: d["teachers"]["calc"].update(min_success=0.5),
      "teachers.calc.min_success 0.5 is gated on one environment's record"),
     (lambda d: d["run"].update(mode="replay"), "mode 'replay' is not routed"),
+    (lambda d: d["teachers"]["nav"]["model"]["toy"].update(max_positions=64),
+     "max_total_tokens 640 exceeds teachers.nav.model.toy.max_positions 64; lower it"),
     (lambda d: (d.update(environment=d.pop("environments")[0] | {"teacher": None}),
                 d["environment"].pop("teacher")),
      "teachers: routes each environment of a mixture to its own teacher, and this recipe "
