@@ -45,7 +45,7 @@ from .teacher_routes import is_routed, routing_issues
 TEACHER_MODES: frozenset[str] = frozenset({"offline_kd", "opd", "replay", "dpo"})
 # Modes whose cycles draw fresh episodes through the one cycle draw (student/train/state.py
 # cycle_episodes), which is where a mixture of environments is drawn from.
-MIXTURE_MODES: frozenset[str] = frozenset({"opd", "rl", "replay", "dpo"})
+MIXTURE_MODES: frozenset[str] = frozenset({"opd", "rl", "replay", "dpo", "sft"})
 # Marks a mixture given beside a single environment (Recipe._one_way_to_name_environments).
 BOTH_ENVIRONMENT_FIELDS = "environment and environments"
 
@@ -251,9 +251,9 @@ class Recipe(BaseModel):
             seen.add(member.name)
         if run is not None and run.mode not in MIXTURE_MODES:
             issues.append(((), (
-                f"a mixture mixes the fresh episodes of opd, rl, replay and dpo cycles; "
-                f"mode {run.mode!r} reads one environment's tasks; use environment: with one "
-                "environment, or run.mode: opd")))
+                f"a mixture mixes the fresh episodes of opd, rl, replay and dpo cycles and "
+                f"sft's oracle traces; mode {run.mode!r} reads one environment's tasks; use "
+                "environment: with one environment, or run.mode: opd")))
         if teacher is not None and not is_routed(teacher, teachers):  # else routing_issues
             for field, value, why in (
                 ("mode", teacher.mode if teacher.mode != "standard" else None,
@@ -298,6 +298,11 @@ class Recipe(BaseModel):
                 f"privileged-context teacher by SFT (run.mode: sft), not a {run.mode} run; "
                 "remove rollout.view (a student plays the plain view)",
             )])
+        if rollout.view is not None and info.data.get("environments") is not None:
+            raise_issues([(("view",), (
+                f"rollout.view {rollout.view} prepares one privileged teacher of one "
+                "environment, and this recipe names a mixture (environments:); prepare it "
+                "with environment: and one environment"))])
         return rollout
 
     @field_validator("loss")
@@ -446,12 +451,18 @@ class Recipe(BaseModel):
                 f"oracle_tasks {train.oracle_tasks} is more than the "
                 f"{env.train_tasks} training tasks (environment.train_tasks); lower it to at "
                 "most that, or null for all")))
-        if train.sft_warmup_steps and info.data.get("environments") is not None:
-            issues.append((("sft_warmup_steps",), (
-                f"sft_warmup_steps {train.sft_warmup_steps} trains on one environment's "
-                "oracle traces, and this recipe names a mixture (environments:); set "
-                "sft_warmup_steps: 0 (warm the student up in a run of its own), or use "
-                "environment: with one environment")))
+        if info.data.get("environments") is not None:
+            # Oracle traces of a mixture: drawn by weight, each in its own environment;
+            # what reads one environment's tasks or view stays with environment:.
+            for field, value, why in (
+                ("oracle_tasks", train.oracle_tasks, "counts one environment's first tasks"),
+                ("fixed_set", train.fixed_set, "plays or reads one environment's set"),
+            ):
+                if value is not None:
+                    issues.append(((field,), (
+                        f"{field} {value!r} {why}, and this recipe names a mixture "
+                        f"(environments:); drop {field}, or use environment: with one "
+                        "environment")))
         if train.sft_epochs is not None and mode != "sft":
             issues.append(
                 (

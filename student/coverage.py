@@ -82,6 +82,8 @@ def coverage_reference(recipe: Recipe, tasks: list[Any], seeds: list[int], token
     """The fixed set's source played on ``tasks`` (see the module docstring), or None."""
     source = reference_source(recipe)
     env = recipe.environment
+    if recipe.environments is not None:
+        return None  # a mixture's sft: its states are not read against one environment's
     if source == "oracle":
         return oracle_trajectories(env.name, tasks, tokenizer, tokenizer_fp, env.params,
                                    privileged=recipe.rollout.view == PRIVILEGED)

@@ -98,7 +98,6 @@ def test_a_bad_mixture_is_one_line_naming_the_field(tmp_path, edit, where, words
 
 
 @pytest.mark.parametrize(("mode", "teacher", "words"), [
-    ("sft", {}, "mode 'sft' reads one environment's tasks"),
     ("opd", {"min_success": 0.5}, "teacher.min_success"),
     ("opd", {"min_recovery": 0.5}, "teacher.min_recovery"),
     ("opd", {"mode": "privileged_context"}, "teacher.mode 'privileged_context'"),
@@ -127,12 +126,27 @@ def test_both_ways_at_once_still_reports_every_other_problem(tmp_path):
     assert "train.lr:" in lines[1]
 
 
-def test_a_mixture_takes_no_sft_warm_up(tmp_path):
-    # The warm-up renders one environment's oracle traces.
+def test_sft_and_the_warm_up_take_a_mixtures_oracle_traces_but_not_one_environments_set(
+        tmp_path):
+    # Oracle traces of a mixture are drawn by weight, each played in its environment
+    # (tests/student/train/test_mixture_run.py); what counts or plays one environment's
+    # set, or shows one environment's privileged view, stays with environment:.
     data = _mixture(tmp_path, mode="opd", train={"sft_warmup_steps": 2})
-    with pytest.raises(ConfigError, match="train.sft_warmup_steps: sft_warmup_steps 2 trains "
-                                          "on one environment's oracle traces"):
-        loads_recipe(yaml.safe_dump(data))
+    assert loads_recipe(yaml.safe_dump(data)).train.sft_warmup_steps == 2
+    sft = _mixture(tmp_path, mode="sft")
+    sft.pop("teacher", None)
+    assert loads_recipe(yaml.safe_dump(sft)).run.mode == "sft"
+    for train, words in (({"oracle_tasks": 4}, "train.oracle_tasks: oracle_tasks 4 counts one "
+                          "environment's first tasks"),
+                         ({"fixed_set": "oracle"}, "train.fixed_set: fixed_set 'oracle' plays "
+                          "or reads one environment's set")):
+        bad = _mixture(tmp_path, mode="opd", train={"sft_warmup_steps": 2, **train})
+        with pytest.raises(ConfigError, match=words):
+            loads_recipe(yaml.safe_dump(bad))
+    view = {**sft, "rollout": {**sft.get("rollout", {}), "view": "privileged_context"}}
+    with pytest.raises(ConfigError, match="rollout.view privileged_context prepares one "
+                                          "privileged teacher of one environment"):
+        loads_recipe(yaml.safe_dump(view))
 
 
 def test_validate_prints_one_line_and_exits_1(tmp_path):

@@ -40,20 +40,27 @@ class OracleBatches:
 
     def batch(self, state: TrainState, cycle: int) -> list[Trajectory]:
         """The oracle traces of ``cycle``'s training tasks (of those that have one,
-        ``train.oracle_tasks``)."""
-        env = state.recipe.environment
+        ``train.oracle_tasks``); a mixture's tasks are drawn by weight and each trace is
+        played in its own environment."""
+        mixture = state.mixture
         tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle,
-                          oracle_tasks(state))
+                          None if mixture is not None else oracle_tasks(state))
         missing = [t for t in tasks if t.id not in self.by_task]
         policy = state.policy
         # rollout.view: a privileged teacher's preparation trains on the view it will
         # score in.
         privileged = state.recipe.rollout.view == PRIVILEGED
-        for task, traj in zip(missing, oracle_trajectories(
-            env.name, missing, policy.tokenizer, policy.tokenizer_fp, env.params,
-            privileged=privileged,
-        ), strict=True):
-            self.by_task[task.id] = traj
+        env = state.recipe.environment
+        by_env = ({env.name: (env.params, missing)} if mixture is None else
+                  {name: (mixture.params[name],
+                          [t for t in missing if mixture.environment_of[t.id] == name])
+                   for name in mixture.names})
+        for name, (params, group) in by_env.items():
+            for task, traj in zip(group, oracle_trajectories(
+                name, group, policy.tokenizer, policy.tokenizer_fp, params,
+                privileged=privileged,
+            ), strict=True):
+                self.by_task[task.id] = traj
         return [self.by_task[t.id] for t in tasks]
 
 

@@ -103,3 +103,44 @@ def test_strict_opd_plays_a_mixture(tmp_path, toy):
     assert result.status == "completed" and result.final_version == 2
     trajs = read_trajectories(result.run_dir / "trajectories.jsonl")
     assert {t.environment for t in trajs} == {"calculator", "jsonnav"}
+
+
+@pytest.mark.slow
+def test_sft_and_the_warm_up_train_on_each_environments_oracle_traces(tmp_path, toy,
+                                                                      monkeypatch):
+    # A generalist teacher is prepared by SFT on a mixture; a student warms up on one.
+    from miniverl.student.train.modes import sft
+    from miniverl.student.train.trainer import Trainer
+
+    trained = []
+    update = sft.sft_update
+
+    def recording(state, trajs):
+        trained.extend(trajs)
+        return update(state, trajs)
+
+    monkeypatch.setattr(sft, "sft_update", recording)
+    data = recipe_dict("sft", tmp_path, cycles=3, rollouts_per_cycle=8)
+    data.pop("teacher", None)
+    del data["environment"]
+    data["environments"] = MIX
+    with Trainer(Recipe.model_validate(data), show_progress=False, write_report=False,
+                 checkpoints=False) as trainer:
+        result = trainer.train()
+    trajs = list(trained)
+    assert result.status == "completed" and {t.source for t in trajs} == {"oracle"}
+    assert len(trajs) == 24 and set(events(result.run_dir, "eval")[-1]["by_environment"]) == {
+        "calculator", "jsonnav"}
+    assert {t.environment for t in trajs} == {"calculator", "jsonnav"}
+    # Each trace was played in its own environment: it verifies there.
+    assert all(t.verifier.success for t in trajs)
+    assert all(t.id.startswith(f"{t.environment}/") for t in trajs)
+    recipe = _mixture("opd", tmp_path, cycles=1, rollouts_per_cycle=8, sft_warmup_steps=2)
+    trained.clear()
+    with Trainer(recipe, client=toy.fake_client(), show_progress=False,
+                 write_report=False, checkpoints=False) as trainer:
+        result = trainer.train()
+    assert result.steps == 3  # two warm-up steps, then one OPD update
+    assert len(trained) == 16 and all(t.source == "oracle" for t in trained)
+    assert {t.environment for t in trained} <= {"calculator", "jsonnav"}
+    assert all(t.verifier.success for t in trained)
