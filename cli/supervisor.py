@@ -64,6 +64,7 @@ class NamedTeacher:
     launched: bool  # False: the recipe gave its endpoint; it is attached to as it is
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    prepared_dir: Path | None = None  # teachers.NAME.prepare's result, once prepared
 TEACHER_OUTPUT = "teacher.stderr.log"  # the teacher's stdout and stderr, under logs/
 STOP_GRACE_S = 120.0
 START_FAILED_GRACE_S = 10.0
@@ -223,7 +224,34 @@ class Supervisor:
         return teacher_command(args)
 
     def _start_named(self) -> None:
-        """Several teachers: start every one ``up`` runs, then wait until each is READY."""
+        """Several teachers: prepare those with ``teachers.NAME.prepare`` (cached after the
+        first run; one after the other, while the student starts), start every one ``up``
+        runs, then wait until each is READY."""
+        from miniverl.common.recipe_models import ModelSource
+        from miniverl.student.teacher_prep import prepare_model
+
+        for named in self.named.values():
+            section = self.recipe.teachers[named.name]
+            if not named.launched or section.prepare is None:
+                continue
+            prep = Path(section.prepare)
+            prep = prep if prep.is_absolute() else self.recipe_path.parent / prep
+            self.console.print(f"[bold]teacher {named.name}[/bold] preparing from "
+                               f"{prep.name} (cached after the first run)")
+            self._preparing, self.teacher_phase = True, "preparing"
+            try:
+                prepared = prepare_model(prep, ModelSource.model_validate(
+                    section.model.model_dump()), what=f"teachers.{named.name}.prepare",
+                    model_field=f"teachers.{named.name}.model",
+                    show_progress=self.show_progress)
+            finally:
+                self._preparing = False
+            named.prepared_dir = prepared.model_dir
+            self.run.event("teacher_prepared", teacher=named.name, cached=prepared.cached,
+                           model_dir=str(prepared.model_dir),
+                           eval_success=(prepared.record.get("eval") or {}).get("success"))
+            if self._stopping or self.student.poll() is not None:
+                return
         for named in self.named.values():
             if named.launched:
                 self._spawn_named(named)
@@ -242,7 +270,8 @@ class Supervisor:
                 "--log", str(self.run.logs_dir / f"teacher-{named.name}.log"),
                 "--threads", str(threads_per_process(self.recipe)),
                 "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms),
-                "--recipe", str(self.recipe_path), "--recipe-teacher", named.name]
+                "--recipe", str(self.recipe_path), "--recipe-teacher", named.name,
+                *(["--prepared-dir", str(named.prepared_dir)] if named.prepared_dir else [])]
         named.proc = self._spawn(teacher_command(args), f"[teacher {named.name}]",
                                  f"teacher-{named.name}.stderr.log")
 

@@ -96,12 +96,6 @@ def routing_issues(run: Any, teacher: Any, teachers: dict[str, Any] | None,
                 issues.append(((), (
                     f"{where}.{field} {value_of(config)!r} {why}, so a routed teacher cannot "
                     "have it; remove it")))
-    for name, config in (teachers or {}).items():
-        if config.prepare is not None:
-            issues.append(((), (
-                f"teachers.{name}.prepare {config.prepare!r}: `up` prepares the teacher of "
-                "one teacher: section; prepare each teacher once in a run of its own and "
-                f"give its directory as teachers.{name}.model.path")))
     used: set[str] = set()
     for i, member in enumerate(mixture):
         if teachers is None:

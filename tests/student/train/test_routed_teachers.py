@@ -277,3 +277,18 @@ def test_status_shows_each_teacher(tmp_path, toy):
     assert reply.by_teacher["calc"]["episodes"] == 0 and "sent" in reply.by_teacher["nav"]
     # Before the first cycle connects them: no one has answered yet.
     assert reply.by_teacher["calc"]["teacher"] is None
+
+
+@pytest.mark.slow  # one toy run
+def test_a_routed_run_warms_up_on_both_domains_then_connects_each_teacher(tmp_path, toy):
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = Recipe.model_validate(_data(tmp_path, cycles=1, rollouts_per_cycle=8,
+                                         sft_warmup_steps=2))
+    clients = _clients(toy)
+    with Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
+                 checkpoints=False) as trainer:
+        result = trainer.train()
+    assert (result.status, result.steps) == ("completed", 3)
+    assert [e["route"] for e in events(result.run_dir, "teacher_connected")] == ["calc", "nav"]
+    assert sum(len(c.scored_versions) for c in clients.values()) == 8
