@@ -292,3 +292,18 @@ def test_a_routed_run_warms_up_on_both_domains_then_connects_each_teacher(tmp_pa
     assert (result.status, result.steps) == ("completed", 3)
     assert [e["route"] for e in events(result.run_dir, "teacher_connected")] == ["calc", "nav"]
     assert sum(len(c.scored_versions) for c in clients.values()) == 8
+
+
+def test_the_two_teacher_example_validates_and_routes_each_domain():
+    from pathlib import Path
+
+    from miniverl.common.recipe import load_recipe
+
+    folder = Path(__file__).resolve().parents[3] / "examples" / "several_teachers"
+    recipe = load_recipe(folder / "two_teachers.yaml")
+    assert route_of_environment(recipe) == {"calculator": "calc", "jsonnav": "nav"}
+    for name, section in recipe.teachers.items():  # each teacher's preparation is there
+        prep = load_recipe((folder / section.prepare).resolve())
+        assert prep.run.mode == "sft" and prep.student.model == section.model, name
+        assert prep.environment.name == next(
+            e.name for e in recipe.environments if e.teacher == name)
