@@ -37,6 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("calc", "nav")
+FLOAT32_BYTES = 4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -59,15 +60,11 @@ def make_adapter(base_dir: Path, dest: Path, *, seed: int, rank: int) -> Path:
 
 
 def parameter_bytes(path: Path) -> int:
-    """Bytes of the float tensors in a directory's safetensors files."""
-    from safetensors import safe_open
+    """Bytes of a directory's float32 weights (the toy base and the adapters are saved in
+    float32), counted from the safetensors headers by ``opd_cycle.parameter_count``."""
+    from opd_cycle import parameter_count
 
-    total = 0
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="np") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                total += f.get_tensor(key).nbytes
-    return total
+    return FLOAT32_BYTES * parameter_count(path)
 
 
 def rss(pid: int) -> int:

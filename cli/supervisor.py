@@ -283,9 +283,9 @@ class Supervisor:
                              also_watch=self.student)
         except TeacherUnavailable as exc:
             named.proc.pump.join(2)
-            tail = "\n".join(f"  {line}" for line in list(named.proc.pump.tail)[-15:])
-            raise MiniverlError(f"teacher {named.name}: {exc}; last log lines:\n"
-                                f"{tail or '  (no output)'}") from None
+            tail = self._teacher_tail(proc=named.proc, log_name=f"teacher-{named.name}.log")
+            raise MiniverlError(f"teacher {named.name}: {exc}; last teacher log lines:\n"
+                                f"{tail}") from None
 
     def _restart_dead_named(self) -> None:
         """Restart each teacher of ``teachers:`` that died, on its own bounded retries; the
@@ -335,13 +335,16 @@ class Supervisor:
             tail = self._teacher_tail()
             raise MiniverlError(f"{exc}; last teacher log lines:\n{tail}") from None
 
-    def _teacher_tail(self, n: int = 15) -> str:
+    def _teacher_tail(self, n: int = 15, *, proc: subprocess.Popen | None = None,
+                      log_name: str = "teacher.log") -> str:
+        """The last lines of a teacher's JSON log and output (default: the one teacher)."""
+        proc = proc or self.teacher
         lines: list[str] = []
-        log = self.run.logs_dir / "teacher.log"
+        log = self.run.logs_dir / log_name
         if log.is_file():
             lines += log.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
-        if self.teacher is not None:
-            lines += list(self.teacher.pump.tail)[-n:]
+        if proc is not None:
+            lines += list(proc.pump.tail)[-n:]
         return "\n".join(f"  {line}" for line in lines[-n:]) or "  (no output)"
 
     def _prepare_teacher(self) -> None:

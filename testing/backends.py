@@ -78,7 +78,32 @@ def job_targets(job: ScoreJob, vocab_size: int) -> dict[str, np.ndarray]:
                               kind=job.kind, k=job.k, vocab_size=vocab_size)
 
 
-class FakeBackend:
+class BatchGate:
+    """``hold()`` makes a backend's next batches wait inside ``score_batch`` until
+    ``release()``; ``entered`` is set once a batch is inside. A backend calls
+    :meth:`enter_batch` first thing in its ``score_batch``."""
+
+    gate: threading.Event | None = None
+    entered: threading.Event
+
+    def hold(self) -> None:
+        """Make the following batches wait until :meth:`release`."""
+        self.entered.clear()
+        self.gate = threading.Event()
+
+    def release(self) -> None:
+        """Let held batches (and later ones) run."""
+        if self.gate is not None:
+            self.gate.set()
+
+    def enter_batch(self) -> None:
+        """Say a batch is inside, then wait while held (at most 30 s)."""
+        self.entered.set()
+        if self.gate is not None and not self.gate.wait(30):
+            raise RuntimeError(f"{type(self).__name__} was held for 30 s and never released")
+
+
+class FakeBackend(BatchGate):
     """A teacher :class:`~miniverl.teacher_server.backend.Backend` in numpy.
 
     - ``batches``: the request ids of every batch the server handed over, in order;
@@ -125,22 +150,10 @@ class FakeBackend:
         self.parked = False
         self.calls: list[str] = []
 
-    def hold(self) -> None:
-        """Make the following batches wait until :meth:`release`."""
-        self.entered.clear()
-        self.gate = threading.Event()
-
-    def release(self) -> None:
-        """Let held batches (and later ones) run."""
-        if self.gate is not None:
-            self.gate.set()
-
     def score_batch(self, jobs: list[ScoreJob]) -> list[dict[str, np.ndarray] | BackendError]:
         self.batches.append([job.id for job in jobs])
         self.batch_adapters.append([job.adapter for job in jobs])
-        self.entered.set()
-        if self.gate is not None and not self.gate.wait(30):
-            raise RuntimeError("FakeBackend was held for 30 s and never released")
+        self.enter_batch()
         out: list[dict[str, np.ndarray] | BackendError] = []
         for job in jobs:
             failure = self.fail(job) if self.fail is not None else None

@@ -31,6 +31,7 @@ from miniverl.teacher_server.loader import (  # noqa: E402
 from miniverl.teacher_server.scoring import score_positions  # noqa: E402
 from miniverl.teacher_server.torch_backend import TorchTeacher  # noqa: E402
 from miniverl.testing import TeacherHarness  # noqa: E402
+from miniverl.testing.backends import BatchGate  # noqa: E402
 from tests.toy_kit import ONE_LAYER, recipe_dict, toy_dir, write_recipe  # noqa: E402
 
 NAMES = ("calc", "chat")
@@ -78,29 +79,18 @@ def merged(base_dir, adapter_dirs) -> dict:
             for name, path in adapter_dirs.items()}
 
 
-class Recording(TorchTeacher):
+class Recording(BatchGate, TorchTeacher):
     """The torch backend, recording the adapters each batch asked for; ``hold()`` keeps
-    the next batch waiting inside ``score_batch`` until ``release()``."""
+    the next batch waiting inside ``score_batch`` until ``release()`` (``BatchGate``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.batch_adapters: list[list[str | None]] = []
-        self.gate: threading.Event | None = None
         self.entered = threading.Event()
-
-    def hold(self) -> None:
-        self.entered.clear()
-        self.gate = threading.Event()
-
-    def release(self) -> None:
-        if self.gate is not None:
-            self.gate.set()
 
     def score_batch(self, jobs):
         self.batch_adapters.append([job.adapter for job in jobs])
-        self.entered.set()
-        if self.gate is not None and not self.gate.wait(30):
-            raise RuntimeError("held for 30 s and never released")
+        self.enter_batch()
         return super().score_batch(jobs)
 
 
