@@ -275,7 +275,9 @@ class RunDir:
         if not path.is_file():
             return []
         rows = []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        # Split on "\n" only: str.splitlines also splits at U+2028, U+0085 and the like,
+        # which json.dumps(ensure_ascii=False) leaves raw inside strings.
+        for line in path.read_text(encoding="utf-8").split("\n"):
             try:
                 rows.append(json.loads(line))
             except ValueError:

@@ -116,6 +116,11 @@ class TeacherClient:
     def bound(self) -> Identity | None:
         return self._table.bound
 
+    @property
+    def connected(self) -> bool:
+        """The link is up: handshake validated, no heartbeat missed past the limit."""
+        return self._link.up
+
     # ----------------------------------------------------------------- scoring
     async def connect(self, timeout_s: float | None = None) -> HelloOk | None:
         """Open the link and handshake; returns the validated ``HELLO_OK``.
@@ -226,6 +231,11 @@ class TeacherClient:
                                digest=request_digest(arrays))
         await link.pump()
         return rid
+
+    def forget(self, ids: Iterable[int]) -> None:
+        """Drop these SCOREs' rows: never sent again, a late reply counts as stale."""
+        for rid in ids:
+            self._table.take(rid)
 
     async def wait(
         self, ids: Iterable[int], timeout_s: float | None = None

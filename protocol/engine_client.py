@@ -390,6 +390,17 @@ class EngineTeacherClient:
         return self._hello
 
     @property
+    def connected(self) -> bool:
+        """Handshake done and no request failing now (HTTP holds no connection to watch)."""
+        return self._hello is not None and not self._errors
+
+    def forget(self, ids: Iterable[int]) -> None:
+        for rid in ids:
+            if self._table is not None:
+                self._table.take(rid)
+            self._errors.pop(rid, None)
+
+    @property
     def counters(self) -> dict[str, int]:
         base = self._table.counters() if self._table is not None else {}
         return {**base, **self._extra}

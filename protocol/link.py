@@ -129,6 +129,11 @@ class Link:
         self._tg: anyio.abc.TaskGroup | None = None
         self._started = False
 
+    @property
+    def up(self) -> bool:
+        """Handshake validated and the connection alive (not reconnecting, closed or fatal)."""
+        return self._state == "up" and self._unavailable is None
+
     # ----------------------------------------------------------------- lifecycle
     async def __aenter__(self) -> Link:
         self._tg = anyio.create_task_group()

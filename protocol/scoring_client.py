@@ -102,6 +102,12 @@ class ScoringClient(Protocol):
         """sent, received, stale_dropped, retries, reconnects, bytes_sent,
         bytes_received and whatever else the client counts."""
 
+    @property
+    def connected(self) -> bool:
+        """Whether the teacher answers now (handshake done, its connection alive); a run
+        of several teachers holds back the episodes of a route whose teacher does not
+        (docs/several-teachers.md, "A teacher that fails")."""
+
     def connect(self, timeout_s: float | None = None) -> HelloOk | None:
         """Handshake; raises ``TokenizerMismatch`` or ``TeacherUnavailable``."""
 
@@ -121,6 +127,10 @@ class ScoringClient(Protocol):
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
         """Accepted replies for every id; raises :class:`TeacherChanged` and the like."""
+
+    def forget(self, ids: Iterable[int]) -> None:
+        """Stop waiting for these requests: they are not sent again (to a restarted
+        teacher either), and a late reply to one is dropped as stale."""
 
     def retarget(self, endpoint: str) -> HelloOk:
         """Handshake with another teacher; only if it validates, switch to it."""

@@ -72,6 +72,7 @@ class SyncTeacherClient:
     hello = property(lambda self: self._core.hello, doc="The validated HELLO_OK, or None.")
     counters = property(lambda self: self._core.counters, doc="TeacherClient.counters.")
     bound = property(lambda self: self._core.bound, doc="The bound (instance, gen), or None.")
+    connected = property(lambda self: self._core.connected, doc="TeacherClient.connected.")
 
     def connect(self, timeout_s: float | None = None) -> HelloOk | None:
         return self._run(self._core.connect, timeout_s)
@@ -110,6 +111,9 @@ class SyncTeacherClient:
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
         return self._run(self._core.wait, list(ids), timeout_s)
+
+    def forget(self, ids: Iterable[int]) -> None:
+        self._run(as_async(self._core.forget), list(ids))
 
     def score(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, **kw: Any) -> ScoreResult:
         return self._run(self._core.score, tokens_N, cu_seqlens_B1, positions_P, **kw)

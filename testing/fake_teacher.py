@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from miniverl.common.errors import ProtocolError
+from miniverl.common.errors import ProtocolError, TeacherUnavailable
 from miniverl.protocol import messages as m
 from miniverl.protocol.checks import check_score
 from miniverl.protocol.client import TeacherClient
@@ -49,6 +49,7 @@ from miniverl.protocol.pending import RETRYABLE_CODES, Pending, accept_reply
 from miniverl.protocol.scoring_client import (
     Identity,
     ScoreResult,
+    ScoreTimeout,
     StopRequested,
     TeacherChanged,
 )
@@ -419,6 +420,9 @@ class FakeTeacherClient:
     # The teacher's fast tokenizer with a chat template: it then serves xvocab
     # (:meth:`submit_xvocab`) to a student with another tokenizer.
     tokenizer: Any = None
+    # False: the teacher is down (a test's kill): bind() and wait() raise
+    # TeacherUnavailable, as the real client does once the link is down.
+    connected: bool = True
 
     def __post_init__(self) -> None:
         self._kind_of: dict[int, str] = {}
@@ -455,6 +459,8 @@ class FakeTeacherClient:
         self._version, self._lag = version, allowed_lag
 
     def bind(self) -> Identity:
+        if not self.connected:
+            raise TeacherUnavailable(f"fake teacher {self.name} is down")
         self._bound = (self.instance, self.gen)
         return self._bound
 
@@ -511,6 +517,10 @@ class FakeTeacherClient:
         if self._stopped is not None:
             raise StopRequested(self._stopped)
         ids = list(ids)
+        if not self.connected:  # no reply comes: the wait's own limit, else the link's
+            if timeout_s is not None:
+                raise ScoreTimeout(f"no accepted reply for ids {ids} within {timeout_s} s")
+            raise TeacherUnavailable(f"fake teacher {self.name} is down")
         if self.reload_before_next_wait:
             self.reload_before_next_wait = False
             old = self._bound
@@ -537,6 +547,11 @@ class FakeTeacherClient:
         for rid in ids:
             self._pending.pop(rid, None)
         return out
+
+    def forget(self, ids: Iterable[int]) -> None:
+        for rid in ids:
+            self._pending.pop(rid, None)
+            self._kind_of.pop(rid, None)
 
     def retarget(self, endpoint: str) -> m.HelloOk:
         self.instance = uuid.uuid4().hex

@@ -145,7 +145,7 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 def events(run_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
     """A finished run's ``events.jsonl`` rows, only those named ``name`` if given."""
     path = Path(run_dir) / "events.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
     return [r for r in rows if name is None or r["event"] == name]
 
 

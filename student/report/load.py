@@ -68,7 +68,8 @@ def _read_jsonl(path: Path, data: ReportData, what: str) -> list[dict[str, Any]]
         return []
     rows: list[dict[str, Any]] = []
     bad: list[int] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # "\n" only: str.splitlines would also cut a row at a raw U+2028 inside a string.
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -55,10 +55,13 @@ def last_by_teacher(metrics: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def fmt_by_teacher(by_teacher: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per route: what it scored, how long the student waited, what it dropped."""
+    """One line per route: what it scored, how long the student waited, what it dropped,
+    and the episodes held back while its teacher was down (when there were any)."""
     return [f"{name}: {int(c.get('positions_scored', 0)):,} positions of "
             f"{int(c.get('episodes', 0))} episodes, {float(c.get('wait_s', 0.0)):.1f} s "
             f"waiting, {int(c.get('stale_dropped', 0))} stale dropped"
+            + (f", {int(c['held_back'])} episodes held back (teacher down)"
+               if c.get("held_back") else "")
             for name, c in by_teacher.items()]
 
 

@@ -226,7 +226,9 @@ def log_cycle(state: TrainState, done: CycleResult) -> None:
         "positions_per_s": positions_scored / done.t_wait if done.t_wait > 0 else None,
         "bytes_sent": counters.get("bytes_sent", 0),
         "bytes_received": counters.get("bytes_received", 0),
-        **({"by_teacher": counters["by_teacher"]} if "by_teacher" in counters else {}),
+        # Several teachers: each one's counters, and the episodes held back (a teacher down).
+        **({k: counters[k] for k in ("by_teacher", "held_back")} if "by_teacher" in counters
+           else {}),
         "lr": stats.lr,
         "grad_norm": stats.grad_norm,
         # Success of the student's own rollouts; oracle batches (SFT) have none.

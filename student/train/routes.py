@@ -8,7 +8,9 @@ run's link then: the OPD cycle calls it exactly as it calls a plain link
 (``begin_update``, ``submit`` per episode, ``collect``), and it hands each episode to the
 link of the route its environment names, and gives the replies back in the order the
 episodes were submitted. A route whose teacher restarts rebinds and re-sends its own
-episodes only (``TeacherLink.collect``); the others' replies wait in their clients.
+episodes only (``TeacherLink.collect``); the others' replies wait in their clients. A
+route whose teacher is down holds back its own episodes only, and the update trains on
+the others' (:class:`RoutedLink`, event ``route_held_back``).
 
 :func:`connect_routes` connects every route; a teacher the run would refuse (another
 tokenizer, an adapter it does not serve) stops the run before the first rollout.
@@ -27,16 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from miniverl.common.errors import ConfigError
+from miniverl.common.errors import ConfigError, TeacherUnavailable
 from miniverl.common.manifest import record_teacher
 from miniverl.common.teacher_routes import SINGLE, Route, route_of_environment, routes
 from miniverl.common.trajectory import Trajectory
-from miniverl.protocol.scoring_client import ScoringClient
+from miniverl.protocol.scoring_client import ScoreTimeout, ScoringClient
 from miniverl.student.train.teacher_link import Scored, TeacherLink, TeacherSide, teacher_identity
 
 # Counters summed over routes into the run's own (the metrics row reads these).
 SUMMED = ("sent", "received", "stale_dropped", "nonfinite_replies", "retries", "reconnects",
-          "bytes_sent", "bytes_received")
+          "bytes_sent", "bytes_received", "held_back")
+# How often RoutedLink.collect looks again at each route while it waits (seconds).
+POLL_S = 0.2
 
 
 @dataclass
@@ -51,58 +55,130 @@ class RouteSide:
     pending_endpoint: str | None = None  # `teacher use NAME`, taken at an update boundary
     positions_scored: int = 0
     episodes: int = 0
+    held_back: int = 0  # episodes played and not trained on: the teacher was down
     wait_s: float = 0.0
 
     def counters(self) -> dict[str, Any]:
         """The client's counters and what this route scored."""
         out = dict(self.client.counters) if self.client is not None else {}
         out.update(positions_scored=self.positions_scored, episodes=self.episodes,
-                   wait_s=round(self.wait_s, 4))
+                   held_back=self.held_back, wait_s=round(self.wait_s, 4))
         return out
 
 
 @dataclass
 class RoutedLink:
     """The run's link when episodes are routed: one :class:`RouteSide` per route name,
-    and the route of each environment."""
+    and the route of each environment.
+
+    A route whose teacher fails holds back its own episodes only: a route whose client
+    is not connected when the update begins, or that stops answering while the update's
+    other routes have answered, is *held back* for this update. Its episodes of the
+    update were played and stay in ``trajectories.jsonl``; they are not trained on, now
+    or later (their requests are forgotten, so a restarted teacher is not asked for
+    them), and ``on_held(route, episodes, why)`` records them. The update trains on the
+    other routes' episodes. When no other route has an episode to train on, the update
+    waits for the teacher as a single-teacher run does.
+    """
 
     sides: dict[str, RouteSide]
     route_of: dict[str, str]  # environment name -> route name
+    on_held: Callable[[str, int, str], None] | None = None
     wait_s: float = 0.0
     _order: list[str] = field(default_factory=list)
+    # This update's routes held since it began: their episodes, kept unsent.
+    _held: dict[str, list[tuple[Trajectory, np.ndarray]]] = field(default_factory=dict)
+    _bound_to: tuple[int, int] = (0, 0)  # this update's (version, allowed lag)
 
     def begin_update(self, version: int, allowed_lag: int = 0) -> None:
-        """Bind every route's next update to ``version`` and its live teacher."""
-        for side in self.sides.values():
-            side.link.begin_update(version, allowed_lag)
+        """Bind every route whose teacher is connected to ``version`` and its live
+        teacher; a route whose teacher is not (while some other route's is) keeps its
+        episodes unsent. With no teacher connected, every route binds (and waits)."""
+        up = {name for name, side in self.sides.items() if side.client.connected}
+        self._held = {name: [] for name in self.sides if up and name not in up}
+        self._bound_to = (version, allowed_lag)
+        for name, side in self.sides.items():
+            if name not in self._held:
+                side.link.begin_update(version, allowed_lag)
         self._order = []
         self.wait_s = 0.0
 
     def submit(self, traj: Trajectory, positions_P: np.ndarray) -> None:
-        """Send ``traj`` to its environment's route now."""
+        """Send ``traj`` to its environment's route now (a held route keeps it unsent)."""
         name = self.route_of[traj.environment]
-        self.sides[name].link.submit(traj, positions_P)
         self._order.append(name)
+        if name in self._held:
+            self._held[name].append((traj, positions_P))
+        else:
+            self.sides[name].link.submit(traj, positions_P)
 
     def collect(self) -> list[Scored]:
-        """Every route's replies, in the order their episodes were submitted."""
+        """Every answering route's replies, in the order their episodes were submitted;
+        a route whose teacher fails is held back while another route has episodes."""
         t0 = time.perf_counter()
+        for name in list(self._held):
+            if self._others_have(name):
+                self._hold(name, "its teacher was not connected when the update began")
+            else:  # nothing else to train on: wait for it, as a run of one teacher does
+                self._send_held(name)
         by_route: dict[str, list[Scored]] = {}
-        for name, side in self.sides.items():
-            by_route[name] = side.link.collect()
-            side.wait_s += side.link.wait_s
+        waiting = [name for name in self.sides if name not in self._held]
+        bound = list(waiting)  # the routes whose links began this update
+        while waiting:
+            for name in list(waiting):
+                try:
+                    by_route[name] = self.sides[name].link.collect(timeout_s=POLL_S)
+                except ScoreTimeout:
+                    continue  # not answered yet: look at the others, then again
+                except TeacherUnavailable:
+                    if not self._others_have(name):
+                        raise
+                    self._hold(name, "its teacher stopped answering")
+                waiting.remove(name)
+            down = [name for name in waiting if not self.sides[name].client.connected]
+            if waiting and len(down) == len(waiting) and any(by_route.values()):
+                for name in down:  # only failed teachers left to wait for
+                    self._hold(name, "its teacher went down while scoring")
+                waiting = []
+        for name in bound:
+            self.sides[name].wait_s += self.sides[name].link.wait_s
         self.wait_s = time.perf_counter() - t0
         taken = dict.fromkeys(by_route, 0)
         out = []
         for name in self._order:
+            if name not in by_route:
+                continue  # held back
             scored = by_route[name][taken[name]]
             taken[name] += 1
             side = self.sides[name]
             side.positions_scored += len(scored.positions_P)
             side.episodes += 1
             out.append(scored)
-        self._order = []
+        self._order, self._held = [], {}
         return out
+
+    def _others_have(self, name: str) -> bool:
+        """Some other route, not held back, has episodes in this update."""
+        return any(other != name and other not in self._held for other in self._order)
+
+    def _send_held(self, name: str) -> None:
+        """Bind ``name`` now (waiting for its teacher) and send the episodes it kept."""
+        kept = self._held.pop(name)
+        link = self.sides[name].link
+        link.begin_update(*self._bound_to)
+        for traj, positions_P in kept:
+            link.submit(traj, positions_P)
+
+    def _hold(self, name: str, why: str) -> None:
+        side = self.sides[name]
+        if name in self._held:
+            held = [traj for traj, _ in self._held[name]]
+        else:
+            held = side.link.hold_back()
+            self._held[name] = []
+        side.held_back += len(held)
+        if held and self.on_held is not None:
+            self.on_held(name, len(held), why)
 
     def counters(self) -> dict[str, Any]:
         """The counters summed over routes, and each route's under ``by_teacher``."""
@@ -175,7 +251,11 @@ def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
                         endpoint=side.endpoint, route=name,
                         environments=list(side.route.environments))
         record_teacher(state.run, state.version, side.identity, how="connect", route=name)
-    return RoutedLink(sides, route_of_environment(state.recipe))
+    def held(route: str, episodes: int, why: str) -> None:
+        state.run.event("route_held_back", route=route, episodes=episodes, why=why,
+                        version=state.version)
+
+    return RoutedLink(sides, route_of_environment(state.recipe), on_held=held)
 
 
 def _on_changed(state: Any, side: RouteSide) -> Callable[[dict, int, str], None]:

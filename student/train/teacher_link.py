@@ -141,15 +141,16 @@ class TeacherLink:
         job.request_id = self._request(job) if len(job.positions_P) else None
         self._jobs.append(job)
 
-    def collect(self) -> list[Scored]:
+    def collect(self, timeout_s: float | None = None) -> list[Scored]:
         """Wait for every submitted job, in the order they were submitted; rebind and
-        re-send the update if the teacher changed."""
+        re-send the update if the teacher changed. ``timeout_s``: raise ``ScoreTimeout``
+        after it, the jobs kept for another call (a routed run polls each route)."""
         t0 = time.perf_counter()
         try:
             while True:
                 ids = [j.request_id for j in self._jobs if j.request_id is not None]
                 try:
-                    replies = self.client.wait(ids) if ids else {}
+                    replies = self.client.wait(ids, timeout_s) if ids else {}
                     break
                 except TeacherChanged as changed:
                     self.binding = tuple(self.client.bind())
@@ -166,6 +167,13 @@ class TeacherLink:
         out = [self._scored(job, replies.get(job.request_id), identity) for job in self._jobs]
         self._jobs = []
         return out
+
+    def hold_back(self) -> list[Trajectory]:
+        """Give up this update's jobs (their teacher is down): the client forgets their
+        requests, so none is sent again to a restarted teacher; their trajectories."""
+        self.client.forget([j.request_id for j in self._jobs if j.request_id is not None])
+        held, self._jobs = [j.traj for j in self._jobs], []
+        return held
 
     def counters(self) -> dict[str, Any]:
         """Counters of this link's own (none for the plain link)."""

@@ -188,3 +188,13 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     atomic_write_text(path, "x")
     assert path.read_text() == "x"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp files left
+
+
+def test_a_row_holding_a_line_separator_character_is_read_whole(run):
+    # json.dumps(ensure_ascii=False) leaves U+2028 and U+0085 raw inside a string; a
+    # reader splitting with str.splitlines lost the row.
+    run.event("tool_output", text="a\u2028b\x85c")
+    run.event("after")
+    rows = run.read_jsonl("events.jsonl")
+    assert [r["event"] for r in rows][-2:] == ["tool_output", "after"]
+    assert rows[-2]["text"] == "a\u2028b\x85c"

@@ -155,7 +155,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().split("\n"):  # not splitlines(): U+2028 is not a row end
         with contextlib.suppress(ValueError):  # a line still being written
             rows.append(json.loads(line))
     return rows

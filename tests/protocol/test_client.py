@@ -131,6 +131,23 @@ def test_timeout_resends_the_same_id_then_succeeds():
     run(body, script=[drop()])
 
 
+def test_a_forgotten_request_is_never_sent_again():
+    # A routed run holds back a down teacher's episodes (docs/several-teachers.md): it
+    # forgets their requests, so the restarted teacher is not asked for them.
+    async def body(client, teacher):
+        await client.connect()
+        assert client.connected
+        rid = await client.submit(TOKENS, CU, POS, k=4)  # lost: the teacher restarts
+        client.forget([rid])
+        await anyio.sleep(0.6)  # four request timeouts: a kept row would be resent
+        result = await client.score(TOKENS, CU, POS, k=4)
+        assert result.instance == "teacher-B" and client.connected
+        assert teacher.count("SCORE") == 2  # the forgotten one once, the new one once
+        assert client.counters["retries"] == 0
+
+    run(body, script=[restart()])
+
+
 def test_need_hello_triggers_a_new_handshake_and_resend():
     async def body(client, teacher):
         await client.connect()

@@ -55,9 +55,9 @@ def implementations():
 
 
 def test_the_protocol_names_what_the_training_side_calls():
-    assert set(members()) == {"hello", "counters", "connect", "connect_soon", "set_version",
-                              "bind", "submit", "wait", "retarget", "park", "wake", "close",
-                              "interrupt"}
+    assert set(members()) == {"hello", "counters", "connected", "connect", "connect_soon",
+                              "set_version", "bind", "submit", "wait", "forget", "retarget",
+                              "park", "wake", "close", "interrupt"}
 
 
 @pytest.mark.parametrize("client", implementations(), ids=["SyncTeacherClient",

@@ -214,3 +214,16 @@ def test_report_from_a_real_toy_sft_run(tmp_path: Path) -> None:
     assert data.n_trajectories > 0
     assert html.count("<svg") >= 5 and external_refs(html) == []
     assert data.token_text_note.startswith("token text decoded")
+
+
+def test_a_row_holding_a_line_separator_character_is_one_row(tmp_path):
+    # json.dumps(ensure_ascii=False) leaves U+2028 raw inside a string: one row still.
+    from miniverl.student.report.data import ReportData
+    from miniverl.student.report.load import _read_jsonl
+
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"event": "x", "text": "a\u2028b"}, ensure_ascii=False)
+                    + "\n" + json.dumps({"event": "y"}) + "\n", encoding="utf-8")
+    data = ReportData(run_dir=tmp_path)
+    rows = _read_jsonl(path, data, "the events")
+    assert [r["event"] for r in rows] == ["x", "y"] and data.problems == []

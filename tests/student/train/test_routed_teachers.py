@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -247,6 +248,147 @@ def test_teacher_use_moves_one_route_and_leaves_the_other(tmp_path, toy, monkeyp
     rows = [json.loads(line) for line in
             (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["stale_dropped"] == 0 for r in rows if r.get("phase") == "train")
+
+
+class _Dying(FakeTeacherClient):
+    """nav's teacher: down when the update of version ``down_at`` begins (the test's
+    hook says so), up again for the next, and going down in the middle of scoring
+    version ``dies_at``."""
+
+    down_at = 1
+    dies_at = 2
+
+    def wait(self, ids, timeout_s=None):
+        if self._version == self.dies_at:
+            self.connected = False  # its socket went silent while the others answered
+        return super().wait(ids, timeout_s)
+
+
+@pytest.mark.slow  # one toy OPD run
+def test_a_failed_teacher_holds_back_only_its_own_domain(tmp_path, toy):
+    from miniverl.student.train import loop
+    from miniverl.student.train.trainer import Trainer
+
+    recipe = Recipe.model_validate(_data(tmp_path, cycles=4, rollouts_per_cycle=8))
+    clients = _clients(toy)
+    clients["nav"] = _Dying(toy.model, toy.tokenizer_fp, toy.vocab_size, name="nav-teacher")
+    steps = []
+    log = loop.log_cycle
+
+    def logging(state, done):
+        log(state, done)
+        steps.append((state.version - 1, [t.environment for t in done.trajs],
+                      [s.traj.environment for s in done.scored]))
+        # The next update begins with nav down (killed), or up again (restarted).
+        clients["nav"].connected = state.version != clients["nav"].down_at
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "log_cycle", logging)
+        with Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
+                     checkpoints=False) as trainer:
+            result = trainer.train()
+    assert result.status == "completed" and result.final_version == 4  # no update lost
+    held = {v: played.count("jsonnav") for v, played, _ in steps if v in (1, 2)}
+    assert all(held.values()), steps  # both updates had nav episodes to hold back
+    said = [(e["route"], e["version"], e["episodes"], e["why"])
+            for e in events(result.run_dir, "route_held_back")]
+    assert said == [
+        ("nav", 1, held[1], "its teacher was not connected when the update began"),
+        ("nav", 2, held[2], "its teacher went down while scoring")]
+    for version, played, trained in steps:
+        # calc's domain trained every update; nav's only while its teacher answered.
+        want = [e for e in played if e == "calculator" or version not in held]
+        assert trained == want, (version, played, trained)
+    # nav was never asked for version 1 (down when it began); what it was asked for
+    # version 2 was forgotten, not trained on.
+    assert 1 not in clients["nav"].scored_versions and 2 in clients["nav"].scored_versions
+    assert not clients["nav"]._pending
+    rows = [json.loads(line) for line in
+            (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r.get("phase") == "train"]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4]
+    last = train_rows[-1]
+    played = sum(p.count("jsonnav") for _, p, _ in steps)
+    assert last["by_teacher"]["nav"]["held_back"] == sum(held.values()) == last["held_back"]
+    assert last["by_teacher"]["nav"]["episodes"] == played - sum(held.values())
+    assert last["by_teacher"]["calc"]["held_back"] == 0
+    assert all(r["stale_dropped"] == 0 for r in train_rows)
+    from miniverl.student.report.summary import fmt_by_teacher
+
+    calc_line, nav_line = fmt_by_teacher(last["by_teacher"])
+    assert nav_line.endswith(f", {sum(held.values())} episodes held back (teacher down)")
+    assert "held back" not in calc_line
+
+
+class _StubLink:
+    """A route's link for RoutedLink alone: its teacher answers at once while its client
+    is connected, and never while it is not (ScoreTimeout at each poll)."""
+
+    def __init__(self, client):
+        self.client, self.jobs, self.begun, self.wait_s = client, [], [], 0.0
+
+    def begin_update(self, version, allowed_lag=0):
+        self.client.connected = True  # bind() waits until the teacher is back
+        self.begun.append(version)
+        self.jobs = []
+
+    def submit(self, traj, positions_P):
+        self.jobs.append(traj)
+
+    def collect(self, timeout_s=None):
+        from miniverl.protocol.scoring_client import ScoreTimeout
+
+        if not self.client.connected:
+            raise ScoreTimeout("down")
+        out, self.jobs = [SimpleNamespace(traj=t, positions_P=[0]) for t in self.jobs], []
+        return out
+
+    def hold_back(self):
+        held, self.jobs = self.jobs, []
+        return held
+
+
+def _routed(names, down=()):
+    from miniverl.common.teacher_routes import Route
+    from miniverl.student.train.routes import RoutedLink, RouteSide
+
+    sides, said = {}, []
+    for name in names:
+        client = SimpleNamespace(connected=name not in down, counters={})
+        route = Route(name=name, teacher=name, adapter=None, environments=(name,), config=None)
+        sides[name] = RouteSide(route, None, client=client, link=_StubLink(client))
+    link = RoutedLink(sides, {n: n for n in names},
+                      on_held=lambda route, n, why: said.append((route, n, why)))
+    return link, sides, said
+
+
+def _episodes(link, envs):
+    trajs = [SimpleNamespace(environment=env, i=i) for i, env in enumerate(envs)]
+    for traj in trajs:
+        link.submit(traj, [0])
+    return trajs
+
+
+def test_a_down_teacher_with_the_whole_update_is_waited_for():
+    link, sides, said = _routed(["calc", "nav"], down={"nav"})
+    link.begin_update(5)
+    assert sides["nav"].link.begun == []  # not bound while down
+    trajs = _episodes(link, ["nav", "nav"])  # nothing of calc's to train on
+    scored = link.collect()
+    assert [s.traj for s in scored] == trajs and said == []
+    assert sides["nav"].link.begun == [5]  # bound at collect, waiting for its teacher
+
+
+def test_every_failed_teacher_is_held_back_while_one_answers():
+    link, sides, said = _routed(["calc", "nav", "sql"])
+    link.begin_update(3)
+    trajs = _episodes(link, ["nav", "calc", "sql", "nav"])
+    sides["nav"].client.connected = sides["sql"].client.connected = False  # both die
+    scored = link.collect()
+    assert [s.traj for s in scored] == [trajs[1]]
+    assert sorted((r, n) for r, n, _ in said) == [("nav", 2), ("sql", 1)]
+    assert (sides["nav"].held_back, sides["sql"].held_back, sides["calc"].held_back) == (2, 1, 0)
+    assert link.counters()["held_back"] == 3
 
 
 def test_export_verl_refuses_a_run_of_several_teachers(tmp_path):
