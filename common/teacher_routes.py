@@ -24,20 +24,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .qualification import TeacherNotQualified, require_qualified
+from .recipe_sections import EnvironmentConfig
 
 # The name a single ``teacher:`` section's routes go by.
 SINGLE = "teacher"
 # Modes whose episodes are routed: strict on-policy distillation scores each fresh
 # episode once, by its own environment's teacher.
 ROUTED_MODES = frozenset({"opd"})
-# Settings that hold one environment's view or record, so a routed teacher cannot have them.
+# Settings that hold one environment's view, so a routed teacher cannot have them.
+# (min_success and min_recovery gate each route on each of its environments' records:
+# require_route_qualified.)
 ONE_ENVIRONMENT_SETTINGS = (
     ("mode", "views each task through one environment's privileged context",
      lambda t: t.mode if t.mode != "standard" else None),
     ("tokenizer", "maps one environment's tool text between tokenizers",
      lambda t: t.tokenizer),
-    ("min_success", "is gated on one environment's record", lambda t: t.min_success),
-    ("min_recovery", "is gated on one environment's record", lambda t: t.min_recovery),
     ("memory", "moves one teacher's weights around the student's update; several "
      "teachers stay resident", lambda t: t.memory if t.memory == "swap" else None),
 )
@@ -90,9 +92,16 @@ def routing_issues(run: Any, teacher: Any, teachers: dict[str, Any] | None,
             f"several teachers score the fresh episodes of opd; mode {run.mode!r} is not "
             "routed; use run.mode: opd, or one teacher: section")))
     for name, config in named.items():
+        where = "teacher" if teachers is None else f"teachers.{name}"
+        for gate in ("min_success", "min_recovery"):
+            if config.adapters is not None and getattr(config, gate) is not None:
+                issues.append(((), (
+                    f"{where}.{gate} {getattr(config, gate)!r} would gate each adapter of "
+                    "that process, and qualify-teacher measures one model, not one adapter "
+                    "of several; remove it, or serve each specialist as a teacher of "
+                    "teachers: (each gated on its own environments)")))
         for field, why, value_of in ONE_ENVIRONMENT_SETTINGS:
             if value_of(config) is not None:
-                where = "teacher" if teachers is None else f"teachers.{name}"
                 issues.append(((), (
                     f"{where}.{field} {value_of(config)!r} {why}, so a routed teacher cannot "
                     "have it; remove it")))
@@ -177,3 +186,35 @@ def teacher_flags(values: list[str] | str | None) -> tuple[str | None, dict[str,
 def route_of_environment(recipe: Any) -> dict[str, str]:
     """Environment name -> route name (empty for a recipe that routes nothing)."""
     return {env: route.name for route in routes(recipe).values() for env in route.environments}
+
+
+def route_view(recipe: Any, route: Route, environment: str) -> Any:
+    """The one-environment, one-teacher recipe that ``route``'s gate reads for
+    ``environment`` (one of its environments): the route's teacher section as
+    ``teacher:`` and that environment as ``environment:``. Its qualification records
+    are those ``miniverl qualify-teacher`` writes for such a recipe."""
+    member = next(m for m in recipe.environments if m.name == environment)
+    section = EnvironmentConfig(**member.model_dump(include=set(EnvironmentConfig.model_fields)))
+    return recipe.model_copy(update={"teacher": route.config, "teachers": None,
+                                     "environments": None, "environment": section})
+
+
+def require_route_qualified(recipe: Any, route: Route,
+                            identity: dict[str, Any]) -> list[dict[str, Any]]:
+    """The competence gate of one route (its teacher's ``min_success`` /
+    ``min_recovery``): the teacher ``identity`` must be qualified on each environment
+    the route scores. Returns the records (empty when the route has no gate); raises
+    ``TeacherNotQualified`` naming the route and the environment."""
+    config = route.config
+    if config is None or (config.min_success is None and config.min_recovery is None):
+        return []
+    records = []
+    for environment in route.environments:
+        try:
+            records.append(require_qualified(route_view(recipe, route, environment), identity))
+        except TeacherNotQualified as exc:
+            raise TeacherNotQualified(
+                f"route {route.name}, environment {environment}: {exc} (for a teacher of "
+                "teachers:, qualify-teacher takes a recipe of that one environment with that "
+                "teacher as teacher:; docs/several-teachers.md, \"Gates\")") from None
+    return records

@@ -31,7 +31,13 @@ import numpy as np
 
 from miniverl.common.errors import ConfigError, TeacherUnavailable
 from miniverl.common.manifest import record_teacher
-from miniverl.common.teacher_routes import SINGLE, Route, route_of_environment, routes
+from miniverl.common.teacher_routes import (
+    SINGLE,
+    Route,
+    require_route_qualified,
+    route_of_environment,
+    routes,
+)
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import ScoreTimeout, ScoringClient
 from miniverl.student.train.teacher_link import Scored, TeacherLink, TeacherSide, teacher_identity
@@ -246,6 +252,7 @@ def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
             side.client = make_client(side)
         side.client.connect(state.recipe.runtime.teacher_startup_timeout_s)
         side.identity = teacher_identity(side.client)
+        gate_route(state, side, side.identity)
         side.link = make_link(side.client, _on_changed(state, side))
         state.run.event("teacher_connected", teacher=side.identity, version=state.version,
                         endpoint=side.endpoint, route=name,
@@ -258,10 +265,25 @@ def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
     return RoutedLink(sides, route_of_environment(state.recipe), on_held=held)
 
 
+def gate_route(state: Any, side: RouteSide, identity: dict[str, Any]) -> None:
+    """The route's competence gate (its teacher's ``min_success`` / ``min_recovery``, on
+    each of its environments): raises ``TeacherNotQualified``; records what passed."""
+    for record in require_route_qualified(state.recipe, side.route, identity):
+        config = side.route.config
+        state.run.event("teacher_qualified", teacher=identity, route=side.route.name,
+                        environment=record["environment"]["name"], success=record["success"],
+                        split=record["split"], n=record["n"], date=record["date"],
+                        min_success=config.min_success, version=state.version,
+                        **({"recovery": record.get("recovery"),
+                            "min_recovery": config.min_recovery}
+                           if config.min_recovery is not None else {}))
+
+
 def _on_changed(state: Any, side: RouteSide) -> Callable[[dict, int, str], None]:
     def changed(new: dict, version: int, how: str) -> None:
         if new == side.identity:
             return
+        gate_route(state, side, new)  # a restarted or reloaded teacher is gated again
         old, side.identity = side.identity, new
         state.run.event("teacher_changed", how=how, old=old, new=new, version=version,
                         route=side.route.name)

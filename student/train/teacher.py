@@ -50,6 +50,7 @@ from miniverl.common.errors import (
 from miniverl.common.manifest import record_teacher, update_manifest
 from miniverl.common.modeling import load_tokenizer
 from miniverl.common.qualification import TeacherNotQualified, require_qualified
+from miniverl.common.teacher_routes import require_route_qualified
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.protocol.endpoints import load_curve_client_keys
 from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpoint
@@ -154,8 +155,12 @@ def start_handshake(state: TrainState) -> Handshake:
     """Say HELLO now, without waiting for a teacher that is not up yet (see above)."""
     side = state.teacher
     if side.routes is not None:
-        # Several teachers have no competence gate (the recipe refuses one per route):
-        # each route handshakes, and checks its tokenizer, at connect after the warm-up.
+        # Several teachers: a route with a competence gate (its teacher's min_success or
+        # min_recovery) is checked before the warm-up, so every route connects now;
+        # without one, each route handshakes, and checks its tokenizer, at connect.
+        if any(r.route.config.min_success is not None or r.route.config.min_recovery
+               is not None for r in side.routes.values()):
+            connect_routed(state)
         return Handshake(None)
     if side.client is None:
         side.client = new_client(state)
@@ -186,7 +191,8 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     """Handshake with the teacher, refuse an unqualified one, bind a link, pick memory."""
     recipe, side = state.recipe, state.teacher
     if side.routes is not None:
-        connect_routed(state)
+        if side.link is None:  # else connected (and gated) before the warm-up
+            connect_routed(state)
         return
     if side.client is None:
         side.client = new_client(state)
@@ -400,14 +406,17 @@ def vet_endpoint(state: TrainState, endpoint: str, timeout_s: float) -> dict[str
 
 def vet_route(state: TrainState, route: RouteSide, endpoint: str) -> dict[str, Any]:
     """The identity of the teacher at ``endpoint`` if ``route`` would accept it: the
-    run's tokenizer, the route's adapter served (:func:`vet_endpoint` for one route)."""
+    run's tokenizer, the route's adapter served, the route's gate passed
+    (:func:`vet_endpoint` for one route)."""
     probe = new_client(state, endpoint, teacher=route.route.config, adapter=route.route.adapter,
                        timeout_s=RETARGET_HANDSHAKE_S, suffix=f":{route.route.name}:vet")
     try:
         probe.connect(RETARGET_HANDSHAKE_S)
-        return teacher_identity(probe)
+        identity = teacher_identity(probe)
     finally:
         probe.close()
+    require_route_qualified(state.recipe, route.route, identity)
+    return identity
 
 
 def apply_retarget(state: TrainState) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,46 @@ def test_qualify_a_prepared_teacher(tmp_path, monkeypatch):
     assert qualify.model_dir_digest(prepared) == beside["model_dir_sha256"]
     bad = CliRunner().invoke(app, ["qualify-teacher", str(path), "--split", "train"])
     assert bad.exit_code != 0
+
+
+def test_qualify_one_route_of_several_teachers(tmp_path, monkeypatch, capsys):
+    # --route NAME measures that teacher of teachers: on each environment routed to it:
+    # the records its min_success reads (docs/several-teachers.md, "Gates").
+    from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
+    from miniverl.common import qualification
+    from miniverl.common.recipe import load_recipe
+    from miniverl.common.teacher_routes import route_view, routes
+
+    monkeypatch.setattr(qualification, "qualifications_dir", lambda: tmp_path / "q")
+    teacher = {"model": {"toy": TEACHER}, "device": "cpu", "dtype": "float32",
+               "memory": "resident"}
+    envs = {"train_tasks": 4, "eval_tasks": 2, "test_tasks": 2}
+    recipe = {
+        "schema_version": 1,
+        "run": {"name": "q", "mode": "opd", "output_dir": str(tmp_path / "runs")},
+        "student": {"model": {"toy": ONE_LAYER}, "device": "cpu", "lora": None},
+        "teachers": {"calc": teacher, "nav": {**teacher, "min_success": 0.0}},
+        "environments": [{"name": "calculator", "teacher": "calc", **envs},
+                         {"name": "jsonnav", "teacher": "nav", **envs}],
+        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 8, "max_total_tokens": 640,
+                    "batch_size": 2},
+    }
+    path = write_recipe(tmp_path / "two.yaml", recipe)
+    result = CliRunner().invoke(app, ["qualify-teacher", str(path), "--route", "nav"])
+    assert result.exit_code == 0, result.output
+    assert "on jsonnav eval (n=2)" in result.output and "calculator" not in result.output
+    assert "teacher.min_success 0: qualified" in result.output
+    [record] = [r for r in map(json.loads, map(Path.read_text, (tmp_path / "q").glob("*.json")))
+                if r.get("kind") == qualification.RECORD_KIND]
+    loaded = load_recipe(path)
+    view = route_view(loaded, routes(loaded)["nav"], "jsonnav")
+    identity = record["teacher"]
+    assert qualification.find_record(view, identity) == record  # what nav's gate reads
+    from miniverl.cli.app import run
+
+    assert run(["qualify-teacher", str(path), "--route", "sql"]) == 1  # the entry point
+    err = capsys.readouterr().err
+    assert "--route sql is not a route of" in err and "its routes are calc, nav" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -391,11 +391,11 @@ def test_qualify_teacher_plays_through_the_engine_and_the_gate_reads_its_record(
                           "api": "vllm", "min_success": 0.0}
         path = write_recipe(tmp_path / "engine.yaml", recipe_dict(
             "opd", tmp_path / "run", cycles=1, sections={"teacher": engine_teacher}))
-        record, _ = qualify_endpoint(path, engine.url, out=tmp_path / "engine.json")
+        [(record, _)] = qualify_endpoint(path, engine.url, out=tmp_path / "engine.json")
         played = sum(1 for r, _ in engine.requests if r == "/v1/completions")
         # The same teacher weights measured in process: the same episodes, the same result.
         local = write_recipe(tmp_path / "local.yaml", recipe_dict("opd", tmp_path / "local"))
-        in_process, _ = qualify_recipe(local, out=tmp_path / "local.json")
+        [(in_process, _)] = qualify_recipe(local, out=tmp_path / "local.json")
         assert record["teacher"]["model"] == "toy-teacher" and record["endpoint"] == engine.url
         assert played > 0 and record["n"] == in_process["n"]
         assert record["success"] == in_process["success"]

@@ -72,8 +72,6 @@ def test_routes_name_each_teacher_and_adapter(tmp_path):
      "teacher and teachers both name the run's teachers"),
     (lambda d: d["teachers"]["nav"].update(memory="swap"),
      "teachers.nav.memory 'swap'"),
-    (lambda d: d["teachers"]["calc"].update(min_success=0.5),
-     "teachers.calc.min_success 0.5 is gated on one environment's record"),
     (lambda d: d["run"].update(mode="replay"), "mode 'replay' is not routed"),
     (lambda d: d["teachers"]["nav"]["model"]["toy"].update(max_positions=64),
      "max_total_tokens 640 exceeds teachers.nav.model.toy.max_positions 64; lower it"),
@@ -99,6 +97,8 @@ def test_a_bad_route_is_one_line_naming_the_field_and_the_fix(tmp_path, change, 
      "adapter name 'bad name' must be 1-64 letters"),
     (lambda d: d["teacher"].update(adapter="adapters/one"),
      "adapters (one process serving several) cannot go with adapter 'adapters/one'"),
+    (lambda d: d["teacher"].update(min_success=0.5),
+     "teacher.min_success 0.5 would gate each adapter of that process"),
 ])
 def test_a_bad_adapter_route_is_one_line(tmp_path, change, says):
     data = _data(tmp_path, adapters=True)
@@ -145,6 +145,70 @@ def test_the_trainer_refuses_a_teacher_it_cannot_reach(tmp_path):
         Trainer(recipe, teacher_endpoint="ipc:///tmp/x", show_progress=False)
     with pytest.raises(ConfigError, match="--teacher sql=... names no teacher"):
         Trainer(recipe, teacher_endpoints={"sql": "ipc:///tmp/x"}, show_progress=False)
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """A private qualifications folder (the session cache is shared by every test)."""
+    from miniverl.common import qualification
+
+    folder = tmp_path / "qualifications"
+    monkeypatch.setattr(qualification, "qualifications_dir", lambda: folder)
+    return folder
+
+
+def _qualify(recipe, route_name, environment, success):
+    """A qualification record of route ``route_name``'s fake teacher on ``environment``."""
+    from miniverl.common.qualification import (
+        RECORD_KIND,
+        environment_signature,
+        save_record,
+    )
+    from miniverl.common.teacher_routes import route_view
+
+    view = route_view(recipe, routes(recipe)[route_name], environment)
+    save_record({
+        "kind": RECORD_KIND, "environment": environment_signature(view), "split": "eval",
+        "teacher": {"name": f"{route_name}-teacher", "model": "toy", "revision": None,
+                    "adapter_sha256": None},
+        "model_dir_sha256": None, "n": 8, "success": success, "by_difficulty": {},
+        "date": "2026-12-01T00:00:00+00:00", "miniverl_version": "test"})
+
+
+@pytest.mark.slow  # toy OPD runs
+def test_each_route_is_gated_on_its_own_environments_before_the_warm_up(tmp_path, toy,
+                                                                        records):
+    from miniverl.common.qualification import TeacherNotQualified
+    from miniverl.student.train.trainer import Trainer
+
+    data = _data(tmp_path, cycles=1, rollouts_per_cycle=4)
+    data["teachers"]["nav"]["min_success"] = 0.5  # calc has no gate
+    data["train"]["sft_warmup_steps"] = 2
+    recipe = Recipe.model_validate(data)  # validate accepts a gate per teacher
+
+    def train(clients=None):
+        with Trainer(recipe, route_clients=clients or _clients(toy), show_progress=False,
+                     write_report=False, checkpoints=False) as trainer:
+            return trainer.train()
+
+    with pytest.raises(TeacherNotQualified, match=(
+            "route nav, environment jsonnav: teacher nav-teacher \\(toy\\) has no "
+            "qualification record for jsonnav")):
+        train()
+    _qualify(recipe, "nav", "calculator", 0.9)  # another environment's record: no use
+    _qualify(recipe, "nav", "jsonnav", 0.4)
+    with pytest.raises(TeacherNotQualified, match="measured success 0.400 on jsonnav eval"):
+        train()
+    # Refused before the warm-up's first step: no run wrote a metrics row.
+    assert not any(m.read_text().strip() for m in tmp_path.rglob("metrics.jsonl"))
+    _qualify(recipe, "nav", "jsonnav", 0.75)
+    clients = _clients(toy)
+    clients["nav"].reload_before_next_wait = True  # gated again when it reloads
+    result = train(clients)
+    assert result.status == "completed"
+    said = [(e["route"], e["environment"], e["success"], e["min_success"], e["teacher"]["gen"])
+            for e in events(result.run_dir, "teacher_qualified")]
+    assert said == [("nav", "jsonnav", 0.75, 0.5, 0), ("nav", "jsonnav", 0.75, 0.5, 1)]
 
 
 def _clients(toy):
