@@ -9,7 +9,9 @@ docs/distillbench.md's results: the start points, the learning-rate grid, each r
 of both budgets (equal updates, equal training seconds) with both evaluations (T=1,
 greedy) and each arm's paired difference to the baseline and to every arm of the
 analysis's ``also_against``, and each arm's cost. ``--table NAME`` prints one table
-(``start``, ``grid``, ``updates=N``, ``seconds=S``, ``cost``). With ``--commit`` (the
+(``start``, ``grid``, ``updates=N``, ``seconds=S``, ``gap``, ``cost``); ``gap``
+(records with a plateau and a teacher above it, version 3) is each arm's share of the
+plateau-to-teacher gap closed and its training seconds to the reach arm's final score. With ``--commit`` (the
 commit that holds the record) each table is followed by one table annotation naming the
 record, the commit and the command that prints it (tests/docs/figures.py): the docs test
 prints the table again from the record at that commit and compares it whole.
@@ -131,6 +133,33 @@ def cost_table(data: dict[str, Any]) -> Table:
     return t
 
 
+def gap_table(data: dict[str, Any], labels: list[str]) -> Table:
+    """Per arm: the share of the plateau-to-teacher gap its T=1 mean closes at each
+    reading, and the training seconds it needs to reach the reach arm's final T=1
+    success of the same seed (the seeds that reached it, their mean)."""
+    main = data["main"]
+    reach = (data.get("distill") or {}).get("reach_arm")
+    key = f"seconds_to_{reach}_final" if reach else None
+    header = ["arm", *(f"gap closed, T=1, {_said(label)}" for label in labels)]
+    if key:
+        header.append(f"training s to {reach}'s final T=1 (seeds that reached it)")
+    t = Table(header)
+    for arm, entry in main["arms"].items():
+        row = [arm, *(t.fig((entry.get(label) or {}).get("t1_gap_closed"), "{:+.2f}")
+                      for label in labels)]
+        if key:
+            hit = entry.get(key) or {}
+            row.append("-" if not hit else
+                       f"{t.fig(hit.get('mean_s'), '{:.1f} s')} ({hit['reached']} of {hit['of']})")
+        t.rows.append(row)
+    return t
+
+
+def _said(label: str) -> str:
+    kind, value = label.split("=")
+    return f"{value} updates" if kind == "updates" else f"{value} s"
+
+
 def tables(data: dict[str, Any]) -> list[tuple[str, str, Table]]:
     """``(name, heading, table)`` for every table the record holds, in page order."""
     out = [("start", "Start points", start_table(data))]
@@ -143,6 +172,11 @@ def tables(data: dict[str, Any]) -> list[tuple[str, str, Table]]:
         what = (f"after {label.split('=')[1]} updates" if label.startswith("updates")
                 else f"within {label.split('=')[1]} training seconds")
         out.append((label, f"Test split, {what}", budget_table(data, label)))
+    if data["main"].get("gap"):  # version 3: a plateau and a teacher above it
+        gap = data["main"]["gap"]
+        out.append(("gap", f"Share of the gap closed (test split: plateau T=1 "
+                           f"{Table.fig(gap['start'].get('t1'))}, teacher "
+                           f"{Table.fig(gap['teacher'].get('t1'))})", gap_table(data, labels)))
     out.append(("cost", "Cost per cell", cost_table(data)))
     return out
 
@@ -159,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=None,
                     help="the commit that holds the record: each table gets its annotation")
     ap.add_argument("--table", default=None,
-                    help="print this table only (start, grid, updates=N, seconds=S, cost)")
+                    help="print this table only (start, grid, updates=N, seconds=S, gap, cost)")
     args = ap.parse_args(argv)
     path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
     if not path.is_file():

@@ -96,3 +96,31 @@ def test_a_missing_record_is_one_line(tmp_path, capsys):
         assert "does not exist" in str(exc) and "\n" not in str(exc)
     else:
         raise AssertionError("a missing record must exit")
+
+
+def test_a_record_with_a_plateau_and_a_teacher_prints_the_gap_table(tmp_path, capsys):
+    # Version 3: each arm's share of the plateau-to-teacher gap, and its seconds to the
+    # reach arm's final T=1 success.
+    data = _record()
+    data["distill"]["reach_arm"] = "rl"
+    data["main"]["gap"] = {"start": {"t1": 0.6, "greedy": 0.65}, "teacher": {"t1": 1.0,
+                                                                          "greedy": 1.0}}
+    for name, closed, reach in (("sft", 0.75, {"per_seed": {"1": 20.0, "2": None},
+                                              "reached": 1, "of": 2, "mean_s": 20.0}),
+                                ("opd", -0.1, {"per_seed": {"1": None, "2": None},
+                                               "reached": 0, "of": 2, "mean_s": None})):
+        arm = data["main"]["arms"][name]
+        arm["updates=32"] = {**arm["updates=32"], "t1_gap_closed": closed}
+        arm["seconds=60"] = {**arm["seconds=60"], "t1_gap_closed": None}
+        arm["seconds_to_rl_final"] = reach
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps(data))
+    assert report.main(["--record", str(path), "--table", "gap"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("| arm | gap closed, T=1, 32 updates | gap closed, T=1, 60 s | "
+                      "training s to rl's final T=1 (seeds that reached it) |")
+    assert out[2] == "| sft | +0.75 | - | 20.0 s (1 of 2) |"
+    assert out[3] == "| opd | -0.10 | - | - (0 of 2) |"
+    assert report.main(["--record", str(path)]) == 0
+    assert "#### Share of the gap closed (test split: plateau T=1 0.600, teacher 1.000)" in \
+        capsys.readouterr().out
