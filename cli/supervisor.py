@@ -402,7 +402,8 @@ class Supervisor:
         self.run.logs_dir.mkdir(parents=True, exist_ok=True)
         needs_teacher = self.recipe.needs_teacher
         self.endpoint = self.external or socket_endpoint(self.run.path, "teacher.sock")
-        for name, section in (self.recipe.teachers or {}).items():
+        # SeqKD from several teachers (sft) plays them in the student process: no server.
+        for name, section in (self.recipe.teachers or {} if needs_teacher else {}).items():
             self.named[name] = NamedTeacher(
                 name, section.endpoint or socket_endpoint(self.run.path, f"teacher-{name}.sock"),
                 launched=section.endpoint is None)

@@ -433,8 +433,18 @@ class Recipe(BaseModel):
                     "remove it or set run.mode: offline_kd",
                 )
             )
-        if train.fixed_set == "teacher" and "teacher" in info.data:  # absent: reported
+        teachers = info.data.get("teachers")
+        if train.fixed_set == "teacher" and teachers:  # each teacher plays its environments
+            for name, section in teachers.items():
+                issues.extend(((field,), f"teachers.{name}: {text}") for (field,), text in
+                              _teacher_set_issues(section, info.data.get("rollout")))
+        elif train.fixed_set == "teacher" and "teacher" in info.data:  # absent: reported
             issues.extend(_teacher_set_issues(info.data.get("teacher"), info.data.get("rollout")))
+        if mode == "sft" and train.fixed_set != "teacher" \
+                and is_routed(info.data.get("teacher"), teachers):
+            issues.append((("fixed_set",), (
+                "several teachers in mode sft play SeqKD's episodes, each its own "
+                "environments'; set train.fixed_set: teacher, or run.mode: opd")))
         issues.extend(_mixing_issues(train, mode))
         issues.extend(_group_issues(train, mode, info.data.get("rollout")))
         if train.score_fixed_set == "drawn" and (mode != "offline_kd"
@@ -454,9 +464,12 @@ class Recipe(BaseModel):
         if info.data.get("environments") is not None:
             # Oracle traces of a mixture: drawn by weight, each in its own environment;
             # what reads one environment's tasks or view stays with environment:.
+            # SeqKD's teacher set (fixed_set: teacher) is played per environment, each by
+            # its own teacher (docs/several-teachers.md, "SeqKD from several teachers").
             for field, value, why in (
                 ("oracle_tasks", train.oracle_tasks, "counts one environment's first tasks"),
-                ("fixed_set", train.fixed_set, "plays or reads one environment's set"),
+                ("fixed_set", train.fixed_set if train.fixed_set != "teacher" else None,
+                 "plays or reads one environment's set"),
             ):
                 if value is not None:
                     issues.append(((field,), (

@@ -30,8 +30,10 @@ from .recipe_sections import EnvironmentConfig
 # The name a single ``teacher:`` section's routes go by.
 SINGLE = "teacher"
 # Modes whose episodes are routed: strict on-policy distillation scores each fresh
-# episode once, by its own environment's teacher.
-ROUTED_MODES = frozenset({"opd"})
+# episode once, by its own environment's teacher; sft with train.fixed_set: teacher
+# (SeqKD) trains on each environment's teacher's own episodes (the recipe checks that
+# sft routes only with it).
+ROUTED_MODES = frozenset({"opd", "sft"})
 # Settings that hold one environment's view, so a routed teacher cannot have them.
 # (min_success and min_recovery gate each route on each of its environments' records:
 # require_route_qualified.)
@@ -89,8 +91,9 @@ def routing_issues(run: Any, teacher: Any, teachers: dict[str, Any] | None,
                       "of {name, weight, teacher, adapter}), or use one teacher: section"))]
     if run is not None and run.mode not in ROUTED_MODES:
         issues.append(((), (
-            f"several teachers score the fresh episodes of opd; mode {run.mode!r} is not "
-            "routed; use run.mode: opd, or one teacher: section")))
+            f"several teachers score the fresh episodes of opd, or play SeqKD's (sft with "
+            f"train.fixed_set: teacher); mode {run.mode!r} is not routed; use run.mode: opd "
+            "or sft, or one teacher: section")))
     for name, config in named.items():
         where = "teacher" if teachers is None else f"teachers.{name}"
         for gate in ("min_success", "min_recovery"):
@@ -193,10 +196,25 @@ def route_view(recipe: Any, route: Route, environment: str) -> Any:
     ``environment`` (one of its environments): the route's teacher section as
     ``teacher:`` and that environment as ``environment:``. Its qualification records
     are those ``miniverl qualify-teacher`` writes for such a recipe."""
+    return environment_view(recipe, environment, route.config)
+
+
+def environment_view(recipe: Any, environment: str, teacher: Any) -> Any:
+    """``recipe`` with one environment of its mixture as ``environment:`` and ``teacher``
+    as its one teacher (no ``teachers:``, no ``environments:``)."""
     member = next(m for m in recipe.environments if m.name == environment)
     section = EnvironmentConfig(**member.model_dump(include=set(EnvironmentConfig.model_fields)))
-    return recipe.model_copy(update={"teacher": route.config, "teachers": None,
+    return recipe.model_copy(update={"teacher": teacher, "teachers": None,
                                      "environments": None, "environment": section})
+
+
+def teacher_of_environment(recipe: Any) -> dict[str, Any]:
+    """Environment name -> the teacher section that plays or scores its episodes: its
+    route's, or the one ``teacher:`` of a mixture that routes nothing."""
+    found = routes(recipe)
+    if not found:
+        return {member.name: recipe.teacher for member in recipe.environments}
+    return {env: route.config for route in found.values() for env in route.environments}
 
 
 def require_route_qualified(recipe: Any, route: Route,

@@ -32,9 +32,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from miniverl.common.teacher_routes import environment_view, teacher_of_environment
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
-from miniverl.student.teacher_play import play_as_teacher, success_rate
+from miniverl.student.teacher_play import TeacherEpisodes, play_as_teacher, success_rate
 from miniverl.student.train.optim import planned_cycles
 from miniverl.student.train.state import TrainState, episode_seed, fixed_draw, tasks_for
 
@@ -69,20 +71,49 @@ def teacher_set(state: TrainState,
         state.run.event("teacher_set_played", episodes=len(recorded), recorded=True,
                         success=success_rate(recorded), time_load_s=0.0, time_play_s=seconds)
         return recorded, seconds, True
-    recipe, policy = state.recipe, state.policy
+    recipe = state.recipe
     tasks = state.train_tasks
     seeds = [episode_seed(recipe.run.seed, TEACHER_SET_CYCLE, i) for i in range(len(tasks))]
     if needed is not None:
         tasks, seeds = [tasks[i] for i in needed], [seeds[i] for i in needed]
     # SeqKD has no served teacher whose handshake applies teacher.min_success: gate here
     # (offline_kd's teacher server has passed it by now).
-    played = play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
-                             offline=state.offline, gate=recipe.run.mode == "sft")
+    played = play_set(state, tasks, seeds, gate=recipe.run.mode == "sft")
     state.run.event("teacher_set_played", episodes=len(played.trajectories), recorded=False,
                     success=played.success, time_load_s=played.time_load_s,
                     time_play_s=played.time_play_s, from_cache=played.from_cache,
                     time_charged_s=played.charged_s)
     return played.trajectories, time.perf_counter() - t0, False
+
+
+def play_set(state: TrainState, tasks: list[Any], seeds: list[int], *,
+             gate: bool) -> TeacherEpisodes:
+    """The teacher's episodes of ``tasks``, in task order. A mixture's tasks are played
+    environment by environment, each by its environment's teacher (its route's, with
+    several teachers: SeqKD from several specialists, docs/several-teachers.md)."""
+    recipe, policy = state.recipe, state.policy
+    if state.mixture is None:
+        return play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
+                               offline=state.offline, gate=gate)
+    teacher_of = teacher_of_environment(recipe)
+    where: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        where.setdefault(state.mixture.environment_of[task.id], []).append(i)
+    out: list[Trajectory | None] = [None] * len(tasks)
+    total = TeacherEpisodes([], 0.0, 0.0)
+    for env, positions in where.items():
+        view = environment_view(recipe, env, teacher_of[env])
+        part = play_as_teacher(view, [tasks[i] for i in positions], [seeds[i] for i in positions],
+                               policy.tokenizer, policy.tokenizer_fp, offline=state.offline,
+                               gate=gate)
+        for i, traj in zip(positions, part.trajectories, strict=True):
+            out[i] = traj
+        total = TeacherEpisodes([], total.time_load_s + part.time_load_s,
+                                total.time_play_s + part.time_play_s,
+                                total.from_cache + part.from_cache,
+                                total.charged_s + part.charged_s)
+    total.trajectories = out
+    return total
 
 
 def seqkd_positions(state: TrainState) -> list[int]:

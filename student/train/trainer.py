@@ -116,7 +116,7 @@ class Trainer:
         endpoint = teacher_endpoint or (recipe.teacher.endpoint if recipe.teacher else None)
         self.teacher = TeacherSide(client=client, endpoint=endpoint, curve=teacher_curve,
                                    admin_token_file=teacher_admin_token)
-        if is_routed(recipe.teacher, recipe.teachers):
+        if is_routed(recipe.teacher, recipe.teachers) and recipe.needs_teacher:  # not SeqKD
             self.teacher = routed_side(recipe, teacher_endpoint, teacher_endpoints,
                                        route_clients, teacher_curve)
         self.offline = offline

@@ -384,6 +384,44 @@ def test_a_failed_teacher_holds_back_only_its_own_domain(tmp_path, toy):
     assert "held back" not in calc_line
 
 
+@pytest.mark.slow  # one toy SFT run, two teachers played in process
+def test_seqkd_from_two_teachers_plays_each_environment_with_its_own(tmp_path, monkeypatch):
+    # SFT on the specialists' own samples: train.fixed_set: teacher with teachers: plays
+    # each environment's tasks with its route's teacher, in this process (no server).
+    from miniverl.student import teacher_play
+    from miniverl.student.train import fixed_sets
+    from miniverl.student.train.trainer import Trainer
+
+    data = _data(tmp_path, cycles=2, rollouts_per_cycle=8)
+    data["run"]["mode"] = "sft"
+    data["train"]["fixed_set"] = "teacher"
+    nav_toy = {**data["teachers"]["nav"]["model"]["toy"], "seed": 5}
+    data["teachers"]["nav"]["model"] = {"toy": nav_toy}
+    recipe = Recipe.model_validate(data)
+    played = []
+    real = teacher_play.play_as_teacher
+
+    def recording(view, tasks, seeds, *args, **kw):
+        played.append((view.environment.name, view.teacher.model.toy.seed,
+                       len(tasks), kw.get("gate")))
+        return real(view, tasks, seeds, *args, **kw)
+
+    monkeypatch.setattr(fixed_sets, "play_as_teacher", recording)
+    with Trainer(recipe, show_progress=False, write_report=False, checkpoints=False) as trainer:
+        result = trainer.train()  # no --teacher: nothing to connect to
+    assert result.status == "completed" and result.steps == 2
+    calc_seed = data["teachers"]["calc"]["model"]["toy"].get("seed")
+    assert sorted(p[:2] for p in played) == sorted([("calculator", calc_seed), ("jsonnav", 5)])
+    assert all(gate for *_, gate in played)  # each route's own gate, when it has one
+    trajs = read_trajectories(result.run_dir / "trajectories.jsonl")
+    teacher = [t for t in trajs if t.source == "teacher"]
+    assert {t.environment for t in teacher} == {"calculator", "jsonnav"}
+    assert len(teacher) == sum(n for _, _, n, _ in played)
+    # Bad input: several teachers in sft without SeqKD's set, one line naming the fix.
+    del data["train"]["fixed_set"]
+    assert "set train.fixed_set: teacher, or run.mode: opd" in _problems(data)
+
+
 class _StubLink:
     """A route's link for RoutedLink alone: its teacher answers at once while its client
     is connected, and never while it is not (ScoreTimeout at each poll)."""
