@@ -117,7 +117,9 @@ def summary_lines(result) -> list[str]:
         # Several teachers (docs/several-teachers.md): each one's share.
         lines += [f"  {line}" for line in fmt_by_teacher(c.get("by_teacher") or {})]
     for name, env in ((result.eval or {}).get("by_environment") or {}).items():
-        lines.append(f"  {name} {float(env['success']):.0%} on its {env.get('n')} tasks")
+        calls = (f", {float(env['tool_calls']):.2f} tool calls an episode"
+                 if "tool_calls" in env else "")
+        lines.append(f"  {name} {float(env['success']):.0%} on its {env.get('n')} tasks{calls}")
     lines.append(f"report       {Path(result.run_dir) / 'report.html'}")
     return lines
 

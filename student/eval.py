@@ -92,13 +92,15 @@ class EvalSummary:
 
 
 def by_environment(trajs: list[Trajectory], mixture: Mixture) -> dict[str, dict[str, float]]:
-    """Each environment's success, episode count and weight (its episodes are those
-    tagged with its name), in the mixture's order."""
+    """Each environment's success, episode count, weight and tool calls per episode (its
+    episodes are those tagged with its name), in the mixture's order."""
     out = {}
     for name, weight in zip(mixture.names, mixture.weights, strict=True):
         mine = [t for t in trajs if t.environment == name]
-        out[name] = {"success": sum(t.verifier.success for t in mine) / len(mine) if mine
-                     else 0.0, "n": len(mine), "weight": weight}
+        n = len(mine)
+        out[name] = {"success": sum(t.verifier.success for t in mine) / n if n else 0.0,
+                     "n": n, "weight": weight,
+                     "tool_calls": sum(t.tool_calls.total for t in mine) / n if n else 0.0}
     return out
 
 

@@ -257,6 +257,7 @@ def evaluate_now(state: TrainState) -> EvalSummary:
                 if getattr(summary, name) is not None}
     state.run.event("eval", version=state.version, split=summary.split,
                     success=summary.success, n=summary.n, by_difficulty=summary.by_difficulty,
-                    stop_reasons=summary.stop_reasons, **optional)
+                    stop_reasons=summary.stop_reasons, mean_tool_calls=summary.mean_tool_calls,
+                    **optional)
     state.last_eval = (state.version, summary)
     return summary

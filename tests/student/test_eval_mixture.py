@@ -26,12 +26,14 @@ def test_a_mixture_summary_holds_each_environment_and_the_whole():
                              Env(name="jsonnav", weight=0, eval_tasks=1)], "eval")
     trajs = [_traj("calculator", True, 0), _traj("sqlite", False, 1),
              _traj("calculator", False, 2), _traj("sqlite", False, 3)]
+    for traj, calls in zip(trajs, (3, 1, 1, 0), strict=True):
+        traj.tool_calls.total = calls  # tool calls per episode, per environment
     summary = summarize(trajs, "eval", 0, mixture=mixture)
-    assert summary.success == 0.25 and summary.n == 4
+    assert summary.success == 0.25 and summary.n == 4 and summary.mean_tool_calls == 1.25
     assert summary.by_environment == {
-        "calculator": {"success": 0.5, "n": 2, "weight": 3.0},
-        "sqlite": {"success": 0.0, "n": 2, "weight": 1.0},
-        "jsonnav": {"success": 0.0, "n": 0, "weight": 0.0},
+        "calculator": {"success": 0.5, "n": 2, "weight": 3.0, "tool_calls": 2.0},
+        "sqlite": {"success": 0.0, "n": 2, "weight": 1.0, "tool_calls": 0.5},
+        "jsonnav": {"success": 0.0, "n": 0, "weight": 0.0, "tool_calls": 0.0},
     }
     assert summary.to_dict()["by_environment"] == summary.by_environment
 
