@@ -26,6 +26,7 @@ import distill_bench as bench  # noqa: E402
 
 SMOKE = "benchmarks/smoke/distill.yaml"
 SMOKE_V3 = "benchmarks/smoke/distill_v3.yaml"
+SMOKE_V4 = "benchmarks/smoke/distill_v4.yaml"
 # Documented command (docs/distillbench.md) -> its smoke form, in this order.
 DISTILL_SMOKE = {
     "python benchmarks/distill_bench.py --phase grid":
@@ -45,6 +46,14 @@ DISTILL_SMOKE = {
     "python benchmarks/distill_bench.py --config benchmarks/distill/v3.yaml --update-committed "
     "--resume --part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V3} "
                                   "--output-dir runs/benchmarks/distill-v3-doc --resume "
+                                  "--part-minutes 45",
+    # Version 4 (its own config; in parts, then --resume).
+    "python benchmarks/distill_bench.py --config benchmarks/distill/v4.yaml --update-committed "
+    "--part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V4} "
+                         "--output-dir runs/benchmarks/distill-v4-doc --part-minutes 45",
+    "python benchmarks/distill_bench.py --config benchmarks/distill/v4.yaml --update-committed "
+    "--resume --part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V4} "
+                                  "--output-dir runs/benchmarks/distill-v4-doc --resume "
                                   "--part-minutes 45",
 }
 
@@ -407,6 +416,28 @@ def test_a_student_prepared_on_the_teachers_episodes_names_the_prepared_teacher(
     finally:
         path.unlink()
         path.parent.rmdir()
+
+
+@pytest.mark.slow
+def test_the_version_4_smoke_narrows_one_arm_to_the_users_prompts(tmp_path):
+    # benchmarks/smoke/distill_v4.yaml: seqkd on the whole pool, seqkd_user on its first
+    # half, each paired with the baseline, rl and seqkd_user.
+    assert bench.main(["--config", str(ROOT / SMOKE_V4), "--output-dir",
+                       str(tmp_path / "v4")]) == 0
+    summary = json.loads((tmp_path / "v4" / "distill_bench_v4_smoke.json").read_text())
+    main = summary["main"]
+    assert summary["complete"] and main["also_against"] == ["rl", "seqkd_user"]
+    assert "t1_vs_seqkd_user" in main["arms"]["seqkd"]["updates=2"]
+    from miniverl.common.trajectory import read_trajectories
+    from miniverl.student.environments.registry import make_tasks
+
+    user = {t.id for t in make_tasks("calculator", "train", 8, "easy", 0,
+                                     params={"units": False, "chain": 3})}
+    for arm in ("seqkd", "seqkd_user"):
+        run = next(c for c in main["cells"] if c["arm"] == arm)["run_dir"]
+        played = {t.task_id for t in read_trajectories(tmp_path / "v4" / "main" / run /
+                                                       "trajectories.jsonl")}
+        assert played <= user if arm == "seqkd_user" else played - user, (arm, played)
 
 
 @pytest.mark.slow
