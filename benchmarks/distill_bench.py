@@ -333,7 +333,27 @@ def analyze_cell(cell: dict[str, Any], results_dir: Path,
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
     out["time_split"] = {**time_split(RunDir(run_dir).read_jsonl("metrics.jsonl")),
                          "preparation_s": out["preparation_s"]}
+    out["signal"] = training_signal(RunDir(run_dir).read_jsonl("metrics.jsonl"))
     return out
+
+
+def training_signal(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the updates had to learn from, from a run's metrics rows: the share of its
+    updates whose own training episodes all succeeded (``all_right_share``: RL's group
+    advantages are then 0, and a student matching its teacher there gets ~0 from OPD;
+    None for an arm that plays no episode of its own, SFT), the mean training success,
+    and the median absolute loss and gradient norm."""
+    train = [r for r in rows if r.get("phase", "train") == "train"]
+    played = [r["train_success"] for r in train if r.get("train_success") is not None]
+    losses = [abs(r["loss"]) for r in train if r.get("loss") is not None]
+    norms = [r["grad_norm"] for r in train if r.get("grad_norm") is not None]
+    return {
+        "updates": len(train),
+        "all_right_share": (sum(v == 1.0 for v in played) / len(played)) if played else None,
+        "train_success": float(np.mean(played)) if played else None,
+        "abs_loss_median": float(np.median(losses)) if losses else None,
+        "grad_norm_median": float(np.median(norms)) if norms else None,
+    }
 
 
 # -- the warm start and the teacher -----------------------------------------------------
@@ -635,6 +655,13 @@ def compare(cells: list[dict[str, Any]], baseline: str, updates: list[int],
         if splits:
             entry["mean_time_split"] = {k: float(np.mean([t[k] for t in splits]))
                                         for k in splits[0]}
+        signals = [c["signal"] for c in mine if c.get("signal")]
+        if signals:  # records before the signal reading hold none
+            entry["mean_signal"] = {
+                k: (float(np.mean([g[k] for g in signals if g[k] is not None]))
+                    if any(g[k] is not None for g in signals) else None)
+                for k in ("all_right_share", "train_success", "abs_loss_median",
+                          "grad_norm_median")}
         entry["mean_training_s"] = (float(np.mean([c["training_s"] for c in mine]))
                                     if mine else None)
         entry["mean_preparation_s"] = (float(np.mean([c["preparation_s"] for c in mine]))

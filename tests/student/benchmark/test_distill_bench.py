@@ -459,3 +459,19 @@ def test_the_version_3_smoke_runs_end_to_end(tmp_path):
     events = [json.loads(line) for line in
               (tmp_path / "v3" / "main" / rl_run / "events.jsonl").read_text().splitlines()]
     assert not any(e["event"] == "teacher_connected" for e in events)  # no teacher asked
+
+
+def test_the_training_signal_counts_updates_with_nothing_to_learn():
+    # Version 3's finding: on prompts the student has learned by heart, every training
+    # episode of most updates succeeds, and RL and OPD have ~nothing to learn from.
+    rows = [{"phase": "train", "train_success": 1.0, "loss": 1e-9, "grad_norm": 1e-7},
+            {"phase": "train", "train_success": 1.0, "loss": -2e-9, "grad_norm": 2e-7},
+            {"phase": "train", "train_success": 0.75, "loss": 0.02, "grad_norm": 0.5},
+            {"phase": "warmup", "train_success": None, "loss": 3.0, "grad_norm": 9.0}]
+    signal = bench.training_signal(rows)
+    assert signal["updates"] == 3 and signal["all_right_share"] == 2 / 3
+    assert signal["train_success"] == pytest.approx(2.75 / 3)
+    assert signal["abs_loss_median"] == 2e-9 and signal["grad_norm_median"] == 2e-7
+    sft = bench.training_signal([{"phase": "train", "train_success": None, "loss": 0.5,
+                                  "grad_norm": 0.1}])
+    assert sft["all_right_share"] is None and sft["abs_loss_median"] == 0.5
