@@ -9,7 +9,7 @@ docs/distillbench.md's results: the start points, the learning-rate grid, each r
 of both budgets (equal updates, equal training seconds) with both evaluations (T=1,
 greedy) and each arm's paired difference to the baseline and to every arm of the
 analysis's ``also_against``, and each arm's cost. ``--table NAME`` prints one table
-(``start``, ``grid``, ``updates=N``, ``seconds=S``, ``gap``, ``cost``); ``gap``
+(``start``, ``grid``, ``updates=N``, ``seconds=S``, ``gap``, ``signal``, ``cost``); ``gap``
 (records with a plateau and a teacher above it, version 3) is each arm's share of the
 plateau-to-teacher gap closed and its training seconds to the reach arm's final score. With ``--commit`` (the
 commit that holds the record) each table is followed by one table annotation naming the
@@ -155,6 +155,20 @@ def gap_table(data: dict[str, Any], labels: list[str]) -> Table:
     return t
 
 
+def signal_table(data: dict[str, Any]) -> Table:
+    """Per arm, what its updates had to learn from (the cells' means): the share of
+    updates whose own training episodes all succeeded, the training success, the median
+    absolute loss and gradient norm."""
+    t = Table(["arm", "updates with every training episode right", "training success",
+               "median |loss|", "median gradient norm"])
+    for arm, entry in data["main"]["arms"].items():
+        sig = entry.get("mean_signal") or {}
+        t.rows.append([arm, t.fig(sig.get("all_right_share"), "{:.0%}"),
+                       t.fig(sig.get("train_success")), t.fig(sig.get("abs_loss_median"), "{:.1e}"),
+                       t.fig(sig.get("grad_norm_median"), "{:.1e}")])
+    return t
+
+
 def _said(label: str) -> str:
     kind, value = label.split("=")
     return f"{value} updates" if kind == "updates" else f"{value} s"
@@ -177,6 +191,9 @@ def tables(data: dict[str, Any]) -> list[tuple[str, str, Table]]:
         out.append(("gap", f"Share of the gap closed (test split: plateau T=1 "
                            f"{Table.fig(gap['start'].get('t1'))}, teacher "
                            f"{Table.fig(gap['teacher'].get('t1'))})", gap_table(data, labels)))
+    if any(e.get("mean_signal") for e in data["main"]["arms"].values()):
+        out.append(("signal", "What the updates had to learn from (means over cells)",
+                    signal_table(data)))
     out.append(("cost", "Cost per cell", cost_table(data)))
     return out
 
@@ -193,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=None,
                     help="the commit that holds the record: each table gets its annotation")
     ap.add_argument("--table", default=None,
-                    help="print this table only (start, grid, updates=N, seconds=S, gap, cost)")
+                    help="print this table only (start, grid, updates=N, seconds=S, gap, signal, cost)")
     args = ap.parse_args(argv)
     path = Path(args.record) if Path(args.record).is_absolute() else ROOT / args.record
     if not path.is_file():

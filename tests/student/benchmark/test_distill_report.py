@@ -124,3 +124,19 @@ def test_a_record_with_a_plateau_and_a_teacher_prints_the_gap_table(tmp_path, ca
     assert report.main(["--record", str(path)]) == 0
     assert "#### Share of the gap closed (test split: plateau T=1 0.600, teacher 1.000)" in \
         capsys.readouterr().out
+
+
+def test_a_record_with_the_training_signal_prints_its_table(tmp_path, capsys):
+    data = _record()
+    data["main"]["arms"]["opd"]["mean_signal"] = {
+        "all_right_share": 0.890625, "train_success": 0.9814, "abs_loss_median": 4.08e-09,
+        "grad_norm_median": 3.5e-07}
+    data["main"]["arms"]["sft"]["mean_signal"] = {
+        "all_right_share": None, "train_success": None, "abs_loss_median": 3.3e-05,
+        "grad_norm_median": 0.00135}
+    path = tmp_path / "signal.json"
+    path.write_text(json.dumps(data))
+    assert report.main(["--record", str(path), "--table", "signal"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| sft | - | - | 3.3e-05 | 1.4e-03 |"
+    assert out[3] == "| opd | 89% | 0.981 | 4.1e-09 | 3.5e-07 |"
