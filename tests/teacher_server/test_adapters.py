@@ -252,3 +252,37 @@ def test_a_reload_serves_the_same_adapters_over_the_new_model(base_dir, adapter_
     assert again.adapters == first.adapters and list(again.adapters) == list(NAMES)
     with pytest.raises(ConfigError, match="do not go together"):
         load({"model": str(base_dir), "adapter": adapter_dirs["calc"]})
+
+
+def test_a_lora_runs_checkpoint_is_an_adapter_a_teacher_serves_by_name(tmp_path, base_dir):
+    # How a user makes a specialist adapter today (docs/several-teachers.md): train the
+    # base with student.lora in sft; the run's checkpoint folder holds the adapter only
+    # (adapter_model.safetensors + adapter_config.json), and teacher.adapters serves it.
+    import torch
+
+    from miniverl.common.recipe import Recipe
+    from miniverl.student.train.trainer import Trainer
+    from tests.toy_kit import recipe_dict
+
+    data = recipe_dict("sft", tmp_path / "runs", student=ONE_LAYER, teacher=None, cycles=3,
+                       save_every=3)
+    data["student"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0,
+                               "target_modules": ["q_proj", "v_proj"]}
+    with Trainer(Recipe.model_validate(data), show_progress=False,
+                 write_report=False) as trainer:
+        result = trainer.train()
+        trained = trainer.state.policy.model
+        tokens = torch.arange(1, 13).unsqueeze(0)
+        with torch.no_grad():
+            want = trained(input_ids=tokens).logits
+    checkpoint = result.run_dir / "checkpoints" / "step_3"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    served = load_teacher(TeacherSpec(model=str(base_dir), device="cpu", dtype="float32",
+                                      adapters={"calc": str(checkpoint)}))
+    served.model.set_adapter("calc")
+    with torch.no_grad():
+        got = served.model(input_ids=tokens).logits
+        base = load_teacher(TeacherSpec(model=str(base_dir), device="cpu",
+                                        dtype="float32")).model(input_ids=tokens).logits
+    assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, base, atol=1e-3)
+    assert served.adapters["calc"].startswith("sha256:")
