@@ -18,7 +18,8 @@ the retry rate (a tool call attempted after the error; ``student/environments/fa
 
 With ``eval.samples`` N the summary also holds ``sampled``: every task played N times at
 ``eval.temperature`` (1.0 unless set), the mean success and pass@N
-(``student/eval_sampling.py``). When the run's fixed set is a function of the task
+(``student/eval_sampling.py``), and for a mixture each environment's success and tool
+calls at that temperature (``sampled.by_environment``). When the run's fixed set is a function of the task
 (oracle traces, the teacher's own episodes) it holds ``coverage``: the share of the
 evaluated episodes' turn-start states that the fixed set's source, played on the same
 tasks, never shows (``student/coverage.py``); ``sampled`` has its own.
@@ -194,6 +195,9 @@ def evaluate(
                                                     policy_version=policy_version)
         summary.sampled = sampled_summary(summary.sampled_trajectories, samples=samples,
                                           temperature=temperature)
+        if mixture is not None:  # each environment's T=1 success and tool calls
+            summary.sampled["by_environment"] = by_environment(summary.sampled_trajectories,
+                                                               mixture)
     reference = None if privileged else coverage_reference(
         recipe, tasks, seeds, tokenizer, tokenizer_fp, split=split, out_dir=out_dir,
         offline=offline)

@@ -53,7 +53,8 @@ def play_sampled(runner: RolloutRunner, tasks: list[Any], *, samples: int,
 
 def sampled_summary(trajs: list[Trajectory], *, samples: int,
                     temperature: float) -> dict[str, Any]:
-    """Mean success, pass@N, per-difficulty means and stop reasons of sampled episodes."""
+    """Mean success, pass@N, per-difficulty means, stop reasons and tool calls per episode
+    of sampled episodes."""
     by_task: dict[str, list[bool]] = {}
     by_difficulty: dict[str, list[bool]] = {}
     for t in trajs:
@@ -71,4 +72,5 @@ def sampled_summary(trajs: list[Trajectory], *, samples: int,
         "by_difficulty": {d: {"success": sum(v) / len(v), "n": len(v) // samples}
                           for d, v in sorted(by_difficulty.items())},
         "stop_reasons": dict(Counter(t.stop_reason.value for t in trajs)),
+        "mean_tool_calls": sum(t.tool_calls.total for t in trajs) / n if n else 0.0,
     }

@@ -10,7 +10,8 @@ in ``<cache.dir>/teacher_episodes/<key>/`` instead of playing them again.
 The key is a digest of everything an episode depends on: the teacher's weights (the
 digest of its model directory), the tokenizer, the environment (name, parameters,
 difficulty, split seed), the rollout's sampling and length settings (not its batch
-size) and the teacher's dtype, device and quantization. The folder holds
+size), the teacher's dtype, device and quantization, and the digest of the named
+adapter it played with, if any (``adapter_sha256``). The folder holds
 ``episodes.jsonl`` (sealed trajectories, appended) and ``costs.json``: the seconds
 each episode cost when it was played (its share of the load and play time of the call
 that played it). A run that reads an episode from here is *charged* that cost
@@ -28,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from miniverl.common.adapters import adapter_sha256
 from miniverl.common.atomic import atomic_write_json
 from miniverl.common.hashing import sha256_text
 from miniverl.common.qualification import model_dir_digest
@@ -42,8 +44,10 @@ def episode_id(env_name: str, task_id: str, seed: int) -> str:
     return f"teacher/{env_name}/{task_id}/s{seed}"
 
 
-def episodes_key(recipe: Recipe, model_dir: Path, tokenizer_fp: str) -> str:
-    """The digest of what a teacher episode of ``recipe`` depends on (module docstring)."""
+def episodes_key(recipe: Recipe, model_dir: Path, tokenizer_fp: str,
+                 adapter: Path | None = None) -> str:
+    """The digest of what a teacher episode of ``recipe`` depends on (module docstring);
+    ``adapter``: the adapter directory merged into ``model_dir``'s weights."""
     env, rollout, teacher = recipe.environment, recipe.rollout, recipe.teacher
     assert teacher is not None
     data = {
@@ -55,6 +59,8 @@ def episodes_key(recipe: Recipe, model_dir: Path, tokenizer_fp: str) -> str:
         "teacher": {"dtype": teacher.dtype, "device": teacher.device,
                     "quantization": teacher.quantization},
     }
+    if adapter is not None:  # absent otherwise: a plain teacher's key is unchanged
+        data["adapter"] = adapter_sha256(adapter)
     return sha256_text(json.dumps(data, sort_keys=True))[:24]
 
 
@@ -67,14 +73,14 @@ class EpisodeCache:
         self.costs_path = self.dir / "costs.json"
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, model_dir: Path,
-                   tokenizer_fp: str) -> EpisodeCache | None:
+    def for_recipe(cls, recipe: Recipe, model_dir: Path, tokenizer_fp: str,
+                   adapter: Path | None = None) -> EpisodeCache | None:
         """The cache of ``recipe``'s teacher, or None unless the recipe names a shared
         ``cache.dir`` (a run's own set is kept in its ``trajectories.jsonl`` anyway)."""
         cfg = recipe.cache
         if not cfg.enabled or not cfg.dir:
             return None
-        return cls(cfg.dir, episodes_key(recipe, model_dir, tokenizer_fp))
+        return cls(cfg.dir, episodes_key(recipe, model_dir, tokenizer_fp, adapter))
 
     def _costs(self) -> dict[str, float]:
         if not self.costs_path.is_file():

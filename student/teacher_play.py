@@ -7,11 +7,15 @@ no generation message and needs none for this: :func:`play_as_teacher` loads
 through), checks that its tokenizer is the student's (the episodes' token ids are
 trained on as they are), plays the tasks with the ordinary
 :class:`~miniverl.student.rollout.runner.RolloutRunner` (the recipe's ``rollout``
-section: temperature, top-p, lengths) and frees the weights again. Asked to, it first
+section: temperature, top-p, lengths) and frees the weights again. A route to one of
+the teacher's named adapters (``teacher.adapters``, an environment's ``adapter:``) plays
+with that adapter merged into the base (PEFT's ``merge_and_unload``), the very adapter a
+teacher server would select by name (``common/adapters.py`` resolves it and digests its
+files for the episode cache). Asked to, it first
 applies the recipe's competence gate (``teacher.min_success``, ``min_recovery``) to the
 teacher's qualification record, as a served teacher's handshake would. The recipe refuses
-a teacher this process cannot load as it stands (a ``prepare`` recipe, an adapter, a
-privileged view, another scorer).
+a teacher this process cannot load as it stands (a ``prepare`` recipe, the one merged
+``teacher.adapter``, a privileged view, another scorer).
 
 The episodes are relabelled as the teacher's: ``source: teacher``, id
 ``teacher/<env>/<task>/s<seed>``, policy version 0 (no student version sampled them).
@@ -33,6 +37,7 @@ from typing import Any
 
 import torch
 
+from miniverl.common.adapters import adapter_dir
 from miniverl.common.errors import ConfigError
 from miniverl.common.modeling import load_causal_lm, resolve_model_dir
 from miniverl.common.qualification import require_qualified
@@ -98,9 +103,11 @@ def teacher_dir(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False,
 
 
 def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = False,
-                         gate: bool = False, model_dir: Path | None = None) -> Any:
+                         gate: bool = False, model_dir: Path | None = None,
+                         adapter: Path | None = None) -> Any:
     """``teacher.model``'s weights, frozen, in eval mode (:func:`teacher_dir` checks it
-    first, unless the caller passes the ``model_dir`` it checked)."""
+    first, unless the caller passes the ``model_dir`` it checked); ``adapter``: a PEFT
+    adapter directory merged into them."""
     if model_dir is None:
         model_dir = teacher_dir(recipe, tokenizer_fp, offline=offline, gate=gate)
     cfg = recipe.teacher
@@ -108,28 +115,36 @@ def load_teacher_weights(recipe: Recipe, tokenizer_fp: str, *, offline: bool = F
         model_dir, dtype=cfg.dtype, device=cfg.device, quantization=cfg.quantization,
         revision=cfg.model.revision, allow_cpu_quantization=cfg.allow_cpu_quantization,
     )
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
+        model = model.merge_and_unload()
     model.requires_grad_(False)
     model.eval()
     return model
 
 
 def play_as_teacher(recipe: Recipe, tasks: list[Any], seeds: list[int], tokenizer: Any,
-                    tokenizer_fp: str, *, offline: bool = False,
-                    gate: bool = False) -> TeacherEpisodes:
+                    tokenizer_fp: str, *, offline: bool = False, gate: bool = False,
+                    adapter: str | None = None) -> TeacherEpisodes:
     """The teacher plays ``tasks[i]`` with seed ``seeds[i]``, in task order; its weights
-    are freed after (``gate``: see :func:`teacher_dir`; the shared cache: the module
-    docstring)."""
+    are freed after (``gate``: see :func:`teacher_dir`; ``adapter``: one of
+    ``teacher.adapters`` by name, merged; the shared cache: the module docstring)."""
     t0 = time.perf_counter()
     model_dir = teacher_dir(recipe, tokenizer_fp, offline=offline, gate=gate)
+    merged = None
+    if adapter is not None:
+        merged = adapter_dir((recipe.teacher.adapters or {})[adapter], offline)
     env = recipe.environment
     ids = [episode_id(env.name, task.id, seed) for task, seed in zip(tasks, seeds, strict=True)]
-    cache = EpisodeCache.for_recipe(recipe, model_dir, tokenizer_fp)
+    cache = EpisodeCache.for_recipe(recipe, model_dir, tokenizer_fp, adapter=merged)
     hits = cache.get(ids) if cache is not None else {}
     todo = [i for i, eid in enumerate(ids) if eid not in hits]
     played: list[Trajectory] = []
     t_load = t_play = 0.0
     if todo:
-        model = load_teacher_weights(recipe, tokenizer_fp, model_dir=model_dir)
+        model = load_teacher_weights(recipe, tokenizer_fp, model_dir=model_dir, adapter=merged)
         t_load = time.perf_counter() - t0
         runner = RolloutRunner(model, tokenizer, env_name=env.name, env_params=env.params,
                                rollout=recipe.rollout, tokenizer_fp=tokenizer_fp)

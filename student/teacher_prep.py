@@ -9,6 +9,13 @@ through the same ``from_pretrained`` path as any model. The preparation's greedy
 held-out eval is saved as the teacher's qualification record, so a recipe's
 ``teacher.min_success`` refuses a preparation that did not make the teacher competent.
 
+A specialist that is an adapter of a shared base (``teacher.adapters``, served by one
+process) is prepared the same way with ``adapter=True``: the prep recipe trains the
+base with ``student.lora``, and the adapter alone is saved (``PeftModel.save_pretrained``:
+``adapter_config.json`` + ``adapter_model.safetensors``) under ``<cache>/adapters/``,
+unmerged, with the same record; it has no qualification record of its own (a served
+adapter is not gated, docs/several-teachers.md).
+
 This module does not serve the teacher; it only produces the directory.
 """
 
@@ -63,10 +70,11 @@ def _cache_key(prep: Recipe) -> str:
     return recipe_digest(neutral).split(":", 1)[1][:20]
 
 
-def prepared_dir(recipe: Recipe | None, prep_path: str | Path) -> Path:
+def prepared_dir(recipe: Recipe | None, prep_path: str | Path, *, adapter: bool = False) -> Path:
     """Where :func:`prepare_teacher` puts (or finds) the teacher for this prep recipe
-    (the directory depends on the prep recipe only)."""
-    return cache_root() / "teachers" / f"prepared-{_cache_key(load_recipe(prep_path))}"
+    (the directory depends on the prep recipe only; an adapter's is under ``adapters/``)."""
+    kind = "adapters" if adapter else "teachers"
+    return cache_root() / kind / f"prepared-{_cache_key(load_recipe(prep_path))}"
 
 
 def prepare_teacher(
@@ -79,11 +87,12 @@ def prepare_teacher(
 
 def prepare_model(
     prep_path: str | Path, model: Any, *, what: str, model_field: str = "the model",
-    show_progress: bool = True,
+    show_progress: bool = True, adapter: bool = False,
 ) -> PreparedTeacher:
     """Train (or fetch from cache) the model the sft recipe ``prep_path`` makes of
     ``model`` (a recipe's model source); ``what`` and ``model_field`` name the settings
-    in messages.
+    in messages. ``adapter``: keep the recipe's LoRA adapter alone, unmerged (the
+    module docstring).
 
     ``prepare_teacher`` is this for a recipe's teacher; the benchmark also warms its
     student this way (``student_prepare``).
@@ -99,7 +108,11 @@ def prepare_model(
             f"{what}: {prep_path} trains {prep.student.model.describe()}, but "
             f"{model_field} is {model.describe()}; make them the same model"
         )
-    final = prepared_dir(None, prep_path)
+    if adapter and prep.student.lora is None:
+        raise ConfigError(
+            f"{what}: {prep_path} trains the whole model (student.lora is null), and an "
+            "adapter is what a LoRA run trains; set student.lora in it")
+    final = prepared_dir(None, prep_path, adapter=adapter)
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     if (final / PREPARED_FILE).is_file():
@@ -107,10 +120,12 @@ def prepare_model(
     with FileLock(str(root / f"{final.name}.lock")):
         if (final / PREPARED_FILE).is_file():
             return PreparedTeacher(final, True, json.loads((final / PREPARED_FILE).read_text()))
-        return PreparedTeacher(final, False, _train(prep, Path(prep_path), final, show_progress))
+        return PreparedTeacher(final, False,
+                               _train(prep, Path(prep_path), final, show_progress, adapter))
 
 
-def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> dict[str, Any]:
+def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool,
+           adapter: bool = False) -> dict[str, Any]:
     # The trainer loads torch; `miniverl up` imports this module for its recipe paths
     # only, so the supervisor process stays torch-free (start-up).
     from miniverl.student.train.trainer import Trainer
@@ -127,11 +142,14 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
             result = trainer.train()
             out = work / "model"
             model = trainer.state.policy.model
-            if hasattr(model, "merge_and_unload"):
-                # A LoRA-trained teacher is served as plain weights: merge the adapter.
-                model = model.merge_and_unload()
-            model.save_pretrained(out)
-            trainer.state.policy.tokenizer.save_pretrained(out)
+            if adapter:  # the adapter alone: served by name over the base it was trained on
+                model.save_pretrained(out)
+            else:
+                if hasattr(model, "merge_and_unload"):
+                    # A LoRA-trained teacher is served as plain weights: merge the adapter.
+                    model = model.merge_and_unload()
+                model.save_pretrained(out)
+                trainer.state.policy.tokenizer.save_pretrained(out)
         record = {
             "prep_recipe": str(prep_path),
             "prep_digest": recipe_digest(prep),
@@ -148,7 +166,8 @@ def _train(prep: Recipe, prep_path: Path, final: Path, show_progress: bool) -> d
         # lock-free check above) gates the teacher at once, so its record must exist
         # by then (it did not, while a large directory's digest was computed after the
         # rename: the gate then found no record for a freshly prepared teacher).
-        _qualify(prep, out, final, result.eval, trainer.state.policy.tokenizer_fp)
+        if not adapter:
+            _qualify(prep, out, final, result.eval, trainer.state.policy.tokenizer_fp)
         (out / PREPARED_FILE).write_text(json.dumps(record, indent=2))
         if final.exists():
             shutil.rmtree(final)

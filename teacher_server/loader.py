@@ -17,28 +17,24 @@ is reported with the files that are missing. This module does not score or serve
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from miniverl.common.adapters import (
+    ADAPTER_FILES,
+    PINNED_HUB_ADAPTER,
+    adapter_dir,
+    adapter_sha256,
+    resolve_dir,
+)
 from miniverl.common.errors import ConfigError
 from miniverl.common.modeling import load_causal_lm, resolve_model_dir
 from miniverl.common.recipe import load_recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.common.toy import toy_model_dir
 from miniverl.protocol.messages import MAX_ADAPTERS, AdapterInfo
-
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# Files a hub snapshot needs before from_pretrained can work offline.
-REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
-# A hub adapter among --adapters is pinned in its value: NAME=ORG/NAME@<40-hex>.
-PINNED_HUB_ADAPTER = re.compile(r"^(?P<ref>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<revision>[0-9a-f]{40})$")
 
 
 @dataclass(frozen=True)
@@ -133,73 +129,6 @@ def spec_from_recipe(path: str | Path, *, offline: bool = False,
     )
 
 
-def _missing_hub_files(repo_id: str, revision: str, files: tuple[str, ...]) -> list[str]:
-    """Which of ``files`` are not in the local Hugging Face cache for this revision."""
-    from huggingface_hub import try_to_load_from_cache
-
-    missing = []
-    for name in files:
-        hit = try_to_load_from_cache(repo_id, name, revision=revision)
-        if not isinstance(hit, str):
-            missing.append(name)
-    return missing
-
-
-def resolve_dir(ref: str, revision: str | None, offline: bool, *, what: str = "model") -> Path:
-    """A local directory for a model or adapter reference (local path or pinned hub id)."""
-    local = Path(ref).expanduser()
-    if local.is_dir():
-        return local
-    if not HUB_ID.match(ref):
-        raise ConfigError(
-            f"{what} {ref!r} is neither a local directory nor a hub id (ORG/NAME); "
-            "pass an existing directory or a hub id with --revision"
-        )
-    if not revision or not HEX40.match(revision):
-        raise ConfigError(
-            f"hub {what} {ref!r} needs a pinned 40-hex --revision (got {revision!r}); "
-            "branches and tags drift, commits do not"
-        )
-    if offline:
-        wanted = ADAPTER_FILES if what == "adapter" else REQUIRED_FILES
-        missing = _missing_hub_files(ref, revision, wanted)
-        if what != "adapter" and len(_missing_hub_files(ref, revision, WEIGHT_FILES)) == 2:
-            missing.append(" or ".join(WEIGHT_FILES))
-        if missing:
-            raise ConfigError(
-                f"offline mode: hub {what} {ref}@{revision[:12]} is missing from the local "
-                f"cache: {', '.join(missing)}; download it once online "
-                f"(huggingface-cli download {ref} --revision {revision}) or drop --offline"
-            )
-    if what == "adapter":
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(ref, revision=revision, local_files_only=offline))
-        except Exception as exc:
-            raise ConfigError(
-                f"could not fetch adapter {ref}@{revision[:12]}: {type(exc).__name__}: {exc}"
-            ) from exc
-    return resolve_model_dir({"hub_id": ref, "revision": revision}, offline=offline)
-
-
-def adapter_sha256(adapter_dir: Path) -> str:
-    """``sha256:`` digest over the adapter weights and config (name, then bytes, per file)."""
-    digest = hashlib.sha256()
-    for name in ADAPTER_FILES:
-        file = adapter_dir / name
-        if not file.is_file():
-            raise ConfigError(
-                f"adapter directory {str(adapter_dir)!r} has no {name}; save the adapter "
-                "with PeftModel.save_pretrained (safetensors)"
-            )
-        digest.update(name.encode() + b"\0")
-        with file.open("rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
 def parse_adapters(pairs: list[str] | None) -> dict[str, str] | None:
     """``["calc=DIR", ...]`` (``--adapters``, repeatable) -> ``{"calc": "DIR"}``, checked
     by :func:`check_adapters`; None when there are none. Raises :class:`ConfigError`
@@ -252,14 +181,6 @@ def _wire_name(name: str) -> bool:
     return True
 
 
-def _adapter_dir(ref: str, offline: bool) -> Path:
-    """A named adapter's directory: ``ref`` itself, or the pinned hub id it names."""
-    pinned = PINNED_HUB_ADAPTER.match(ref)
-    if pinned is not None and not Path(ref).expanduser().is_dir():
-        return resolve_dir(pinned["ref"], pinned["revision"], offline, what="adapter")
-    return resolve_dir(ref, None, offline, what="adapter")
-
-
 def _load_named_adapters(model: Any, adapters: dict[str, str], offline: bool):
     """The base wrapped once in a PeftModel holding every named adapter (unmerged; the
     server picks one per batch with ``set_adapter``), and their digests."""
@@ -267,14 +188,14 @@ def _load_named_adapters(model: Any, adapters: dict[str, str], offline: bool):
 
     digests: dict[str, str] = {}
     for name, ref in adapters.items():
-        adapter_dir = _adapter_dir(ref, offline)
-        digests[name] = adapter_sha256(adapter_dir)
+        where = adapter_dir(ref, offline)
+        digests[name] = adapter_sha256(where)
         # PEFT injects each adapter's layers beside the base weights it wraps: the base is
         # held once however many adapters are loaded.
         if isinstance(model, PeftModel):
-            model.load_adapter(str(adapter_dir), adapter_name=name, is_trainable=False)
+            model.load_adapter(str(where), adapter_name=name, is_trainable=False)
         else:
-            model = PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=name,
+            model = PeftModel.from_pretrained(model, str(where), adapter_name=name,
                                               is_trainable=False)
     return model, digests
 
@@ -302,11 +223,11 @@ def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
     if spec.adapter:
         from peft import PeftModel
 
-        adapter_dir = resolve_dir(spec.adapter, spec.adapter_revision, spec.offline, what="adapter")
-        adapter_digest = adapter_sha256(adapter_dir)
+        one = resolve_dir(spec.adapter, spec.adapter_revision, spec.offline, what="adapter")
+        adapter_digest = adapter_sha256(one)
         # Merged once at load: the teacher is frozen, so the adapter never changes and a
         # merged model scores at base-model speed.
-        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+        model = PeftModel.from_pretrained(model, str(one), is_trainable=False)
         model = model.merge_and_unload()
     digests: dict[str, str] = {}
     if spec.adapters:

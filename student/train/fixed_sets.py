@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miniverl.common.teacher_routes import environment_view, teacher_of_environment
+from miniverl.common.teacher_routes import environment_view, routes, teacher_of_environment
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.teacher_play import TeacherEpisodes, play_as_teacher, success_rate
 from miniverl.student.train.optim import planned_cycles
@@ -90,12 +90,15 @@ def play_set(state: TrainState, tasks: list[Any], seeds: list[int], *,
              gate: bool) -> TeacherEpisodes:
     """The teacher's episodes of ``tasks``, in task order. A mixture's tasks are played
     environment by environment, each by its environment's teacher (its route's, with
-    several teachers: SeqKD from several specialists, docs/several-teachers.md)."""
+    several teachers: SeqKD from several specialists, docs/several-teachers.md; a route
+    to a named adapter plays with that adapter merged)."""
     recipe, policy = state.recipe, state.policy
     if state.mixture is None:
         return play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
                                offline=state.offline, gate=gate)
     teacher_of = teacher_of_environment(recipe)
+    adapter_of = {env: route.adapter for route in routes(recipe).values()
+                  for env in route.environments}
     where: dict[str, list[int]] = {}
     for i, task in enumerate(tasks):
         where.setdefault(state.mixture.environment_of[task.id], []).append(i)
@@ -105,7 +108,7 @@ def play_set(state: TrainState, tasks: list[Any], seeds: list[int], *,
         view = environment_view(recipe, env, teacher_of[env])
         part = play_as_teacher(view, [tasks[i] for i in positions], [seeds[i] for i in positions],
                                policy.tokenizer, policy.tokenizer_fp, offline=state.offline,
-                               gate=gate)
+                               gate=gate, adapter=adapter_of.get(env))
         for i, traj in zip(positions, part.trajectories, strict=True):
             out[i] = traj
         total = TeacherEpisodes([], total.time_load_s + part.time_load_s,

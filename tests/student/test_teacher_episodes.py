@@ -17,11 +17,13 @@ import torch
 
 import miniverl.student.teacher_play as teacher_play
 from miniverl.common.modeling import load_tokenizer
+from miniverl.common.recipe import Recipe
+from miniverl.common.teacher_routes import environment_view
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.student.environments import make_tasks
 from miniverl.student.teacher_episodes import FOLDER, EpisodeCache
 from miniverl.student.train.trainer import Trainer
-from tests.toy_kit import TEACHER, events, make_recipe, toy_dir
+from tests.toy_kit import TEACHER, events, make_recipe, recipe_dict, toy_dir
 
 torch.set_num_threads(1)
 SECTION = {"model": {"toy": dict(TEACHER)}, "dtype": "float32", "device": "cpu"}
@@ -101,3 +103,44 @@ def test_two_seqkd_runs_sharing_a_cache_train_on_one_set_and_both_pay_for_it(tmp
     assert second["time_load_s"] == 0.0
     assert second["time_charged_s"] == pytest.approx(first["time_load_s"] + first["time_play_s"],
                                                      abs=1e-3)
+
+
+@pytest.mark.slow  # three toy teacher plays and one merge: about 5 s
+def test_an_adapter_route_plays_with_its_adapter_merged_and_caches_apart(tmp_path):
+    # SeqKD from specialists that are adapters of one base (teacher.adapters, an
+    # environment's adapter:): each route's episodes are the ones the base with that
+    # adapter merged would play, never the bare base's, and the shared cache keeps them
+    # under the adapter's own key.
+    from peft import PeftModel
+
+    from miniverl.common.modeling import load_causal_lm
+    from tests.teacher_server.test_adapters import make_lora
+
+    base = toy_dir(TEACHER)
+    calc = make_lora(base, tmp_path / "calc", seed=3, targets=["q_proj", "v_proj", "up_proj"])
+    merged = tmp_path / "merged"
+    model = PeftModel.from_pretrained(load_causal_lm(base, dtype="float32", device="cpu"), calc)
+    model.merge_and_unload().save_pretrained(merged)
+    load_tokenizer(base).save_pretrained(merged)
+    shared = tmp_path / "shared"
+    data = recipe_dict("sft", tmp_path / "runs", cycles=1, fixed_set="teacher")
+    del data["environment"]
+    data.update(teacher={**SECTION, "model": {"path": str(base)}, "adapters": {"calc": calc}},
+                cache={"dir": str(shared)},
+                environments=[{"name": "calculator", "adapter": "calc", "train_tasks": 4,
+                               "eval_tasks": 2, "test_tasks": 2}])
+    routed = Recipe.model_validate(data)
+    with_adapter = environment_view(routed, "calculator", routed.teacher)
+    tasks = make_tasks("calculator", "train", 3, "easy", 0)
+    seeds = [7, 8, 9]
+    tok = load_tokenizer(base)
+    played = teacher_play.play_as_teacher(with_adapter, tasks, seeds, tok,
+                                          fingerprint_tokenizer(tok), adapter="calc")
+    as_merged = _play(_recipe(tmp_path, None, teacher={**SECTION, "model": {"path": str(merged)}}),
+                      tasks, seeds)
+    bare = _play(_recipe(tmp_path, shared, teacher={**SECTION, "model": {"path": str(base)}}),
+                 tasks, seeds)
+    assert [t.tokens for t in played.trajectories] == [t.tokens for t in as_merged.trajectories]
+    assert [t.tokens for t in played.trajectories] != [t.tokens for t in bare.trajectories]
+    assert bare.from_cache == 0  # the bare base's key is not the adapter's
+    assert len(list((shared / FOLDER).iterdir())) == 2
