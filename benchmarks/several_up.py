@@ -1,0 +1,151 @@
+"""Two tool domains under ``miniverl up``: two teacher processes, and one serving two adapters.
+
+    python benchmarks/several_up.py [--update-committed | --output-dir DIR]
+
+Runs one student of calculator and jsonnav under ``miniverl up`` twice
+(docs/several-teachers.md, "Under up"):
+
+- ``two_processes``: ``examples/several_teachers/two_teachers.yaml`` as it is: two
+  specialists (``calc``, ``nav``), each its own teacher process;
+- ``one_process_two_adapters``: the same recipe with its ``teachers:`` replaced by one
+  teacher section serving the several-teachers benchmark's base and its ``calc`` and
+  ``nav`` adapters by name (``benchmarks/several/config.yaml``'s preparations, made now
+  or found cached), each environment routed to its adapter.
+
+For each run it reads what the run recorded: each domain's greedy success before
+training (``eval.before``) and after, every route's counters from the last metrics row
+(episodes, positions scored, stale replies dropped, episodes held back, seconds waited),
+the run's stale replies, the teacher instances behind the routes (``manifest.json``:
+one per process) and the wall clock of ``up``. Prints a table and writes
+``runs/benchmarks/several_up.json`` (``--update-committed``:
+``benchmarks/results/several_up.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "several_teachers" / "two_teachers.yaml"
+RESULTS = ROOT / "benchmarks" / "results" / "several_up.json"
+ROUTE_COUNTERS = ("episodes", "positions_scored", "stale_dropped", "held_back", "wait_s")
+
+
+def adapters_recipe(out_dir: Path) -> Path:
+    """The example with one teacher process serving the benchmark's calc and nav adapters."""
+    from several_bench import CONFIG, load_config, prepare_all
+
+    _, settings = load_config(CONFIG)
+    settings = settings.model_copy(update={"adapters": {k: v for k, v in settings.adapters.items()
+                                                        if k in ("calc", "nav")}})
+    prepared = prepare_all(settings, CONFIG.parent, out_dir)
+    data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    del data["teachers"]
+    data["run"]["name"] = "two-adapters"
+    data["teacher"] = {"model": {"path": prepared["base"]["model_dir"]},
+                       "adapters": {n: prepared[f"adapter:{n}"]["model_dir"] for n in ("calc", "nav")},
+                       "dtype": "float32", "device": "cpu", "memory": "resident"}
+    for member in data["environments"]:
+        member["adapter"] = member.pop("teacher")
+    path = out_dir / "two_adapters.yaml"
+    path.write_text("# examples/several_teachers/two_teachers.yaml with one teacher process "
+                    "serving two adapters, written by benchmarks/several_up.py\n"
+                    + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def run_up(recipe: Path, runs: Path, run_id: str) -> tuple[Path, float, int]:
+    """``miniverl up RECIPE`` to its end; the run folder, its wall seconds, its exit code."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "miniverl.cli.app", "up", str(recipe),
+                           "--output-dir", str(runs), "--run-id", run_id, "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
+    return runs / run_id, wall, proc.returncode
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n")
+            if line.strip()]
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """What one run recorded: each domain before and after, each route's counters."""
+    events = _jsonl(run_dir / "events.jsonl")
+    rows = _jsonl(run_dir / "metrics.jsonl")
+    evals = [e for e in events if e.get("event") == "eval"]
+    first, last = evals[0], evals[-1]
+    teachers = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("teachers") or []
+    instances = {t["route"]: t["instance"] for t in teachers}
+    final = [r for r in rows if r.get("phase") != "warmup"] or rows
+    by_teacher = final[-1].get("by_teacher") or {}
+    return {
+        "status": json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("state"),
+        "updates": len([r for r in rows if r.get("mode") == "opd"]),
+        "before": {"version": first["version"], "greedy": first.get("success"),
+                   "domains": {k: v["success"] for k, v in (first.get("by_environment") or {}).items()}},
+        "after": {"version": last["version"], "greedy": last.get("success"),
+                  "domains": {k: v["success"] for k, v in (last.get("by_environment") or {}).items()}},
+        "routes": {name: {k: c.get(k) for k in ROUTE_COUNTERS} for name, c in by_teacher.items()},
+        "stale_dropped": final[-1].get("stale_dropped"),
+        "teacher_instances": len(set(instances.values())),
+        "route_instances": instances,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--output-dir", type=Path, default=None,
+                    help="where runs and the record go (default runs/benchmarks/several_up)")
+    ap.add_argument("--update-committed", action="store_true",
+                    help="write benchmarks/results/several_up.json")
+    args = ap.parse_args(argv)
+    out_dir = (args.output_dir or ROOT / "runs" / "benchmarks" / "several_up").resolve()
+    output = RESULTS if args.update_committed else out_dir / RESULTS.name
+    if output.is_file() and output == RESULTS and not args.update_committed:
+        raise SystemExit(f"error: {output} is committed; pass --update-committed to rewrite it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    record: dict[str, Any] = {
+        "benchmark": "several_up",
+        "command": "python benchmarks/several_up.py" + (" --update-committed" if args.update_committed else ""),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": {},
+    }
+    forms = {"two_processes": EXAMPLE, "one_process_two_adapters": adapters_recipe(out_dir)}
+    code = 0
+    for name, recipe in forms.items():
+        print(f"{name}: miniverl up {os.path.relpath(recipe, ROOT)}", flush=True)
+        run_dir, wall, rc = run_up(recipe, out_dir / "runs", f"{name}-{stamp}")
+        entry: dict[str, Any] = {"recipe": os.path.relpath(recipe, ROOT), "exit_code": rc,
+                                 "wall_s": round(wall, 1)}
+        if rc == 0:
+            entry.update(read_run(run_dir))
+        else:
+            code = 1
+        record["runs"][name] = entry
+        print(json.dumps(entry, indent=1), flush=True)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {output}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
