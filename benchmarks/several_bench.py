@@ -400,11 +400,12 @@ def choose_rates(cells: list[dict[str, Any]], arms: list[str],
 
 def _readings(p: dict[str, Any]) -> dict[str, float | None]:
     """The figures one evaluation is compared on: ``t1``, ``greedy``, ``tool_calls_t1``
-    and, per domain, ``<domain>.t1`` / ``<domain>.greedy`` / ``<domain>.tool_calls_t1``."""
+    and, per domain, ``<domain>/t1`` / ``<domain>/greedy`` / ``<domain>/tool_calls_t1``
+    (a ``/``: a figure's record path joins keys with ``.``)."""
     out = {k: p.get(k) for k in ("t1", "greedy", "tool_calls_t1")}
     for env, d in (p.get("domains") or {}).items():
         for k in ("t1", "greedy", "tool_calls_t1"):
-            out[f"{env}.{k}"] = d.get(k)
+            out[f"{env}/{k}"] = d.get(k)
     return out
 
 
@@ -497,12 +498,12 @@ def print_table(summary: dict[str, Any]) -> None:
     main = summary.get("main")
     if not main or not main.get("arms"):
         return
-    domains = sorted({k.split(".")[0] for a in main["arms"].values() for k in a if "." in k})
+    domains = sorted({k.split("/")[0] for a in main["arms"].values() for k in a if "/" in k})
     print(f"after {main['updates']} updates, T=1 on {main['split']} (mean over seeds):")
     for arm, block in main["arms"].items():
-        by_domain = ", ".join(f"{d} {block[f'{d}.t1']['mean']:.3f} "
-                              f"({block[f'{d}.tool_calls_t1']['mean']:.2f} calls)"
-                              for d in domains if f"{d}.t1" in block)
+        by_domain = ", ".join(f"{d} {block[f'{d}/t1']['mean']:.3f} "
+                              f"({block[f'{d}/tool_calls_t1']['mean']:.2f} calls)"
+                              for d in domains if f"{d}/t1" in block)
         print(f"  {arm}: {block['t1']['mean']:.3f}; {by_domain}")
 
 

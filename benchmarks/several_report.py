@@ -77,8 +77,8 @@ def main_table(summary: dict[str, Any]) -> list[str]:
             *(f"{d} calls" for d in domains), *(f"T=1 vs {o}" for o in others)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for arm, block in main["arms"].items():
-        cells = [_ci(block.get("t1")), *(_ci(block.get(f"{d}.t1")) for d in domains),
-                 *(_f((block.get(f"{d}.tool_calls_t1") or {}).get("mean"), 2) for d in domains),
+        cells = [_ci(block.get("t1")), *(_ci(block.get(f"{d}/t1")) for d in domains),
+                 *(_f((block.get(f"{d}/tool_calls_t1") or {}).get("mean"), 2) for d in domains),
                  *(_vs(block.get(f"t1_vs_{o}")) for o in others)]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines
@@ -92,8 +92,8 @@ def domains_table(summary: dict[str, Any]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for arm, block in main["arms"].items():
         for d in domains_of(summary):
-            cells = [*(_vs(block.get(f"{d}.t1_vs_{o}")) for o in others),
-                     *(_ci(block.get(f"{d}.tool_calls_t1_vs_{o}"), 2, sign=True)
+            cells = [*(_vs(block.get(f"{d}/t1_vs_{o}")) for o in others),
+                     *(_ci(block.get(f"{d}/tool_calls_t1_vs_{o}"), 2, sign=True)
                        for o in others)]
             lines.append(f"| {arm} | {d} | " + " | ".join(cells) + " |")
     return lines

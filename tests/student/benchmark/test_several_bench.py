@@ -52,8 +52,8 @@ def test_the_smoke_runs_on_a_fresh_clone(tmp_path):
     arms = summary["main"]["arms"]
     assert set(arms) == {"seqkd", "specialists", "generalist"}
     for arm in ("specialists", "generalist"):
-        for reading in ("t1", "calculator.t1", "jsonnav.t1", "jsonnav.tool_calls_t1",
-                        "t1_vs_seqkd", "calculator.t1_vs_seqkd"):
+        for reading in ("t1", "calculator/t1", "jsonnav/t1", "jsonnav/tool_calls_t1",
+                        "t1_vs_seqkd", "calculator/t1_vs_seqkd"):
             assert reading in arms[arm], (arm, reading)
     assert "t1_vs_generalist" in arms["specialists"]
     evals = summary["start"]["evals"]
