@@ -204,10 +204,13 @@ class TrainerCells:
     """The default ``run_cell``: train one recipe with the student trainer.
 
     Arms that need a teacher use ``teacher_endpoint``; when it is None, one teacher
-    process is started for the whole benchmark from the first such recipe's teacher
-    section (``python -m miniverl.teacher_server --recipe``, READY before the first
-    cell trains) and stopped by :meth:`close`. The teacher is frozen, so every arm and
-    seed is scored by the same one.
+    process is started for each distinct teacher section the cells name
+    (``python -m miniverl.teacher_server --recipe``, READY before the first cell that
+    needs it trains), kept for every later cell that names the same section, and
+    stopped by :meth:`close`. The teacher is frozen, so every arm and seed with the
+    same teacher is scored by the same process; an arm that overrides its teacher gets
+    its own. A recipe with several teachers (``teachers:``) gets one process per teacher
+    without an ``endpoint`` (``--recipe-teacher NAME``), passed to the trainer by name.
 
     Prepared models are made once, before the first cell that needs them, and cached
     (``student/teacher_prep.py``): a base recipe's ``teacher.prepare`` (resolved against
@@ -223,7 +226,8 @@ class TrainerCells:
         self.work_dir = work_dir
         self.recipe_dir = recipe_dir or Path.cwd()
         self.student_prepare = student_prepare
-        self.process: subprocess.Popen | None = None
+        # teacher section digest -> (its process, its endpoint), one per distinct teacher
+        self.processes: dict[str, tuple[subprocess.Popen, str]] = {}
         self._prepared: dict[str, Any] = {}  # prep recipe path -> its PreparedModel
 
     def _prepare(self, prep: Path, model: dict[str, Any], what: str) -> Any:
@@ -295,31 +299,44 @@ class TrainerCells:
         # teacher's weights itself; read before validating, which refuses an unprepared one.
         mode = (recipe_dict.get("run") or {}).get("mode")
         seqkd = (recipe_dict.get("train") or {}).get("fixed_set") == "teacher"
-        if ((mode in TEACHER_MODES or seqkd) and isinstance(teacher, dict)
-                and teacher.get("prepare")):
-            prep = self.recipe_dir / teacher.pop("prepare")
-            teacher["model"] = {"path": self._prepared_dir(prep, teacher["model"],
-                                                           "teacher.prepare")}
+        named = recipe.get("teachers") if isinstance(recipe.get("teachers"), dict) else {}
+        sections = {"teacher": teacher, **{f"teachers.{n}": t for n, t in named.items()}}
+        for where, section in sections.items():
+            if ((mode in TEACHER_MODES or seqkd) and isinstance(section, dict)
+                    and section.get("prepare")):
+                prep = self.recipe_dir / section.pop("prepare")
+                section["model"] = {"path": self._prepared_dir(prep, section["model"],
+                                                               f"{where}.prepare")}
         if self.student_prepare is not None:
             student = recipe["student"]
             student["model"] = {"path": self._prepared_dir(
                 self.student_prepare, student["model"], "student_prepare")}
         return recipe
 
-    def _launch_teacher(self, recipe_dict: dict[str, Any], startup_timeout_s: float) -> str:
-        with socket.socket() as probe:  # a free loopback port for this benchmark's teacher
+    def _served(self, recipe_dict: dict[str, Any], name: str | None,
+                startup_timeout_s: float) -> str:
+        """The endpoint of the process serving ``recipe_dict``'s teacher (``name``: its
+        teacher of ``teachers:``), started now unless a process already serves that
+        very section."""
+        section = recipe_dict["teachers"][name] if name else recipe_dict["teacher"]
+        key = digest(section)
+        if key in self.processes:
+            return self.processes[key][1]
+        with socket.socket() as probe:  # a free loopback port for this teacher
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         endpoint = f"tcp://127.0.0.1:{port}"
-        recipe_path = self.work_dir / "teacher_recipe.yaml"
+        # The first teacher keeps the plain names; another gets its own files.
+        tag = "" if not self.processes else f"-{name or 'teacher'}-{len(self.processes)}"
+        recipe_path = self.work_dir / f"teacher_recipe{tag}.yaml"
         recipe_path.write_text(yaml.safe_dump(recipe_dict, sort_keys=False), encoding="utf-8")
-        self.process = start_teacher(
-            ["--recipe", str(recipe_path), "--log", str(self.work_dir / "teacher.log")],
-            endpoint=endpoint,
-            log=self.work_dir / "teacher.stderr",
-            timeout_s=startup_timeout_s,
-        )
-        self.endpoint = endpoint
+        args = ["--recipe", str(recipe_path), "--log", str(self.work_dir / f"teacher{tag}.log")]
+        if name:
+            args += ["--recipe-teacher", name]
+        process = start_teacher(args, endpoint=endpoint,
+                                log=self.work_dir / f"teacher{tag}.stderr",
+                                timeout_s=startup_timeout_s)
+        self.processes[key] = (process, endpoint)
         return endpoint
 
     def __call__(self, recipe_dict: dict[str, Any], seed: int) -> CellResult:
@@ -328,11 +345,16 @@ class TrainerCells:
 
         recipe_dict = self.with_prepared_models(recipe_dict)
         recipe = Recipe.model_validate(recipe_dict)
-        endpoint = self.endpoint
-        if recipe.needs_teacher and endpoint is None and recipe.teacher.endpoint is None:
-            endpoint = self._launch_teacher(recipe_dict, recipe.runtime.teacher_startup_timeout_s)
+        endpoint, endpoints = self.endpoint, None
+        timeout = recipe.runtime.teacher_startup_timeout_s
+        if recipe.needs_teacher and recipe.teachers is not None:
+            endpoints = {name: section.endpoint or self._served(recipe_dict, name, timeout)
+                         for name, section in recipe.teachers.items()}
+        elif recipe.needs_teacher and endpoint is None and recipe.teacher.endpoint is None:
+            endpoint = self._served(recipe_dict, None, timeout)
         start = time.perf_counter()
-        with Trainer(recipe, teacher_endpoint=endpoint, show_progress=False) as trainer:
+        with Trainer(recipe, teacher_endpoint=endpoint, teacher_endpoints=endpoints,
+                     show_progress=False) as trainer:
             result = trainer.train()
         wall = time.perf_counter() - start
         return cell_result_from_run(
@@ -343,6 +365,6 @@ class TrainerCells:
         )
 
     def close(self) -> None:
-        if self.process is not None:
-            stop_teacher(self.process)
-        self.process = None
+        for process, _ in self.processes.values():
+            stop_teacher(process)
+        self.processes = {}

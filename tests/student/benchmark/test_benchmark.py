@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -312,6 +313,16 @@ def test_prepared_models_are_made_once_and_named_in_each_cell(tmp_path: Path, mo
         {**recipe, "run": {"name": "x", "mode": "sft"}, "train": {"fixed_set": "teacher"}})
     assert made == [("teach.yaml", "teacher.prepare")]
     assert seqkd["teacher"]["model"] == {"path": str(tmp_path / "ready-teach")}
+    # Each teacher of teachers: is prepared by its own recipe and named in the cell.
+    made.clear()
+    routed = {k: v for k, v in recipe.items() if k != "teacher"}
+    routed["teachers"] = {"calc": {"model": {"toy": {"hidden": 32}}, "prepare": "../teach.yaml"},
+                          "nav": {"model": {"path": "ready-nav"}}}
+    both = TrainerCells(None, tmp_path, recipe_dir=tmp_path / "recipes").with_prepared_models(
+        routed)
+    assert made == [("teach.yaml", "teachers.calc.prepare")]
+    assert both["teachers"] == {"calc": {"model": {"path": str(tmp_path / "ready-teach")}},
+                                "nav": {"model": {"path": "ready-nav"}}}
 
 
 def _fake_prepared(monkeypatch, tmp_path: Path, evaluation: dict) -> list[str]:
@@ -388,7 +399,7 @@ def test_trainer_cells_train_a_real_cell(tmp_path: Path) -> None:
     finally:
         cells.close()
     assert result.status == "ok" and result.final_version == 2 and result.updates == 2
-    assert result.wall_s is not None and cells.process is None  # sft starts no teacher
+    assert result.wall_s is not None and cells.processes == {}  # sft starts no teacher
     assert Path(result.run_dir).parent == tmp_path / "runs"
 
 
@@ -447,3 +458,67 @@ def test_schema_describes_the_exported_file() -> None:
     assert {"device", "throughput", "peak_memory_bytes", "recipe_digest"} <= set(
         schema["properties"]
     )
+
+
+def test_each_distinct_teacher_gets_its_own_process_and_several_teachers_one_each(
+        tmp_path: Path, monkeypatch) -> None:
+    # One process per distinct teacher section, kept for every cell that names it (an
+    # arm that overrides its teacher is never scored by another arm's); a recipe of
+    # teachers: gets one process per teacher (--recipe-teacher NAME), passed by name.
+    pytest.importorskip("torch")
+    import miniverl.student.benchmark.run as run_mod
+    import miniverl.student.train.trainer as trainer_mod
+    from tests.toy_kit import recipe_dict
+
+    started, trained = [], []
+
+    class FakeProcess:
+        def poll(self):
+            return 0
+
+    def fake_start(args, *, endpoint, log, timeout_s):
+        started.append((args[args.index("--recipe-teacher") + 1]
+                        if "--recipe-teacher" in args else None, endpoint, Path(log).name))
+        return FakeProcess()
+
+    class FakeTrainer:
+        def __init__(self, recipe, *, teacher_endpoint=None, teacher_endpoints=None, **kw):
+            trained.append((teacher_endpoint, teacher_endpoints))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def train(self):
+            raise RuntimeError("not trained here")
+
+    monkeypatch.setattr(run_mod, "start_teacher", fake_start)
+    monkeypatch.setattr(run_mod, "stop_teacher", lambda process: None)
+    monkeypatch.setattr(trainer_mod, "Trainer", FakeTrainer)
+    cells = TrainerCells(None, tmp_path)
+    opd = recipe_dict("opd", tmp_path / "runs")
+    other = copy.deepcopy(opd)
+    other["teacher"]["model"]["toy"]["seed"] = 7
+    routed = copy.deepcopy(opd)
+    teacher = routed.pop("teacher")
+    del routed["environment"]
+    nav = copy.deepcopy(teacher)
+    nav["model"]["toy"]["seed"] = 11
+    routed["teachers"] = {"calc": teacher, "nav": nav}
+    routed["environments"] = [
+        {"name": "calculator", "teacher": "calc", "train_tasks": 8, "eval_tasks": 2,
+         "test_tasks": 2},
+        {"name": "jsonnav", "teacher": "nav", "train_tasks": 8, "eval_tasks": 2, "test_tasks": 2}]
+    for recipe in (opd, opd, other, routed):
+        with pytest.raises(RuntimeError, match="not trained here"):
+            cells(recipe, seed=0)
+    # calc is the first recipe's very teacher: its process serves it; nav gets its own.
+    assert [name for name, _, _ in started] == [None, None, "nav"]
+    assert [log for _, _, log in started][0] == "teacher.stderr"  # the first keeps its names
+    first, second, third = (endpoint for _, endpoint, _ in started)
+    assert [t for t, _ in trained[:3]] == [first, first, second]
+    assert trained[3] == (None, {"calc": first, "nav": third})
+    cells.close()
+    assert cells.processes == {}
