@@ -91,20 +91,47 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     first, last = evals[0], evals[-1]
     teachers = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("teachers") or []
     instances = {t["route"]: t["instance"] for t in teachers}
-    final = [r for r in rows if r.get("phase") != "warmup"] or rows
-    by_teacher = final[-1].get("by_teacher") or {}
+    final = [r for r in rows if r.get("phase") != "sft_warmup"]  # the OPD updates
+    by_teacher = final[-1].get("by_teacher") or {} if final else {}
     return {
+        "run_dir": os.path.relpath(run_dir, ROOT),
         "status": json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("state"),
-        "updates": len([r for r in rows if r.get("mode") == "opd"]),
+        "warmup_steps": len(rows) - len(final),
+        "updates": len(final),
         "before": {"version": first["version"], "greedy": first.get("success"),
                    "domains": {k: v["success"] for k, v in (first.get("by_environment") or {}).items()}},
         "after": {"version": last["version"], "greedy": last.get("success"),
                   "domains": {k: v["success"] for k, v in (last.get("by_environment") or {}).items()}},
         "routes": {name: {k: c.get(k) for k in ROUTE_COUNTERS} for name, c in by_teacher.items()},
-        "stale_dropped": final[-1].get("stale_dropped"),
+        "stale_dropped": final[-1].get("stale_dropped") if final else None,
         "teacher_instances": len(set(instances.values())),
         "route_instances": instances,
     }
+
+
+FORMS = ("two_processes", "one_process_two_adapters")
+
+
+def reread(output: Path, out_dir: Path) -> int:
+    """The record with each run read again from its folder (its exit code and wall
+    clock kept); exit 1 with one line when a run folder is missing."""
+    if not output.is_file():
+        raise SystemExit(f"error: --reread needs a record, and {output} does not exist; run "
+                         "benchmarks/several_up.py first")
+    record = json.loads(output.read_text(encoding="utf-8"))
+    for name in FORMS:
+        entry = record["runs"].get(name) or {}
+        if entry.get("exit_code") != 0:
+            continue
+        found = ([ROOT / entry["run_dir"]] if entry.get("run_dir")
+                 else sorted((out_dir / "runs").glob(f"{name}-*")))
+        if not found or not found[-1].is_dir():
+            raise SystemExit(f"error: --reread reads the kept runs, and {name}'s is not in "
+                             f"{out_dir / 'runs'}; run benchmarks/several_up.py again")
+        entry.update(read_run(found[-1]))
+    output.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {output}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="where runs and the record go (default runs/benchmarks/several_up)")
     ap.add_argument("--update-committed", action="store_true",
                     help="write benchmarks/results/several_up.json")
+    ap.add_argument("--reread", action="store_true",
+                    help="re-read the runs the record names (or the newest of each form in "
+                         "the output folder's runs/); nothing is run")
     args = ap.parse_args(argv)
     out_dir = (args.output_dir or ROOT / "runs" / "benchmarks" / "several_up").resolve()
     output = RESULTS if args.update_committed else out_dir / RESULTS.name
-    if output.is_file() and output == RESULTS and not args.update_committed:
-        raise SystemExit(f"error: {output} is committed; pass --update-committed to rewrite it")
+    if args.reread:
+        return reread(output, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record: dict[str, Any] = {
@@ -128,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs": {},
     }
-    forms = {"two_processes": EXAMPLE, "one_process_two_adapters": adapters_recipe(out_dir)}
+    forms = dict(zip(FORMS, (EXAMPLE, adapters_recipe(out_dir)), strict=True))
     code = 0
     for name, recipe in forms.items():
         print(f"{name}: miniverl up {os.path.relpath(recipe, ROOT)}", flush=True)

@@ -26,7 +26,7 @@ def _write(run: Path, instances: dict[str, str]) -> None:
     counters = {name: {"episodes": 8 * (i + 1), "positions_scored": 100, "stale_dropped": 0,
                        "held_back": 0, "wait_s": 0.5, "bytes_sent": 1}
                 for i, name in enumerate(instances)}
-    rows = [{"mode": "sft", "phase": "warmup", "step": 1},
+    rows = [{"mode": "opd", "phase": "sft_warmup", "step": 1},
             {"mode": "opd", "step": 2, "stale_dropped": 0, "by_teacher": {}},
             {"mode": "opd", "step": 3, "stale_dropped": 0, "by_teacher": counters}]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
@@ -42,7 +42,8 @@ def test_a_run_is_read_domain_by_domain_and_route_by_route(tmp_path):
     two, one = several_up.read_run(tmp_path / "two"), several_up.read_run(tmp_path / "one")
     assert two["before"]["domains"] == {"calculator": 0.5, "jsonnav": 0.0}
     assert two["after"]["domains"] == {"calculator": 1.0, "jsonnav": 0.5}
-    assert two["updates"] == 2 and two["stale_dropped"] == 0 and two["status"] == "completed"
+    assert (two["warmup_steps"], two["updates"]) == (1, 2)
+    assert two["stale_dropped"] == 0 and two["status"] == "completed"
     assert two["routes"]["nav"] == {"episodes": 16, "positions_scored": 100, "stale_dropped": 0,
                                     "held_back": 0, "wait_s": 0.5}
     assert (two["teacher_instances"], one["teacher_instances"]) == (2, 1)
@@ -64,3 +65,12 @@ def test_the_adapters_form_is_the_example_with_one_teacher_serving_two_adapters(
                                                                       "nav": "/m/nav"}
     assert [m["adapter"] for m in data["environments"]] == ["calc", "nav"]
     assert data["train"] == example["train"] and data["student"] == example["student"]
+
+
+def test_reread_without_a_record_is_one_line(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        several_up.main(["--output-dir", str(tmp_path), "--reread"])
+    (line,) = str(info.value).splitlines()
+    assert line.startswith("error: --reread needs a record") and "several_up.py first" in line
