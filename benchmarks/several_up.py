@@ -3,14 +3,16 @@
     python benchmarks/several_up.py [--update-committed | --output-dir DIR]
 
 Runs one student of calculator and jsonnav under ``miniverl up`` twice
-(docs/several-teachers.md, "Under up"):
+(docs/several-teachers.md, "Under up"), each from the several-teachers benchmark's
+student (``benchmarks/several/student.yaml``: half way to learning both domains,
+prepared now or found cached) with no warm-up, for 64 strict OPD updates at the rate
+that benchmark's grid chose (1e-3):
 
-- ``two_processes``: ``examples/several_teachers/two_teachers.yaml`` as it is: two
-  specialists (``calc``, ``nav``), each its own teacher process;
-- ``one_process_two_adapters``: the same recipe with its ``teachers:`` replaced by one
-  teacher section serving the several-teachers benchmark's base and its ``calc`` and
-  ``nav`` adapters by name (``benchmarks/several/config.yaml``'s preparations, made now
-  or found cached), each environment routed to its adapter.
+- ``two_processes``: ``examples/several_teachers/two_teachers.yaml``'s two specialists
+  (``calc``, ``nav``), each its own teacher process;
+- ``one_process_two_adapters``: one teacher process serving the benchmark's base and
+  its ``calc`` and ``nav`` adapters by name (``benchmarks/several/config.yaml``'s
+  preparations, made now or found cached), each environment routed to its adapter.
 
 For each run it reads what the run recorded: each domain's greedy success before
 training (``eval.before``) and after, every route's counters from the last metrics row
@@ -43,8 +45,13 @@ RESULTS = ROOT / "benchmarks" / "results" / "several_up.json"
 ROUTE_COUNTERS = ("episodes", "positions_scored", "stale_dropped", "held_back", "wait_s")
 
 
-def adapters_recipe(out_dir: Path) -> Path:
-    """The example with one teacher process serving the benchmark's calc and nav adapters."""
+UPDATES, LR = 64, 1.0e-3  # the several-teachers benchmark's budget and its grid's choice
+
+
+def recipes(out_dir: Path) -> dict[str, Path]:
+    """The two forms' recipes, written to ``out_dir``: the example's, from the
+    benchmark's student without a warm-up, and the same with one process serving two
+    adapters."""
     from several_bench import CONFIG, load_config, prepare_all
 
     _, settings = load_config(CONFIG)
@@ -52,18 +59,32 @@ def adapters_recipe(out_dir: Path) -> Path:
                                                         if k in ("calc", "nav")}})
     prepared = prepare_all(settings, CONFIG.parent, out_dir)
     data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
-    del data["teachers"]
-    data["run"]["name"] = "two-adapters"
-    data["teacher"] = {"model": {"path": prepared["base"]["model_dir"]},
-                       "adapters": {n: prepared[f"adapter:{n}"]["model_dir"] for n in ("calc", "nav")},
-                       "dtype": "float32", "device": "cpu", "memory": "resident"}
-    for member in data["environments"]:
+    data["student"]["model"] = {"path": prepared["student"]["model_dir"]}
+    for section in data["teachers"].values():  # relative to the example's folder
+        section["prepare"] = str((EXAMPLE.parent / section["prepare"]).resolve())
+    train = data["train"]
+    for key in ("sft_warmup_steps", "sft_warmup_until_loss", "sft_warmup_lr"):
+        train.pop(key, None)
+    train.update(cycles=UPDATES, lr=LR)
+    adapters = yaml.safe_load(yaml.safe_dump(data))
+    del adapters["teachers"]
+    adapters["run"]["name"] = "two-adapters"
+    adapters["teacher"] = {"model": {"path": prepared["base"]["model_dir"]},
+                           "adapters": {n: prepared[f"adapter:{n}"]["model_dir"]
+                                        for n in ("calc", "nav")},
+                           "dtype": "float32", "device": "cpu", "memory": "resident"}
+    for member in adapters["environments"]:
         member["adapter"] = member.pop("teacher")
-    path = out_dir / "two_adapters.yaml"
-    path.write_text("# examples/several_teachers/two_teachers.yaml with one teacher process "
-                    "serving two adapters, written by benchmarks/several_up.py\n"
-                    + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+    out = {}
+    for name, recipe, what in (("two_processes", data, "two teacher processes"),
+                               ("one_process_two_adapters", adapters,
+                                "one teacher process serving two adapters")):
+        path = out_dir / f"{name}.yaml"
+        path.write_text(f"# examples/several_teachers/two_teachers.yaml from the several-teachers "
+                        f"benchmark's student, {what}; written by benchmarks/several_up.py\n"
+                        + yaml.safe_dump(recipe, sort_keys=False), encoding="utf-8")
+        out[name] = path
+    return out
 
 
 def run_up(recipe: Path, runs: Path, run_id: str) -> tuple[Path, float, int]:
@@ -95,7 +116,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     by_teacher = final[-1].get("by_teacher") or {} if final else {}
     return {
         "run_dir": os.path.relpath(run_dir, ROOT),
-        "status": json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("state"),
+        "status": json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("status"),
         "warmup_steps": len(rows) - len(final),
         "updates": len(final),
         "before": {"version": first["version"], "greedy": first.get("success"),
@@ -158,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "runs": {},
     }
-    forms = dict(zip(FORMS, (EXAMPLE, adapters_recipe(out_dir)), strict=True))
+    forms = recipes(out_dir)
     code = 0
     for name, recipe in forms.items():
         print(f"{name}: miniverl up {os.path.relpath(recipe, ROOT)}", flush=True)

@@ -33,7 +33,7 @@ def _write(run: Path, instances: dict[str, str]) -> None:
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "manifest.json").write_text(json.dumps({"teachers": [
         {"route": r, "instance": i} for r, i in instances.items()]}))
-    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    (run / "status.json").write_text(json.dumps({"status": "completed"}))
 
 
 def test_a_run_is_read_domain_by_domain_and_route_by_route(tmp_path):
@@ -49,22 +49,28 @@ def test_a_run_is_read_domain_by_domain_and_route_by_route(tmp_path):
     assert (two["teacher_instances"], one["teacher_instances"]) == (2, 1)
 
 
-def test_the_adapters_form_is_the_example_with_one_teacher_serving_two_adapters(
-        tmp_path, monkeypatch):
+def test_both_forms_are_the_example_from_the_benchmarks_student(tmp_path, monkeypatch):
     import several_bench
 
     def prepared(settings, config_dir, out_dir):
         assert set(settings.adapters) == {"calc", "nav"}  # the generalist is not prepared
         return {"base": {"model_dir": "/m/base"}, "adapter:calc": {"model_dir": "/m/calc"},
-                "adapter:nav": {"model_dir": "/m/nav"}}
+                "adapter:nav": {"model_dir": "/m/nav"}, "student": {"model_dir": "/m/student"}}
 
     monkeypatch.setattr(several_bench, "prepare_all", prepared)
-    data = yaml.safe_load(several_up.adapters_recipe(tmp_path).read_text())
+    paths = several_up.recipes(tmp_path)
+    two = yaml.safe_load(paths["two_processes"].read_text())
+    one = yaml.safe_load(paths["one_process_two_adapters"].read_text())
     example = yaml.safe_load(several_up.EXAMPLE.read_text())
-    assert "teachers" not in data and data["teacher"]["adapters"] == {"calc": "/m/calc",
-                                                                      "nav": "/m/nav"}
-    assert [m["adapter"] for m in data["environments"]] == ["calc", "nav"]
-    assert data["train"] == example["train"] and data["student"] == example["student"]
+    for data in (two, one):
+        assert data["student"]["model"] == {"path": "/m/student"}
+        assert "sft_warmup_steps" not in data["train"]
+        assert (data["train"]["cycles"], data["train"]["lr"]) == (64, 1e-3)
+    assert set(two["teachers"]) == set(example["teachers"])
+    assert all(Path(t["prepare"]).is_file() for t in two["teachers"].values())
+    assert "teachers" not in one and one["teacher"]["adapters"] == {"calc": "/m/calc",
+                                                                    "nav": "/m/nav"}
+    assert [m["adapter"] for m in one["environments"]] == ["calc", "nav"]
 
 
 def test_reread_without_a_record_is_one_line(tmp_path):
