@@ -59,7 +59,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
 from distill_bench import fail, preparation_s, time_split  # noqa: E402
-from real_model_learning import benchmark_arguments, missing_runs, provenance, run_path  # noqa: E402
+from real_model_learning import (  # noqa: E402
+    benchmark_arguments,
+    missing_runs,
+    provenance,
+    run_path,
+)
 from recovery_bench import seed_interval  # noqa: E402
 
 from miniverl.common.rundir import RunDir  # noqa: E402

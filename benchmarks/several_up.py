@@ -104,13 +104,21 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
             if line.strip()]
 
 
+def _point(evaluation: dict[str, Any]) -> dict[str, Any]:
+    """One evaluation's version, greedy success and each domain's."""
+    return {"version": evaluation["version"], "greedy": evaluation.get("success"),
+            "domains": {k: v["success"]
+                        for k, v in (evaluation.get("by_environment") or {}).items()}}
+
+
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What one run recorded: each domain before and after, each route's counters."""
     events = _jsonl(run_dir / "events.jsonl")
     rows = _jsonl(run_dir / "metrics.jsonl")
     evals = [e for e in events if e.get("event") == "eval"]
     first, last = evals[0], evals[-1]
-    teachers = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")).get("teachers") or []
+    manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    teachers = manifest.get("teachers") or []
     instances = {t["route"]: t["instance"] for t in teachers}
     final = [r for r in rows if r.get("phase") != "sft_warmup"]  # the OPD updates
     by_teacher = final[-1].get("by_teacher") or {} if final else {}
@@ -119,10 +127,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
         "status": json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("status"),
         "warmup_steps": len(rows) - len(final),
         "updates": len(final),
-        "before": {"version": first["version"], "greedy": first.get("success"),
-                   "domains": {k: v["success"] for k, v in (first.get("by_environment") or {}).items()}},
-        "after": {"version": last["version"], "greedy": last.get("success"),
-                  "domains": {k: v["success"] for k, v in (last.get("by_environment") or {}).items()}},
+        "before": _point(first),
+        "after": _point(last),
         "routes": {name: {k: c.get(k) for k in ROUTE_COUNTERS} for name, c in by_teacher.items()},
         "stale_dropped": final[-1].get("stale_dropped") if final else None,
         "teacher_instances": len(set(instances.values())),
@@ -173,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record: dict[str, Any] = {
         "benchmark": "several_up",
-        "command": "python benchmarks/several_up.py" + (" --update-committed" if args.update_committed else ""),
+        "command": ("python benchmarks/several_up.py"
+                    + (" --update-committed" if args.update_committed else "")),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -19,10 +19,11 @@ the retry rate (a tool call attempted after the error; ``student/environments/fa
 With ``eval.samples`` N the summary also holds ``sampled``: every task played N times at
 ``eval.temperature`` (1.0 unless set), the mean success and pass@N
 (``student/eval_sampling.py``), and for a mixture each environment's success and tool
-calls at that temperature (``sampled.by_environment``). When the run's fixed set is a function of the task
-(oracle traces, the teacher's own episodes) it holds ``coverage``: the share of the
-evaluated episodes' turn-start states that the fixed set's source, played on the same
-tasks, never shows (``student/coverage.py``); ``sampled`` has its own.
+calls at that temperature (``sampled.by_environment``). When the run's fixed set is a
+function of the task (oracle traces, the teacher's own episodes) it holds
+``coverage``: the share of the evaluated episodes' turn-start states that the fixed
+set's source, played on the same tasks, never shows (``student/coverage.py``);
+``sampled`` has its own.
 
 This module does not train, score with a teacher or log run events; the trainer does.
 """
