@@ -29,6 +29,8 @@ SEVERAL_SMOKE = {
         f"python benchmarks/several_bench.py --config {SMOKE}",
     "python benchmarks/several_bench.py --update-committed --resume":
         f"python benchmarks/several_bench.py --config {SMOKE} --resume",
+    "python benchmarks/several_bench.py --config benchmarks/several/v2.yaml --update-committed":
+        f"python benchmarks/several_bench.py --config {SMOKE} --resume",
 }
 
 
@@ -90,6 +92,20 @@ def test_every_documented_several_command_has_a_smoke_form():
         if fence in ("bash", "sh", "") and line.startswith("python benchmarks/several_bench.py"):
             found.add(" ".join(line.split()))
     assert found and not found - set(SEVERAL_SMOKE), sorted(found - set(SEVERAL_SMOKE))
+
+
+def test_version_2_is_version_1_with_rank_1_adapters():
+    one, first = bench.load_config(bench.CONFIG)
+    two, second = bench.load_config(ROOT / "benchmarks/several/v2.yaml")
+    assert {k: v for k, v in two.items() if k not in ("name", "output_dir")} == \
+        {k: v for k, v in one.items() if k not in ("name", "output_dir")}
+    assert second.model_copy(update={"adapters": first.adapters}) == first
+    for name, rel in second.adapters.items():
+        r1 = yaml.safe_load((ROOT / "benchmarks/several" / rel).read_text())
+        r16 = yaml.safe_load((ROOT / "benchmarks/several" / first.adapters[name]).read_text())
+        assert r1["student"]["lora"]["r"] == 1 and r16["student"]["lora"]["r"] == 16
+        r1["student"]["lora"], r1["run"]["name"] = r16["student"]["lora"], r16["run"]["name"]
+        assert r1 == r16
 
 
 def test_the_committed_config_is_what_the_docs_say():
