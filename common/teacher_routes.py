@@ -36,10 +36,9 @@ SINGLE = "teacher"
 ROUTED_MODES = frozenset({"opd", "sft"})
 # Settings that hold one environment's view, so a routed teacher cannot have them.
 # (min_success and min_recovery gate each route on each of its environments' records:
-# require_route_qualified.)
+# require_route_qualified; mode privileged_context views each episode through its own
+# environment's privileged context: student/train/teacher.py route_views.)
 ONE_ENVIRONMENT_SETTINGS = (
-    ("mode", "views each task through one environment's privileged context",
-     lambda t: t.mode if t.mode != "standard" else None),
     ("tokenizer", "maps one environment's tool text between tokenizers",
      lambda t: t.tokenizer),
     ("memory", "moves one teacher's weights around the student's update; several "

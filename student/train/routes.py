@@ -242,10 +242,11 @@ def routed_side(recipe: Any, endpoint: str | None, endpoints: dict[str, str] | N
 
 
 def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
-                   make_link: Callable[[ScoringClient, Callable], TeacherLink]) -> RoutedLink:
+                   make_link: Callable[[ScoringClient, Callable, Route], TeacherLink]
+                   ) -> RoutedLink:
     """Connect every route's teacher (``make_client(route_side)`` builds a client;
-    ``make_link(client, changed)`` the plain link), record each one, and return the run's
-    link."""
+    ``make_link(client, changed, route)`` the route's own link), record each one, and
+    return the run's link."""
     sides: dict[str, RouteSide] = state.teacher.routes
     for name, side in sides.items():
         if side.client is None:
@@ -253,7 +254,7 @@ def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
         side.client.connect(state.recipe.runtime.teacher_startup_timeout_s)
         side.identity = teacher_identity(side.client)
         gate_route(state, side, side.identity)
-        side.link = make_link(side.client, _on_changed(state, side))
+        side.link = make_link(side.client, _on_changed(state, side), side.route)
         state.run.event("teacher_connected", teacher=side.identity, version=state.version,
                         endpoint=side.endpoint, route=name,
                         environments=list(side.route.environments))

@@ -39,6 +39,8 @@ from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from miniverl.common.errors import (
     ConfigError,
     MiniverlError,
@@ -52,6 +54,7 @@ from miniverl.common.modeling import load_tokenizer
 from miniverl.common.qualification import TeacherNotQualified, require_qualified
 from miniverl.common.teacher_routes import require_route_qualified
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
+from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.endpoints import load_curve_client_keys
 from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpoint
 from miniverl.protocol.scoring_client import ScoringClient
@@ -227,7 +230,8 @@ def connect_routed(state: TrainState) -> None:
                           adapter=route.route.adapter, suffix=f":{route.route.name}")
 
     side.link = connect_routes(state, client_of,
-                               lambda client, changed: teacher_link(state, client, changed))
+                               lambda client, changed, route: teacher_link(state, client,
+                                                                           changed, route))
     side.identity = side.link.identity()
     side.memory = "resident"
     state.run.event("memory_strategy", wanted="resident", chosen="resident",
@@ -235,10 +239,11 @@ def connect_routed(state: TrainState) -> None:
 
 
 def teacher_link(state: TrainState, client: ScoringClient,
-                 changed: Callable[[dict, int, str], None]) -> TeacherLink:
-    """The link this run scores through, picked once: the trajectory's own tokens, the
-    privileged teacher's view of them (``teacher.mode: privileged_context``), or the
-    rendered messages of a teacher with another tokenizer (``teacher.tokenizer: other``)."""
+                 changed: Callable[[dict, int, str], None], route: Any = None) -> TeacherLink:
+    """The link this run (or one ``route`` of it) scores through, picked once: the
+    trajectory's own tokens, the privileged teacher's view of them (``teacher.mode:
+    privileged_context``), or the rendered messages of a teacher with another tokenizer
+    (``teacher.tokenizer: other``)."""
     recipe = state.recipe
     common = {"kind": state.kind, "k": recipe.loss.top_k, "temperature": recipe.loss.temperature,
               "on_teacher_changed": changed, "deterministic": recipe.run.deterministic}
@@ -247,7 +252,7 @@ def teacher_link(state: TrainState, client: ScoringClient,
                           xvocab=XvocabRequests(state.policy.tokenizer, recipe.environment.params),
                           cross_vocab=recipe.loss.cross_vocab or "sampled_token",
                           vocab_map=teacher_vocab_map(state, client))
-    view = teacher_view(state)
+    view = teacher_view(state) if route is None else route_views(state, route)
     if view is not None:
         return PrivilegedLink(client, **common, view=view)
     return TeacherLink(client, **common)
@@ -370,6 +375,37 @@ def teacher_view(state: TrainState) -> PrivilegedViews | None:
         task_of=task_lookup(env.name, env.params, env.difficulty, env.split_seed, sizes,
                             known=state.train_tasks),
     )
+
+
+def route_views(state: TrainState, route: Any) -> Callable | None:
+    """A routed teacher with ``mode: privileged_context``: the view hook of each
+    environment it scores (its own params, splits and tasks), picked by the
+    trajectory's environment; None for a standard teacher."""
+    if route.config is None or route.config.mode != "privileged_context":
+        return None
+    policy, mixture = state.policy, state.mixture
+    views = {}
+    for member in state.recipe.environments:
+        if member.name not in route.environments:
+            continue
+        sizes = {"train": member.train_tasks, "eval": member.eval_tasks,
+                 "test": member.test_tasks}
+        mine = [t for t in state.train_tasks if mixture.environment_of[t.id] == member.name]
+        views[member.name] = PrivilegedViews(
+            policy.tokenizer, tokenizer_fp=policy.tokenizer_fp, env_name=member.name,
+            env_params=member.params,
+            task_of=task_lookup(member.name, member.params, member.difficulty,
+                                member.split_seed, sizes, known=mine))
+
+    def view(traj: Trajectory, positions_P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if traj.environment not in views:
+            raise ConfigError(
+                f"trajectory {traj.id} is from environment {traj.environment!r}, which route "
+                f"{route.name} does not score ({', '.join(views)}); route each environment "
+                "to one teacher")
+        return views[traj.environment](traj, positions_P)
+
+    return view
 
 
 def teacher_changed(state: TrainState, new: dict, version: int, how: str) -> None:

@@ -551,3 +551,42 @@ def test_the_two_teacher_example_validates_and_routes_each_domain():
         assert prep.run.mode == "sft" and prep.student.model == section.model, name
         assert prep.environment.name == next(
             e.name for e in recipe.environments if e.teacher == name)
+
+
+@pytest.mark.slow  # one toy OPD run
+def test_a_privileged_route_sees_its_own_environments_privileged_view(tmp_path, toy):
+    # teachers.nav.mode privileged_context: nav's requests carry each jsonnav episode
+    # as the privileged teacher sees it (its task's context in the system message),
+    # calc's carry the calculator episodes' own tokens, and no request of one route
+    # holds the other's environment.
+    import numpy as np
+
+    from miniverl.student.train.trainer import Trainer
+
+    data = _data(tmp_path, cycles=2, rollouts_per_cycle=8)
+    data["teachers"]["nav"]["mode"] = "privileged_context"
+    recipe = Recipe.model_validate(data)
+    clients = _clients(toy)
+    sent: dict[str, list[tuple[int, ...]]] = {"calc": [], "nav": []}
+    for name, client in clients.items():
+        def recording(tokens_N, cu, positions, *, _real=client.submit, _name=name, **kw):
+            sent[_name].append(tuple(np.asarray(tokens_N).tolist()))
+            return _real(tokens_N, cu, positions, **kw)
+
+        client.submit = recording
+    with Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
+                 checkpoints=False) as trainer:
+        result = trainer.train()
+    assert result.status == "completed" and result.final_version == 2
+    trajs = read_trajectories(result.run_dir / "trajectories.jsonl")
+    own = {env: {tuple(t.tokens) for t in trajs if t.environment == env}
+           for env in ("calculator", "jsonnav")}
+    assert sent["calc"] and set(sent["calc"]) <= own["calculator"]
+    assert sent["nav"] and not set(sent["nav"]) & (own["jsonnav"] | own["calculator"])
+    shortest = min(len(t) for t in own["jsonnav"])
+    assert all(len(tokens) > shortest for tokens in sent["nav"])  # context prepended
+    # A privileged route may not play SeqKD's episodes (the student trains on the plain
+    # view): one line, as for one teacher.
+    data["run"]["mode"] = "sft"
+    data["train"]["fixed_set"] = "teacher"
+    assert "teachers.nav: fixed_set 'teacher' plays episodes" in _problems(data)
