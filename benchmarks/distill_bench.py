@@ -596,7 +596,10 @@ def choose_rates(cells: list[dict[str, Any]], arms: list[str],
             rows.append({"lr": lr, "status": cell["status"] if cell else "missing",
                          "t1": last["t1"] if last else None,
                          "greedy": last["greedy"] if last else None,
-                         "update": last["update"] if last else None})
+                         "update": last["update"] if last else None,
+                         # a mixture's curve (several_bench.py) reads each domain too
+                         **({"domains": last["domains"]} if last and "domains" in last
+                            else {})})
         scored = [r for r in rows if r["t1"] is not None]
         if len(scored) != len(rows):
             raise fail(f"the grid of arm {arm} is incomplete ({[r['status'] for r in rows]}); "
@@ -862,9 +865,11 @@ def committed_analysis(name: str) -> Path:
     return RESULTS.with_name(f"distill_bench{suffix}.json")
 
 
-def output_paths(args: argparse.Namespace, raw: dict[str, Any]) -> tuple[Path, Path]:
-    """The benchmark's output folder and its analysis file; exits 1 with one line before
-    a committed file would be rewritten unasked."""
+def output_paths(args: argparse.Namespace, raw: dict[str, Any],
+                 analysis: Path | None = None) -> tuple[Path, Path]:
+    """The benchmark's output folder and its analysis file (``analysis``: the committed
+    one, by default this benchmark's for the config's name); exits 1 with one line
+    before a committed file would be rewritten unasked."""
     from miniverl.common.errors import ConfigError
     from miniverl.student.benchmark.outputs import choose_output_dir, refuse_committed
 
@@ -873,7 +878,7 @@ def output_paths(args: argparse.Namespace, raw: dict[str, Any]) -> tuple[Path, P
         out_dir = choose_output_dir(args.output_dir, update_committed=args.update_committed,
                                     committed=committed,
                                     fresh=ROOT / "runs" / "benchmarks" / raw["name"])
-        analysis = committed_analysis(raw["name"])
+        analysis = analysis or committed_analysis(raw["name"])
         if not args.update_committed:
             analysis = out_dir / analysis.name
         refuse_committed([analysis, *(out_dir / p / "results.json" for p in PHASES)],

@@ -43,7 +43,6 @@ training seconds and their split. Writes ``several_bench.json`` in the output fo
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -58,10 +57,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
-from distill_bench import fail, preparation_s, time_split  # noqa: E402
+from distill_bench import (  # noqa: E402
+    check_kept,
+    choose_rates,
+    fail,
+    output_paths,
+    preparation_s,
+    run_phase,
+    time_split,
+)
 from real_model_learning import (  # noqa: E402
     benchmark_arguments,
-    missing_runs,
     provenance,
     run_path,
 )
@@ -320,23 +326,6 @@ def phase_config(raw: dict[str, Any], settings: SeveralSettings, phase: str,
     return out
 
 
-def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace) -> None:
-    from miniverl.common.errors import ConfigError
-    from miniverl.student.benchmark.run import run_benchmark
-
-    def on_cell(record) -> None:
-        r = record.result
-        print(f"cell {record.arm} seed {record.seed}: {r.status}, T=1 "
-              f"{r.sampled_success_before} -> {r.sampled_success_after}, "
-              f"{r.wall_s or 0:.0f} s" + (f", {r.error}" if r.error else ""), flush=True)
-
-    try:
-        run_benchmark(path, resume=args.resume, output_dir=phase_dir,
-                      update_committed=args.update_committed, on_cell=on_cell)
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-
-
 # -- reading the cells --------------------------------------------------------------------
 
 
@@ -378,29 +367,6 @@ def analyze_cell(cell: dict[str, Any], results_dir: Path,
     out["routes"] = {name: {k: c.get(k) for k in ROUTE_COUNTERS}
                      for name, c in ((rows[-1].get("by_teacher") or {}) if rows else {}).items()}
     return out
-
-
-def choose_rates(cells: list[dict[str, Any]], arms: list[str],
-                 grid: list[float]) -> tuple[dict[str, float], dict[str, Any]]:
-    """Each arm's rate: the highest T=1 success after the budget, ties to the higher
-    greedy success, then the lower rate; and the grid as read."""
-    chosen, table = {}, {}
-    for arm in arms:
-        rows = []
-        for i, lr in enumerate(grid):
-            cell = next((c for c in cells if c["arm"] == f"{arm}-lr{i}"), None)
-            last = cell["curve"][-1] if cell and cell.get("curve") else None
-            rows.append({"lr": lr, "status": cell["status"] if cell else "missing",
-                         "t1": last["t1"] if last else None,
-                         "greedy": last["greedy"] if last else None,
-                         "domains": last["domains"] if last else None})
-        if any(r["t1"] is None for r in rows):
-            raise fail(f"the grid of arm {arm} is incomplete ({[r['status'] for r in rows]}); "
-                       "run --phase grid --resume until every cell is ok")
-        best = max(rows, key=lambda r: (r["t1"], r["greedy"] or 0.0, -r["lr"]))
-        chosen[arm] = best["lr"]
-        table[arm] = {"chosen_lr": best["lr"], "grid": rows}
-    return chosen, table
 
 
 def _readings(p: dict[str, Any]) -> dict[str, float | None]:
@@ -519,42 +485,6 @@ def committed_analysis(name: str) -> Path:
     return RESULTS.with_name(f"several_bench{suffix}.json")
 
 
-def output_paths(args: argparse.Namespace, raw: dict[str, Any]) -> tuple[Path, Path]:
-    """The benchmark's output folder and its analysis file; exits 1 with one line before
-    a committed file would be rewritten unasked."""
-    from miniverl.common.errors import ConfigError
-    from miniverl.student.benchmark.outputs import choose_output_dir, refuse_committed
-
-    committed = ROOT / (raw.get("output_dir") or f"benchmarks/results/{raw['name']}")
-    try:
-        out_dir = choose_output_dir(args.output_dir, update_committed=args.update_committed,
-                                    committed=committed,
-                                    fresh=ROOT / "runs" / "benchmarks" / raw["name"])
-        analysis = committed_analysis(raw["name"])
-        if not args.update_committed:
-            analysis = out_dir / analysis.name
-        refuse_committed([analysis, *(out_dir / p / "results.json" for p in PHASES)],
-                         update_committed=args.update_committed)
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-    return out_dir, analysis
-
-
-def check_kept(out_dir: Path, phases: list[str]) -> None:
-    """--analyze-only: every asked phase's results and kept runs exist, or exit 1."""
-    for phase in phases:
-        results = out_dir / phase / "results.json"
-        if not results.is_file():
-            raise fail(f"--analyze-only re-reads a benchmark's kept runs, and {results.parent} "
-                       "holds no results.json; run the benchmark first (without "
-                       "--analyze-only), or name the folder of an earlier run with --output-dir")
-        missing = missing_runs(results)
-        if missing:
-            raise fail(f"--analyze-only re-reads kept runs, and {len(missing)} of {results} "
-                       f"are missing ({'; '.join(missing[:3])}); run directories are "
-                       "git-ignored, so a fresh clone has none: run the benchmark first")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = benchmark_arguments(__doc__, CONFIG)
     ap.add_argument("--phase", choices=("grid", "main", "all"), default="all",
@@ -563,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     raw, settings = load_config(args.config)
     config_dir = args.config.resolve().parent
-    out_dir, output = output_paths(args, raw)
+    out_dir, output = output_paths(args, raw, committed_analysis(raw["name"]))
     phases = list(PHASES) if args.phase == "all" else [args.phase]
     if args.analyze_only:
         check_kept(out_dir, phases)
