@@ -574,17 +574,29 @@ def test_a_privileged_route_sees_its_own_environments_privileged_view(tmp_path, 
             return _real(tokens_N, cu, positions, **kw)
 
         client.submit = recording
+    from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
+
     with Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
                  checkpoints=False) as trainer:
         result = trainer.train()
+        policy, of = trainer.state.policy, trainer.state.mixture.environment_of
+        tasks = [t for t in trainer.state.train_tasks if of[t.id] == "jsonnav"]
     assert result.status == "completed" and result.final_version == 2
     trajs = read_trajectories(result.run_dir / "trajectories.jsonl")
     own = {env: {tuple(t.tokens) for t in trajs if t.environment == env}
            for env in ("calculator", "jsonnav")}
     assert sent["calc"] and set(sent["calc"]) <= own["calculator"]
-    assert sent["nav"] and not set(sent["nav"]) & (own["jsonnav"] | own["calculator"])
-    shortest = min(len(t) for t in own["jsonnav"])
-    assert all(len(tokens) > shortest for tokens in sent["nav"])  # context prepended
+    # nav was sent exactly the privileged views of the jsonnav episodes, made here the
+    # way a single privileged teacher's are, from each episode's own jsonnav task.
+    member = recipe.environments[1]
+    views = PrivilegedViews(
+        policy.tokenizer, tokenizer_fp=policy.tokenizer_fp, env_name="jsonnav",
+        env_params=member.params,
+        task_of=task_lookup("jsonnav", member.params, member.difficulty, member.split_seed,
+                            {"train": member.train_tasks}, known=tasks))
+    expected = {tuple(views.view(t).tokens.tolist()) for t in trajs if t.environment == "jsonnav"}
+    assert sent["nav"] and set(sent["nav"]) <= expected
+    assert not set(sent["nav"]) & (own["jsonnav"] | own["calculator"])
     # A privileged route may not play SeqKD's episodes (the student trains on the plain
     # view): one line, as for one teacher.
     data["run"]["mode"] = "sft"
