@@ -89,8 +89,9 @@ START_EVALS = "start_evals.json"  # the prepared models' evals on each split (st
 READINGS = ("greedy", "t1")  # greedy success; mean success at T=1 over eval.samples episodes
 
 
-class DistillSettings(BaseModel):
-    """The ``distill:`` section of a distillation benchmark config."""
+class GridSettings(BaseModel):
+    """A learning-rate grid on one seed and split, then the report on another split: the
+    fields every script benchmark here shares (this one's, several_bench.py's)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -98,6 +99,20 @@ class DistillSettings(BaseModel):
     grid_seed: int = Field(ge=0)
     grid_split: str = Field(pattern="^(eval|test)$")
     main_split: str = Field(pattern="^(eval|test)$")
+
+    @model_validator(mode="after")
+    def _grid(self) -> GridSettings:
+        if self.grid_split == self.main_split:
+            raise ValueError(f"grid_split and main_split are both {self.grid_split!r}: the "
+                             "grid must be scored on a split the report does not use")
+        if any(lr <= 0 for lr in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
+            raise ValueError(f"lr_grid {self.lr_grid} must hold distinct positive rates")
+        return self
+
+
+class DistillSettings(GridSettings):
+    """The ``distill:`` section of a distillation benchmark config."""
+
     warm_start: tuple[float, float]
     wall_clock_s: list[float] = Field(min_length=1)
     plateau_tolerance: float | None = Field(
@@ -124,11 +139,6 @@ class DistillSettings(BaseModel):
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"warm_start {list(self.warm_start)} must be [low, high] within "
                              "[0, 1]; give two shares, the lower first")
-        if self.grid_split == self.main_split:
-            raise ValueError(f"grid_split and main_split are both {self.grid_split!r}: the "
-                             "grid must be scored on a split the report does not use")
-        if any(lr <= 0 for lr in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
-            raise ValueError(f"lr_grid {self.lr_grid} must hold distinct positive rates")
         return self
 
 
@@ -137,25 +147,32 @@ def fail(message: str) -> SystemExit:
     return SystemExit(f"error: {message}")
 
 
-def load_config(path: Path) -> tuple[dict[str, Any], DistillSettings]:
-    """The benchmark config's own fields and its validated ``distill:`` section."""
+def load_section_config(path: Path, section: str, model: type[BaseModel], what: str,
+                        example: str) -> tuple[dict[str, Any], Any]:
+    """A script's benchmark config: its own fields and its validated ``section:`` (one
+    line and exit 1 for unreadable YAML, a missing section or a bad field; ``what`` and
+    ``example`` name the benchmark and its committed config in those lines)."""
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise fail(f"{path} cannot be read as YAML ({type(exc).__name__}); pass the "
-                   "distillation benchmark's config") from None
-    if not isinstance(raw, dict) or "distill" not in raw:
-        raise fail(f"{path} has no distill: section; pass a distillation benchmark config "
-                   "(benchmarks/distill/config.yaml)")
+                   f"{what}'s config") from None
+    if not isinstance(raw, dict) or section not in raw:
+        raise fail(f"{path} has no {section}: section; pass a {what} config ({example})")
     raw = dict(raw)
     try:
-        settings = DistillSettings.model_validate(raw.pop("distill"))
+        settings = model.model_validate(raw.pop(section))
     except ValidationError as exc:
-        issues = "; ".join(f"distill.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+        issues = "; ".join(f"{section}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                            for e in exc.errors())
         raise fail(f"{path}: {issues}") from None
     return raw, settings
 
+
+def load_config(path: Path) -> tuple[dict[str, Any], DistillSettings]:
+    """The benchmark config's own fields and its validated ``distill:`` section."""
+    return load_section_config(path, "distill", DistillSettings, "distillation benchmark",
+                               "benchmarks/distill/config.yaml")
 
 
 def _arm_overrides(arm: dict[str, Any], lr: float, split: str,
@@ -498,19 +515,60 @@ def resolve_student_prepare(raw: dict[str, Any], config_dir: Path, teacher_dir: 
     return out
 
 
+def eval_recipe(base: dict[str, Any], split: str, model_dir: str) -> Any:
+    """A cell's recipe ``base`` as an evaluation of ``model_dir`` on ``split``: no teacher,
+    no loss, no routes, and none of the data settings a trainer needs (a teacher's fixed
+    set goes with the teacher)."""
+    from miniverl.common.recipe import Recipe
+
+    data = copy.deepcopy(base)
+    for section in ("teacher", "teachers", "loss"):
+        data.pop(section, None)
+    data["run"] = {**data["run"], "mode": "sft", "seed": 0}
+    data["student"] = {**data["student"], "model": {"path": model_dir}}
+    if data.get("environments"):
+        data["environments"] = [{k: v for k, v in m.items() if k not in ("teacher", "adapter")}
+                                for m in data["environments"]]
+    data["eval"] = {**data["eval"], "split": split}
+    data["train"] = {k: v for k, v in data["train"].items()
+                     if k not in ("pipelining", "max_lag", "fixed_set", "score_fixed_set",
+                                  "on_policy_fraction")}
+    return Recipe.model_validate(data)
+
+
+def evaluate_dir(recipe: Any, model_dir: str,
+                 adapter: str | None = None) -> tuple[dict[str, Any], float]:
+    """``recipe``'s evaluation of the model in ``model_dir`` (``adapter``: a PEFT adapter
+    merged into it), on one thread; its summary and seconds."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from miniverl.common.modeling import load_causal_lm
+    from miniverl.student.eval import evaluate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = load_causal_lm(model_dir, dtype="float32", device="cpu")
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            summary = evaluate(model, tokenizer, recipe, policy_version=0).to_dict()
+    finally:
+        torch.set_num_threads(threads)
+    return summary, time.perf_counter() - t0
+
+
 def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], split: str,
                 cache: Path) -> dict[str, Any]:
     """Each prepared model's eval on ``split`` (greedy and ``eval.samples`` at T=1), made
     once with the base recipe's rollout and eval settings and kept in ``cache``: every
     cell starts from the warm student (``eval.before: false`` in the cells), so this is
     every cell's update 0, and the teacher's row is its margin on the same tasks."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from miniverl.common.modeling import load_causal_lm
-    from miniverl.common.recipe import Recipe
-    from miniverl.student.eval import evaluate
-
     known = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
     # The baseline arm's recipe: its environment, rollout and eval are every cell's.
     arm = next(a for a in raw["arms"] if a["name"] == raw["baseline"])
@@ -520,29 +578,8 @@ def start_evals(raw: dict[str, Any], config_dir: Path, models: dict[str, str], s
         key = f"{name}:{split}"
         if known.get(key, {}).get("model") == Path(model_dir).name:
             continue
-        data = copy.deepcopy(base)
-        data.pop("teacher", None)
-        data.pop("loss", None)
-        data["run"] = {**data["run"], "mode": "sft", "seed": 0}
-        data["student"] = {**data["student"], "model": {"path": model_dir}}
-        data["eval"] = {**data["eval"], "split": split}
-        # An eval trains nothing: the baseline's data settings (a teacher's fixed set:
-        # version 3's seqkd) go with the teacher section dropped above.
-        data["train"] = {k: v for k, v in data["train"].items()
-                         if k not in ("pipelining", "max_lag", "fixed_set", "score_fixed_set",
-                                      "on_policy_fraction")}
-        recipe = Recipe.model_validate(data)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            model = load_causal_lm(model_dir, dtype="float32", device="cpu")
-            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                summary = evaluate(model, tokenizer, recipe, policy_version=0).to_dict()
-        finally:
-            torch.set_num_threads(threads)
-        known[key] = {"model": Path(model_dir).name, "split": split, "eval_s": time.perf_counter() - t0,
+        summary, seconds = evaluate_dir(eval_recipe(base, split, model_dir), model_dir)
+        known[key] = {"model": Path(model_dir).name, "split": split, "eval_s": seconds,
                       "greedy": summary.get("success"), "n": summary.get("n"),
                       "t1": (summary.get("sampled") or {}).get("success"),
                       "unseen_states": ((summary.get("sampled") or {}).get("coverage")

@@ -53,14 +53,18 @@ from typing import Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
 from distill_bench import (  # noqa: E402
+    GridSettings,
     check_kept,
     choose_rates,
+    eval_recipe,
+    evaluate_dir,
     fail,
+    load_section_config,
     output_paths,
     preparation_s,
     run_phase,
@@ -85,48 +89,22 @@ RESOLVED = "recipe.resolved.yaml"
 ROUTE_COUNTERS = ("episodes", "positions_scored", "stale_dropped", "held_back", "wait_s")
 
 
-class SeveralSettings(BaseModel):
-    """The ``several:`` section of the several-teachers benchmark config."""
-
-    model_config = ConfigDict(extra="forbid")
+class SeveralSettings(GridSettings):
+    """The ``several:`` section of the several-teachers benchmark config (its grid:
+    distill_bench.GridSettings)."""
 
     base: str = Field(description="the sft recipe that prepares the teachers' base model")
     adapters: dict[str, str] = Field(
         min_length=1, description="adapter name -> the LoRA sft recipe that prepares it")
     student: str = Field(description="the sft recipe that prepares every arm's start")
-    lr_grid: list[float] = Field(min_length=1, max_length=10)
-    grid_seed: int = Field(ge=0)
-    grid_split: str = Field(pattern="^(eval|test)$")
-    main_split: str = Field(pattern="^(eval|test)$")
     also_against: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SeveralSettings:
-        if self.grid_split == self.main_split:
-            raise ValueError(f"grid_split and main_split are both {self.grid_split!r}: the "
-                             "grid must be scored on a split the report does not use")
-        if any(lr <= 0 for lr in self.lr_grid) or len(set(self.lr_grid)) != len(self.lr_grid):
-            raise ValueError(f"lr_grid {self.lr_grid} must hold distinct positive rates")
-        return self
 
 
 def load_config(path: Path) -> tuple[dict[str, Any], SeveralSettings]:
     """The benchmark config's own fields and its validated ``several:`` section."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise fail(f"{path} cannot be read as YAML ({type(exc).__name__}); pass the "
-                   "several-teachers benchmark's config") from None
-    if not isinstance(raw, dict) or "several" not in raw:
-        raise fail(f"{path} has no several: section; pass a several-teachers benchmark "
-                   "config (benchmarks/several/config.yaml)")
-    raw = dict(raw)
-    try:
-        settings = SeveralSettings.model_validate(raw.pop("several"))
-    except ValidationError as exc:
-        issues = "; ".join(f"several.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                           for e in exc.errors())
-        raise fail(f"{path}: {issues}") from None
+    raw, settings = load_section_config(path, "several", SeveralSettings,
+                                        "several-teachers benchmark",
+                                        "benchmarks/several/config.yaml")
     names = [a["name"] for a in raw.get("arms") or []]
     unknown = [a for a in settings.also_against if a not in names]
     if unknown:
@@ -235,13 +213,6 @@ def start_evals(raw: dict[str, Any], recipe_path: Path, prepared: dict[str, dict
     """Each named prepared model's eval on ``split`` (an adapter merged into the base),
     with the baseline arm's environments, rollout and eval settings; made once, kept in
     ``cache``."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from miniverl.common.modeling import load_causal_lm
-    from miniverl.common.recipe import Recipe
-    from miniverl.student.eval import evaluate
-
     known = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
     # The baseline arm's recipe: its environments, rollout and eval are every cell's.
     arm = next(a for a in raw["arms"] if a["name"] == raw["baseline"])
@@ -252,33 +223,13 @@ def start_evals(raw: dict[str, Any], recipe_path: Path, prepared: dict[str, dict
         model_dir = prepared[name]["model_dir"]
         if known.get(key, {}).get("model") == Path(model_dir).name:
             continue
-        data = copy.deepcopy(base)
-        data.pop("teacher", None)
-        data.pop("loss", None)
-        data["run"] = {**data["run"], "mode": "sft", "seed": 0}
-        data["environments"] = [{k: v for k, v in m.items() if k not in ("teacher", "adapter")}
-                                for m in data["environments"]]
-        data["eval"] = {**data["eval"], "split": split}
-        data["train"] = {k: v for k, v in data["train"].items()
-                         if k not in ("pipelining", "max_lag", "fixed_set")}
-        recipe = Recipe.model_validate(data)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            on = prepared["base"]["model_dir"] if name.startswith("adapter:") else model_dir
-            model = load_causal_lm(on, dtype="float32", device="cpu")
-            if name.startswith("adapter:"):
-                from peft import PeftModel
-
-                model = PeftModel.from_pretrained(model, model_dir).merge_and_unload()
-            tokenizer = AutoTokenizer.from_pretrained(on, local_files_only=True)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                summary = evaluate(model, tokenizer, recipe, policy_version=0).to_dict()
-        finally:
-            torch.set_num_threads(threads)
+        if name.startswith("adapter:"):  # merged into the base it was trained on
+            on, adapter = prepared["base"]["model_dir"], model_dir
+        else:
+            on, adapter = model_dir, None
+        summary, seconds = evaluate_dir(eval_recipe(base, split, on), on, adapter)
         known[key] = {"model": Path(model_dir).name, "split": split, "n": summary.get("n"),
-                      "eval_s": round(time.perf_counter() - t0, 1), **point(summary)}
+                      "eval_s": round(seconds, 1), **point(summary)}
         shown = {env: d["t1"] for env, d in known[key]["domains"].items()}
         print(f"{name} on {split}: T=1 {known[key]['t1']} {shown}", flush=True)
         cache.parent.mkdir(parents=True, exist_ok=True)
