@@ -258,8 +258,6 @@ class Recipe(BaseModel):
             for field, value, why in (
                 ("mode", teacher.mode if teacher.mode != "standard" else None,
                  "views each task through one environment's privileged context"),
-                ("tokenizer", teacher.tokenizer if teacher.tokenizer == "other" else None,
-                 "maps one environment's tool text between tokenizers"),
                 ("min_success", teacher.min_success, "is gated on one environment's record"),
                 ("min_recovery", teacher.min_recovery, "is gated on one environment's record"),
             ):
@@ -320,19 +318,25 @@ class Recipe(BaseModel):
     @field_validator("loss")
     @classmethod
     def _cross_tokenizer_loss(cls, loss: LossConfig, info: ValidationInfo):
-        run, teacher = info.data.get("run"), info.data.get("teacher")
+        run = info.data.get("run")
         if run is None:
             return loss
-        if loss.cross_vocab is not None and (teacher is None or teacher.tokenizer != "other"):
+        # Every teacher section: teacher:, or each of teachers: (several teachers).
+        sections = ({f"teachers.{name}": t for name, t in info.data["teachers"].items()}
+                    if info.data.get("teachers") else {"teacher": info.data.get("teacher")})
+        other = [where for where, t in sections.items()
+                 if t is not None and t.tokenizer == "other"]
+        if loss.cross_vocab is not None and not other:
             raise_issues([(("cross_vocab",), f"loss.cross_vocab: {loss.cross_vocab} is the "
                            "target of a teacher with another tokenizer; set "
                            "teacher.tokenizer: other or drop loss.cross_vocab")])
-        if teacher is None or teacher.tokenizer != "other":
+        if not other:
             return loss
         if run.mode != "opd":
-            raise_issues([((), f"teacher.tokenizer: other trains by on-policy distillation "
-                                f"(xvocab targets per fresh episode), not run.mode "
-                                f"{run.mode!r}; set run.mode: opd or teacher.tokenizer: same")])
+            raise_issues([((), f"{other[0]}.tokenizer: other trains by on-policy "
+                                f"distillation (xvocab targets per fresh episode), not "
+                                f"run.mode {run.mode!r}; set run.mode: opd or "
+                                f"{other[0]}.tokenizer: same")])
         variants = [f"loss.{name}" for name in LOSS_VARIANT_FIELDS
                     if getattr(loss, name) is not None]
         drop = f", and drop {', '.join(variants)}" if variants else ""
@@ -345,7 +349,7 @@ class Recipe(BaseModel):
                                f"divergence: forward_kl{drop}")])
             return loss
         if loss.estimator != "sampled_token" or loss.divergence != "reverse_kl" or variants:
-            raise_issues([(("estimator",), "teacher.tokenizer: other trains with the group "
+            raise_issues([(("estimator",), f"{other[0]}.tokenizer: other trains with the group "
                            "sampled-token estimator (docs/cross-tokenizer.md): set "
                            "loss.estimator: sampled_token and divergence: reverse_kl"
                            + drop + ", or loss.cross_vocab: hybrid or uld")])

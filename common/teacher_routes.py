@@ -34,13 +34,12 @@ SINGLE = "teacher"
 # (SeqKD) trains on each environment's teacher's own episodes (the recipe checks that
 # sft routes only with it).
 ROUTED_MODES = frozenset({"opd", "sft"})
-# Settings that hold one environment's view, so a routed teacher cannot have them.
+# Settings that hold one teacher's view of the run, so a routed teacher cannot have them.
 # (min_success and min_recovery gate each route on each of its environments' records:
 # require_route_qualified; mode privileged_context views each episode through its own
-# environment's privileged context: student/train/teacher.py route_views.)
+# environment's privileged context: student/train/teacher.py route_views; tokenizer:
+# other renders each episode with its own environment's tools: xvocab_targets.py.)
 ONE_ENVIRONMENT_SETTINGS = (
-    ("tokenizer", "maps one environment's tool text between tokenizers",
-     lambda t: t.tokenizer),
     ("memory", "moves one teacher's weights around the student's update; several "
      "teachers stay resident", lambda t: t.memory if t.memory == "swap" else None),
 )

@@ -34,7 +34,7 @@ def open_cache(recipe: Recipe, run: RunDir, policy: Policy, kind: str) -> Target
     cfg = recipe.cache
     if not cfg.enabled or not recipe.needs_teacher:
         return None
-    if kind == "xvocab":  # not cached yet: docs/cross-tokenizer.md says what is missing
+    if kind in ("xvocab", "mixed"):  # not cached yet: docs/cross-tokenizer.md says what is missing
         return None
     loss = recipe.loss
     root = Path(cfg.dir) if cfg.dir else run.targets_dir

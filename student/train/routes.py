@@ -12,8 +12,9 @@ episodes only (``TeacherLink.collect``); the others' replies wait in their clien
 route whose teacher is down holds back its own episodes only, and the update trains on
 the others' (:class:`RoutedLink`, event ``route_held_back``).
 
-:func:`connect_routes` connects every route; a teacher the run would refuse (another
-tokenizer, an adapter it does not serve) stops the run before the first rollout.
+:func:`connect_routes` connects every route; a teacher the run would refuse (a tokenizer
+its route's ``tokenizer`` rule refuses, an adapter it does not serve) stops the run
+before the first rollout.
 ``miniverl teacher use NAME ENDPOINT`` retargets one route at an update boundary
 (:func:`apply_route_retarget`), gated like a new teacher; a refusal keeps the old one.
 
@@ -45,6 +46,8 @@ from miniverl.student.train.teacher_link import Scored, TeacherLink, TeacherSide
 # Counters summed over routes into the run's own (the metrics row reads these).
 SUMMED = ("sent", "received", "stale_dropped", "nonfinite_replies", "retries", "reconnects",
           "bytes_sent", "bytes_received", "held_back")
+# ... and those of the routes whose teacher has another tokenizer, when some route's does.
+XVOCAB_SUMMED = ("xvocab_sent", "xvocab_unaligned", "xvocab_exact_groups", "xvocab_uld_groups")
 # How often RoutedLink.collect looks again at each route while it waits (seconds).
 POLL_S = 0.2
 
@@ -65,8 +68,11 @@ class RouteSide:
     wait_s: float = 0.0
 
     def counters(self) -> dict[str, Any]:
-        """The client's counters and what this route scored."""
+        """The client's counters, the link's own (a teacher with another tokenizer:
+        ``xvocab_sent``, ...) and what this route scored."""
         out = dict(self.client.counters) if self.client is not None else {}
+        if self.link is not None:
+            out.update(self.link.counters())
         out.update(positions_scored=self.positions_scored, episodes=self.episodes,
                    held_back=self.held_back, wait_s=round(self.wait_s, 4))
         return out
@@ -189,8 +195,9 @@ class RoutedLink:
     def counters(self) -> dict[str, Any]:
         """The counters summed over routes, and each route's under ``by_teacher``."""
         by_teacher = {name: side.counters() for name, side in self.sides.items()}
+        keys = [*SUMMED, *(k for k in XVOCAB_SUMMED if any(k in c for c in by_teacher.values()))]
         out: dict[str, Any] = {key: sum(int(c.get(key, 0)) for c in by_teacher.values())
-                               for key in SUMMED}
+                               for key in keys}
         out["by_teacher"] = by_teacher
         return out
 

@@ -60,8 +60,8 @@ from miniverl.student.environments.mixture import Mixture, draw, mixture_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
-from miniverl.student.train.objectives import LossSettings, Objective, request_kind
-from miniverl.student.train.objectives.table import objective_for_kind
+from miniverl.student.train.objectives import LossSettings, Objective
+from miniverl.student.train.objectives.table import objective_for_kind, run_kind
 from miniverl.student.train.optim import build_optimizer
 from miniverl.student.train.policy import Policy, load_policy
 from miniverl.student.train.teacher_link import Scored, TeacherSide
@@ -80,7 +80,7 @@ class TrainState:
     autocast: Any  # a torch.autocast context for low-precision CUDA weights, else None
     runner: RolloutRunner
     train_tasks: list[Any]
-    kind: str  # the targets asked for: "topk", "exact" or "xvocab"
+    kind: str  # the targets asked for: "topk", "exact", "xvocab", or "mixed" (routes of both)
     # The recipe's loss section and the objective it picks for ``kind``, both made once
     # when the run starts (None for a mode without a teacher).
     loss: LossSettings
@@ -257,9 +257,9 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     )
     update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
                     vocab_size=policy.vocab_size)
-    # teacher.tokenizer: other asks for xvocab targets (docs/cross-tokenizer.md).
-    other = recipe.teacher is not None and recipe.teacher.tokenizer == "other"
-    kind = "xvocab" if other else request_kind(recipe.loss)
+    # teacher.tokenizer: other asks for xvocab targets (docs/cross-tokenizer.md); routed
+    # teachers of both tokenizers for both ("mixed", docs/several-teachers.md).
+    kind = run_kind(recipe)
     loss = LossSettings.of(recipe.loss)
     state = TrainState(
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,

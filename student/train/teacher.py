@@ -61,6 +61,7 @@ from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.cross_vocab import VocabMap, vocab_map
+from miniverl.student.train.objectives.table import teacher_kind
 from miniverl.student.train.routes import RouteSide, apply_route_retarget, connect_routes
 from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher_link import PrivilegedLink, TeacherLink, teacher_identity
@@ -133,11 +134,12 @@ def engine_client(state: TrainState, endpoint: str, *, timeout_s: float | None =
     the same API and is taken with the one model it serves, gated like any teacher.
     """
     teacher, policy, loss = teacher or state.recipe.teacher, state.policy, state.recipe.loss
-    if state.kind != "topk" or loss.temperature != 1.0:
+    kind = teacher_kind(teacher, loss)
+    if kind != "topk" or loss.temperature != 1.0:
         # Refused here, at the handshake: before the warm-up and any rollout.
         raise ConfigError(
             f"an engine teacher ({endpoint}) returns top-k prompt log-probs at temperature "
-            f"1 only; this run asks for {state.kind} targets at temperature "
+            f"1 only; this run asks for {kind} targets at temperature "
             f"{loss.temperature}: use a top-k objective with loss.temperature: 1.0, or "
             "serve the teacher with `miniverl teacher serve`")
     own = endpoint == teacher.endpoint and teacher.api is not None
@@ -229,9 +231,11 @@ def connect_routed(state: TrainState) -> None:
         return new_client(state, route.endpoint, teacher=route.route.config,
                           adapter=route.route.adapter, suffix=f":{route.route.name}")
 
-    side.link = connect_routes(state, client_of,
-                               lambda client, changed, route: teacher_link(state, client,
-                                                                           changed, route))
+    def link_of(client: ScoringClient, changed: Callable, route: Any) -> TeacherLink:
+        require_xvocab(state, client, route.config)
+        return teacher_link(state, client, changed, route)
+
+    side.link = connect_routes(state, client_of, link_of)
     side.identity = side.link.identity()
     side.memory = "resident"
     state.run.event("memory_strategy", wanted="resident", chosen="resident",
@@ -243,66 +247,77 @@ def teacher_link(state: TrainState, client: ScoringClient,
     """The link this run (or one ``route`` of it) scores through, picked once: the
     trajectory's own tokens, the privileged teacher's view of them (``teacher.mode:
     privileged_context``), or the rendered messages of a teacher with another tokenizer
-    (``teacher.tokenizer: other``)."""
+    (``teacher.tokenizer: other``), each episode with its own environment's tools."""
     recipe = state.recipe
-    common = {"kind": state.kind, "k": recipe.loss.top_k, "temperature": recipe.loss.temperature,
-              "on_teacher_changed": changed, "deterministic": recipe.run.deterministic}
-    if state.kind == "xvocab":
+    section = recipe.teacher if route is None else route.config
+    common = {"kind": teacher_kind(section, recipe.loss), "k": recipe.loss.top_k,
+              "temperature": recipe.loss.temperature, "on_teacher_changed": changed,
+              "deterministic": recipe.run.deterministic}
+    if common["kind"] == "xvocab":
         return XvocabLink(client, **common,
-                          xvocab=XvocabRequests(state.policy.tokenizer, recipe.environment.params),
+                          xvocab=XvocabRequests(state.policy.tokenizer, {
+                              env.name: env.params
+                              for env in recipe.environments or [recipe.environment]}),
                           cross_vocab=recipe.loss.cross_vocab or "sampled_token",
-                          vocab_map=teacher_vocab_map(state, client))
+                          vocab_map=teacher_vocab_map(state, client, section))
     view = teacher_view(state) if route is None else route_views(state, route)
     if view is not None:
         return PrivilegedLink(client, **common, view=view)
     return TeacherLink(client, **common)
 
 
-def require_xvocab(state: TrainState, client: ScoringClient) -> None:
+def require_xvocab(state: TrainState, client: ScoringClient, section: Any = None,
+                   link: Any = None) -> None:
     """teacher.tokenizer: other asks for xvocab targets: refuse a teacher whose HELLO_OK
     does not advertise the kind (at connect, before any rollout; and a RETARGET to one),
     as a teacher with another tokenizer is refused (docs/cross-tokenizer.md). With
     ``loss.cross_vocab: hybrid``, a RETARGET to a teacher whose tokenizer is not the one
-    the run's vocabulary map was built for is refused too."""
+    the link's vocabulary map was built for is refused too. ``section`` is the teacher
+    section the client reaches (default: ``teacher:``; a route's own under
+    ``teachers:``), ``link`` the link it would score for (default: the run's)."""
     hello = client.hello
-    vmap = getattr(state.teacher.link, "vocab_map", None)
-    if (state.kind == "xvocab" and hello is not None and vmap is not None
+    kind = teacher_kind(section or state.recipe.teacher, state.recipe.loss)
+    vmap = getattr(state.teacher.link if link is None else link, "vocab_map", None)
+    if (kind == "xvocab" and hello is not None and vmap is not None
             and hello.tokenizer_fp != vmap.teacher_fingerprint):
         raise TokenizerMismatch(
             f"loss.cross_vocab: hybrid maps the vocabulary of tokenizer "
             f"{vmap.teacher_fingerprint[:19]}, but teacher {hello.teacher.name!r} has "
             f"{hello.tokenizer_fp[:19]}; retarget to a teacher with that tokenizer or start a "
             "run for this one")
-    if state.kind != "xvocab" or hello is None or hello.kinds.xvocab is not None:
+    if kind != "xvocab" or hello is None or hello.kinds.xvocab is not None:
         return
     raise TokenizerMismatch(
-        f"teacher.tokenizer: other asks for xvocab targets, but teacher {hello.teacher.name!r} "
+        f"tokenizer: other asks for xvocab targets, but teacher {hello.teacher.name!r} "
         "does not serve them (its HELLO_OK has no kinds.xvocab): serve it with `miniverl "
         "teacher serve` from a model directory with a tokenizer and chat template, or use "
         "teacher.tokenizer: same")
 
 
-def teacher_vocab_map(state: TrainState, client: ScoringClient) -> VocabMap | None:
+def teacher_vocab_map(state: TrainState, client: ScoringClient, section: Any = None,
+                      ) -> VocabMap | None:
     """``loss.cross_vocab: hybrid``: the :class:`VocabMap` of the student's tokenizer and
-    the teacher's, read from ``teacher.model.path`` and checked against the fingerprint
-    in the teacher's ``HELLO_OK`` (built once per pair, cached: ``cross_vocab.vocab_map``);
-    its coverage is the run's ``vocab_map`` event. None for the other targets."""
+    the teacher's, read from the teacher section's ``model.path`` (``section``, default
+    ``teacher:``) and checked against the fingerprint in the teacher's ``HELLO_OK``
+    (built once per pair, cached: ``cross_vocab.vocab_map``); its coverage is the run's
+    ``vocab_map`` event. None for the other targets."""
     recipe = state.recipe
-    if state.kind != "xvocab" or recipe.loss.cross_vocab != "hybrid":
+    section = section or recipe.teacher
+    if teacher_kind(section, recipe.loss) != "xvocab" or recipe.loss.cross_vocab != "hybrid":
         return None
-    source = recipe.teacher.model
+    source = section.model
     if source.path is None:
         raise ConfigError(
             f"loss.cross_vocab: hybrid maps the two vocabularies, so the student reads the "
-            f"teacher's tokenizer from teacher.model.path, but teacher.model is "
-            f"{source.describe()}; give the teacher's model directory as teacher.model.path "
+            f"teacher's tokenizer from its model.path, but that teacher's model is "
+            f"{source.describe()}; give the teacher's model directory as its model.path "
             "or set loss.cross_vocab: uld")
     tokenizer = load_tokenizer(source.path)
     fingerprint = fingerprint_tokenizer(tokenizer)
     hello = client.hello
     if hello is not None and hello.tokenizer_fp != fingerprint:
         raise TokenizerMismatch(
-            f"teacher.model.path {source.path!r} holds tokenizer {fingerprint[:19]}, but "
+            f"model.path {source.path!r} holds tokenizer {fingerprint[:19]}, but "
             f"teacher {hello.teacher.name!r} has {hello.tokenizer_fp[:19]}; point "
             "teacher.model.path at the served model's directory")
     vmap = vocab_map(state.policy.tokenizer, tokenizer)
@@ -448,6 +463,7 @@ def vet_route(state: TrainState, route: RouteSide, endpoint: str) -> dict[str, A
                        timeout_s=RETARGET_HANDSHAKE_S, suffix=f":{route.route.name}:vet")
     try:
         probe.connect(RETARGET_HANDSHAKE_S)
+        require_xvocab(state, probe, route.route.config, route.link)
         identity = teacher_identity(probe)
     finally:
         probe.close()

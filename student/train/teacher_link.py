@@ -50,6 +50,9 @@ class Scored:
     arrays: dict[str, np.ndarray]
     student_version: int
     teacher: dict[str, Any]
+    # The targets' kind, set by the link that scored them ("topk", "exact", "xvocab"): a
+    # run of routed teachers of both tokenizers trains each by its own (by_kind.py).
+    kind: str | None = None
 
 
 @dataclass
@@ -192,8 +195,9 @@ class TeacherLink:
         """What ``job`` trains on: the reply's arrays, or none when it was not sent."""
         if reply is None:
             return Scored(job.traj, job.positions_P, empty_arrays(self.kind, self.k),
-                          self.version, identity)
-        return Scored(job.traj, job.positions_P, reply.arrays, reply.student_version, identity)
+                          self.version, identity, self.kind)
+        return Scored(job.traj, job.positions_P, reply.arrays, reply.student_version, identity,
+                      self.kind)
 
 
 @dataclass

@@ -27,6 +27,7 @@ from miniverl.common.recipe import Recipe
 from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.quant import check_trainable_grads
+from miniverl.student.train.objectives.by_kind import KindParts, kind_parts
 from miniverl.student.train.objectives.objective import (
     SFT,
     LossSettings,
@@ -178,8 +179,13 @@ def finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> t
     return float(grad_norm), float(lr)
 
 
-def targets_for(scored: list[Scored], kind: str, device) -> TeacherTargets:
-    """Concatenate the replies of a micro-batch into one :class:`TeacherTargets`."""
+def targets_for(scored: list[Scored], kind: str, device) -> TeacherTargets | KindParts:
+    """Concatenate the replies of a micro-batch into one :class:`TeacherTargets`; for a
+    ``mixed`` run (routed teachers of both tokenizers), one per kind (``by_kind.py``)."""
+    if kind == "mixed":
+        return KindParts([(k, torch.as_tensor(rows, device=device),
+                           targets_for([scored[i] for i in part], k, device))
+                          for k, rows, part in kind_parts(scored)])
     sampled_P = next_tokens([s.traj for s in scored], [s.positions_P for s in scored])
     arrays = [s.arrays for s in scored]
     merged = {name: _concat(arrays, name) for name in arrays[0]} if arrays else {}

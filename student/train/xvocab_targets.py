@@ -58,20 +58,22 @@ CROSS_VOCAB = ("sampled_token", "hybrid", "uld")  # the values of loss.cross_voc
 
 class XvocabRequests:
     """Builds the xvocab request of a trajectory with the student's ``tokenizer``; the
-    tool schemas are those the rollout showed: the trajectory's environment made with the
-    run's ``env_params`` (``environment.params``: ``calculator`` with ``units: false``
-    has one tool, not two, and a rendering with the other schemas is not the episode)."""
+    tool schemas are those the rollout showed: the trajectory's environment made with its
+    own params (``env_params``, by environment name: ``environment.params``, or each
+    member's of ``environments:``; ``calculator`` with ``units: false`` has one tool,
+    not two, and a rendering with the other schemas is not the episode). An environment
+    ``env_params`` does not name is made with its defaults."""
 
-    def __init__(self, tokenizer: Any, env_params: dict[str, Any] | None = None):
+    def __init__(self, tokenizer: Any, env_params: dict[str, dict[str, Any]] | None = None):
         self.tokenizer = tokenizer
-        self.env_params = dict(env_params or {})
+        self.env_params = {name: dict(params or {}) for name, params in (env_params or {}).items()}
         self._tools: dict[str, list[dict[str, Any]]] = {}
         self.sent = 0  # trajectories sent
         self.unaligned = 0  # trajectories whose rendering is not their tokens: not sent
 
     def tools(self, environment: str) -> list[dict[str, Any]]:
         if environment not in self._tools:
-            env = get_environment(environment, **self.env_params)
+            env = get_environment(environment, **self.env_params.get(environment, {}))
             self._tools[environment] = list(env.tool_specs())
         return self._tools[environment]
 
@@ -228,7 +230,7 @@ class XvocabLink(TeacherLink):
     def _scored(self, job: _Job, reply: Any, identity: dict[str, Any]) -> Scored:
         if reply is None:  # not sent (unaligned or nothing selected): trained on nowhere
             return Scored(job.traj, job.positions_P[:0], empty_targets(self.cross_vocab, self.k),
-                          self.version, identity)
+                          self.version, identity, "xvocab")
         positions_P, arrays = student_targets(job.traj, job.positions_P, reply.arrays,
                                               self.cross_vocab, self.vocab_map)
         if "group_exact" in arrays:
@@ -236,4 +238,4 @@ class XvocabLink(TeacherLink):
             exact = int(arrays["group_exact"].sum())
             self.exact_groups += exact
             self.uld_groups += groups - exact
-        return Scored(job.traj, positions_P, arrays, reply.student_version, identity)
+        return Scored(job.traj, positions_P, arrays, reply.student_version, identity, "xvocab")

@@ -5,7 +5,8 @@ divergence)`` up in :data:`~.objective.OBJECTIVES` and adds the standard variant
 section sets (``variants.py``); a combination the table lacks is a one-line error naming
 the value, the rule and the fix. :func:`objective_for_kind` is the pick for the targets
 a run asks for (``xvocab``: the objectives of a teacher with another tokenizer), and
-:func:`request_kind` the targets a recipe asks for. The trainer calls them when the run
+:func:`request_kind` the targets a recipe asks for (:func:`teacher_kind` one teacher's,
+:func:`run_kind` the run's: ``mixed`` for routed teachers of both tokenizers). The trainer calls them when the run
 starts (``state.py``), so a recipe the table refuses stops the run before any work, and
 no update looks anything up.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from miniverl.common.errors import ConfigError
+from miniverl.student.train.objectives.by_kind import ByKind
 from miniverl.student.train.objectives.formulas import DIVERGENCES
 from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
 from miniverl.student.train.objectives.group_uld import GROUP_HYBRID, GROUP_ULD
@@ -62,7 +64,12 @@ def objective_for_kind(config: Any, kind: str) -> Objective:
     ``loss.cross_vocab`` names: the group sampled-token estimator
     (``group_sampled_token.py``; unset or ``sampled_token``, with the recipe's loss the
     sampled-token estimator without variants), or ``uld`` / ``hybrid``
-    (``group_uld.py``; the recipe's estimator ``full``, without variants)."""
+    (``group_uld.py``; the recipe's estimator ``full``, without variants); for
+    ``mixed`` (routed teachers of both tokenizers) each episode by its own kind's
+    (``by_kind.py``)."""
+    if kind == "mixed":
+        return ByKind({request_kind(config): objective_for(config),
+                       "xvocab": objective_for_kind(config, "xvocab")})
     if kind != "xvocab":
         return objective_for(config)
     s = LossSettings.of(config)
@@ -84,6 +91,22 @@ def objective_for_kind(config: Any, kind: str) -> Objective:
             "estimator: sampled_token, divergence: reverse_kl and no loss variants, or "
             "loss.cross_vocab: uld or hybrid")
     return GROUP_SAMPLED_TOKEN
+
+
+def teacher_kind(teacher: Any, config: Any) -> str:
+    """The targets one teacher section gives: ``xvocab`` for ``tokenizer: other``
+    (docs/cross-tokenizer.md), else :func:`request_kind` of the ``loss`` section
+    ``config``."""
+    return "xvocab" if teacher is not None and teacher.tokenizer == "other" else request_kind(config)
+
+
+def run_kind(recipe: Any) -> str:
+    """The targets a run trains on: the one kind its teachers give (``teacher:``, or
+    every teacher of ``teachers:``), or ``mixed`` when routed teachers of both
+    tokenizers give two."""
+    sections = list((recipe.teachers or {}).values()) or [recipe.teacher]
+    kinds = {teacher_kind(teacher, recipe.loss) for teacher in sections}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def request_kind(config: Any) -> str:

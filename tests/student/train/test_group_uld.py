@@ -230,7 +230,7 @@ def _state(cross_vocab, path=None, link=None):
 
     model = NS(path=path, describe=lambda: path or "toy(hidden=64, layers=2, heads=4)")
     return NS(kind="xvocab", recipe=NS(loss=NS(cross_vocab=cross_vocab),
-                                       teacher=NS(model=model)),
+                                       teacher=NS(model=model, tokenizer="other")),
               teacher=NS(link=link))
 
 
@@ -250,6 +250,17 @@ def test_hybrid_needs_the_teachers_tokenizer_directory_and_keeps_its_teacher():
         require_xvocab(_state("hybrid", link=NS(vocab_map=vmap)), NS(hello=hello))
     hello.tokenizer_fp = vmap.teacher_fingerprint
     require_xvocab(_state("hybrid", link=NS(vocab_map=vmap)), NS(hello=hello))
+    # A route of several teachers: its own section's model.path and its own link's map
+    # (the run has no teacher: section, and its link is the routed one).
+    routed = _state("hybrid", link=NS())
+    routed.recipe.teacher = None
+    section = NS(model=NS(path=None, describe=lambda: "toy(hidden=64)"), tokenizer="other")
+    with pytest.raises(ConfigError, match="its model.path, but that teacher's model is toy"):
+        teacher_vocab_map(routed, None, section)
+    hello.tokenizer_fp = "sha256:" + "c" * 64
+    with pytest.raises(TokenizerMismatch, match="maps the vocabulary of tokenizer"):
+        require_xvocab(routed, NS(hello=hello), section, NS(vocab_map=vmap))
+    require_xvocab(routed, NS(hello=hello), NS(tokenizer=None), NS(vocab_map=vmap))  # same
 
 
 def test_hybrid_gradients_are_finite_with_unmapped_entries_and_an_empty_batch_backwards():

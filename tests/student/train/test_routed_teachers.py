@@ -106,6 +106,59 @@ def test_a_bad_adapter_route_is_one_line(tmp_path, change, says):
     assert says in _problems(data)
 
 
+SAMPLED = {"estimator": "sampled_token", "divergence": "reverse_kl"}
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d["teachers"]["nav"].update(tokenizer="other"),
+     "teachers.nav.tokenizer: other trains with the group sampled-token estimator"),
+    (lambda d: (d["teachers"]["nav"].update(tokenizer="other"), d["loss"].update(SAMPLED),
+                d["run"].update(mode="sft"), d["train"].update(fixed_set="teacher")),
+     "teachers.nav.tokenizer: other trains by on-policy distillation"),
+    (lambda d: (d["teachers"]["nav"].update(tokenizer="other"), d["loss"].update(SAMPLED),
+                d["teachers"]["nav"].update(mode="privileged_context")),
+     "tokenizer: other cannot go with mode: privileged_context"),
+    (lambda d: d["loss"].update(cross_vocab="uld"),
+     "loss.cross_vocab: uld is the target of a teacher with another tokenizer"),
+])
+def test_a_route_with_another_tokenizer_keeps_the_rules_of_one(tmp_path, change, says):
+    data = _data(tmp_path)
+    change(data)
+    assert says in _problems(data)
+
+
+def test_each_route_keeps_its_own_tokenizer_rule(tmp_path):
+    # One route with another tokenizer beside one with the student's, and each of a
+    # teacher's adapters with another tokenizer (the same base serves them).
+    data = _data(tmp_path)
+    data["teachers"]["nav"]["tokenizer"] = "other"
+    data["loss"].update(SAMPLED)
+    recipe = Recipe.model_validate(data)
+    assert [(r.name, r.config.tokenizer) for r in routes(recipe).values()] == [
+        ("calc", None), ("nav", "other")]
+    data = _data(tmp_path, adapters=True)
+    data["teacher"]["tokenizer"] = "other"
+    data["loss"].update(cross_vocab="uld")
+    assert Recipe.model_validate(data).teacher.tokenizer == "other"
+
+
+@pytest.mark.slow  # starts a trainer
+def test_a_route_with_another_tokenizer_refuses_a_teacher_without_xvocab(tmp_path, toy):
+    # nav's teacher has the student's tokenizer but no xvocab kind: its route is refused
+    # at connect, before any rollout, as a single teacher with another tokenizer is.
+    from miniverl.common.errors import TokenizerMismatch
+    from miniverl.student.train.trainer import Trainer
+
+    data = _data(tmp_path, cycles=1)
+    data["teachers"]["nav"]["tokenizer"] = "other"
+    data["loss"].update(SAMPLED)
+    trainer = Trainer(Recipe.model_validate(data), route_clients=_clients(toy),
+                      show_progress=False, write_report=False, checkpoints=False)
+    with trainer, pytest.raises(TokenizerMismatch, match="teacher 'nav-teacher' does not serve"):
+        trainer.train()
+    assert trainer.state.cycle == 0 and trainer.version == 0
+
+
 def test_weights_that_sum_to_zero_are_refused_with_routes(tmp_path):
     data = _data(tmp_path)
     for member in data["environments"]:
@@ -428,6 +481,9 @@ class _StubLink:
 
     def __init__(self, client):
         self.client, self.jobs, self.begun, self.wait_s = client, [], [], 0.0
+
+    def counters(self):
+        return {}
 
     def begin_update(self, version, allowed_lag=0):
         self.client.connected = True  # bind() waits until the teacher is back

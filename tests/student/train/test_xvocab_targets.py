@@ -114,7 +114,15 @@ def test_a_request_renders_the_tool_schemas_the_episode_was_played_with():
     params = {"units": False}
     tasks = make_tasks("calculator", "train", 3, "easy", 0, params)
     trajs = oracle_trajectories("calculator", tasks, tok, fingerprint_tokenizer(tok), params)
-    played = XvocabRequests(tok, params)
+    played = XvocabRequests(tok, {"calculator": params})
     assert all(played(t) is not None for t in trajs) and (played.sent, played.unaligned) == (3, 0)
     default = XvocabRequests(tok)
     assert all(default(t) is None for t in trajs) and default.unaligned == 3
+    # A mixture (several teachers of another tokenizer): each episode is rendered with its
+    # own environment's params, not another member's.
+    nav = oracle_trajectories("jsonnav", make_tasks("jsonnav", "train", 2, "easy", 0, {}), tok,
+                              fingerprint_tokenizer(tok), {})
+    mixture = XvocabRequests(tok, {"calculator": params, "jsonnav": {}})
+    assert all(mixture(t) is not None for t in [*trajs, *nav]) and mixture.unaligned == 0
+    others = XvocabRequests(tok, {"jsonnav": params})  # calculator's params given to jsonnav
+    assert [others(t) is None for t in trajs] == [True] * 3
