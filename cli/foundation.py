@@ -282,6 +282,7 @@ def plan_lines(recipe: Any) -> list[str]:
     for name, t in (recipe.teachers or ({"": recipe.teacher} if recipe.teacher else {})).items():
         where = f"at {t.endpoint}" if t.endpoint else "launched by `miniverl up`"
         served = f", adapters {', '.join(t.adapters)}" if t.adapters else ""
+        served += ", another tokenizer (xvocab targets)" if t.tokenizer == "other" else ""
         lines.append(f"teacher      {name + ': ' if name else ''}{t.model.describe()} {where}, "
                      f"memory {t.memory}, {t.mode}{served}")
     routed = route_of_environment(recipe)
@@ -331,6 +332,10 @@ def plan_lines(recipe: Any) -> list[str]:
             f"{loss.positions}"
         )
         _list_line(lines, "variants", _loss_variants(loss), "docs/losses.md")
+        sections = (recipe.teachers or {"": recipe.teacher}).values()
+        if any(t is not None and t.tokenizer == "other" for t in sections):
+            lines.append(f"across       {loss.cross_vocab or 'sampled_token'} over byte groups "
+                         "for a teacher with another tokenizer (docs/cross-tokenizer.md)")
     return lines
 
 

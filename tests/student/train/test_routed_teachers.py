@@ -136,6 +136,17 @@ def test_each_route_keeps_its_own_tokenizer_rule(tmp_path):
     recipe = Recipe.model_validate(data)
     assert [(r.name, r.config.tokenizer) for r in routes(recipe).values()] == [
         ("calc", None), ("nav", "other")]
+    import yaml
+
+    path = tmp_path / "routed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any("teacher      nav: " in line and "another tokenizer" in line for line in lines)
+    assert not any("teacher      calc: " in line and "another" in line for line in lines)
+    assert any(line.strip().startswith("across       sampled_token over byte groups")
+               for line in lines)
     data = _data(tmp_path, adapters=True)
     data["teacher"]["tokenizer"] = "other"
     data["loss"].update(cross_vocab="uld")
