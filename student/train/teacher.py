@@ -290,8 +290,8 @@ def require_xvocab(state: TrainState, client: ScoringClient, section: Any = None
     raise TokenizerMismatch(
         f"tokenizer: other asks for xvocab targets, but teacher {hello.teacher.name!r} "
         "does not serve them (its HELLO_OK has no kinds.xvocab): serve it with `miniverl "
-        "teacher serve` from a model directory with a tokenizer and chat template, or use "
-        "teacher.tokenizer: same")
+        "teacher serve` from a model directory with a tokenizer and chat template, or set "
+        "that teacher's tokenizer: same")
 
 
 def teacher_vocab_map(state: TrainState, client: ScoringClient, section: Any = None,
@@ -318,8 +318,8 @@ def teacher_vocab_map(state: TrainState, client: ScoringClient, section: Any = N
     if hello is not None and hello.tokenizer_fp != fingerprint:
         raise TokenizerMismatch(
             f"model.path {source.path!r} holds tokenizer {fingerprint[:19]}, but "
-            f"teacher {hello.teacher.name!r} has {hello.tokenizer_fp[:19]}; point "
-            "teacher.model.path at the served model's directory")
+            f"teacher {hello.teacher.name!r} has {hello.tokenizer_fp[:19]}; point that "
+            "teacher's model.path at the served model's directory")
     vmap = vocab_map(state.policy.tokenizer, tokenizer)
     state.run.event("vocab_map", student=vmap.student_fingerprint,
                     teacher=vmap.teacher_fingerprint, **vmap.coverage())
