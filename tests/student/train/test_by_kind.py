@@ -120,3 +120,17 @@ def test_the_run_kind_is_its_teachers_one_kind_or_mixed(tmp_path):
     picked = objective_for_kind(LossSettings.of(full.loss), "mixed")
     assert picked.objectives["xvocab"].name == "xvocab group uld"
     assert picked.objectives["topk"].name == "bucketed_topk_tail forward_kl"
+
+
+def test_a_mixed_run_keeps_no_targets_cache(tmp_path):
+    # xvocab targets are not cached yet (docs/cross-tokenizer.md), so a run whose routes
+    # give both kinds keeps none either, while one of token-id targets does.
+    from miniverl.common.rundir import RunDir
+    from miniverl.student.train.cached_targets import open_cache
+
+    recipe = _routed(tmp_path, None, None)
+    policy = NS(tokenizer_fp="sha256:" + "a" * 64, vocab_size=V)
+    run = RunDir.create(tmp_path / "runs", recipe, run_id="mixed-cache")
+    assert open_cache(recipe, run, policy, "mixed") is None
+    assert open_cache(recipe, run, policy, "xvocab") is None
+    assert open_cache(recipe, run, policy, "topk") is not None
