@@ -84,15 +84,15 @@ def teacher_key(teacher: dict[str, Any], mode: str = "standard") -> str:
     return key
 
 
-def scored_entries(scored: Iterable[Any], mode: str = "standard",
-                   ) -> Iterator[tuple[EntryKey, dict[str, np.ndarray]]]:
+def scored_entries(scored: Iterable[Any]) -> Iterator[tuple[EntryKey, dict[str, np.ndarray]]]:
     """``(key, arrays)`` of every scored trajectory that has positions (a
     ``student.train.teacher_link.Scored``: its trajectory, the version the targets were
-    scored for, the teacher's identity, the reply's arrays and its positions)."""
+    scored for, the teacher's identity and what it was shown (``mode``: its route's, in
+    a run of several teachers), the reply's arrays and its positions)."""
     for s in scored:
         if len(s.positions_P):
             key = EntryKey(trajectory_id=s.traj.id, student_version=s.student_version,
-                           teacher=teacher_key(s.teacher, mode),
+                           teacher=teacher_key(s.teacher, s.mode),
                            instance=str(s.teacher.get("instance")),
                            gen=int(s.teacher.get("gen", 0)))
             yield key, {**s.arrays, "positions": s.positions_P.astype(np.int32)}

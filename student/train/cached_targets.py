@@ -56,10 +56,11 @@ def teacher_mode(recipe: Recipe) -> str:
     return recipe.teacher.mode if recipe.teacher is not None else "standard"
 
 
-def put_scored(cache: TargetsCache | None, recipe: Recipe, scored: list[Scored]) -> None:
-    """Store every reply that has positions, in one shard (nothing when the cache is off)."""
+def put_scored(cache: TargetsCache | None, scored: list[Scored]) -> None:
+    """Store every reply that has positions, in one shard (nothing when the cache is off),
+    each under what its teacher was shown (``Scored.mode``)."""
     if cache is not None:
-        cache.put_many(scored_entries(scored, teacher_mode(recipe)))
+        cache.put_many(scored_entries(scored))
 
 
 def latest_for_teacher(cache: TargetsCache | None, recipe: Recipe, teacher: dict[str, Any],

@@ -85,7 +85,6 @@ class TrainState:
     # when the run starts (None for a mode without a teacher).
     loss: LossSettings
     objective: Objective | None
-    teacher_mode: str  # teacher.mode ("standard" without a teacher): part of a target's key
     cache: TargetsCache | None
     teacher: TeacherSide
     stop_event: threading.Event
@@ -265,7 +264,6 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
         autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind, loss=loss,
         objective=objective_for_kind(loss, kind) if recipe.needs_teacher else None,
-        teacher_mode=recipe.teacher.mode if recipe.teacher is not None else "standard",
         cache=open_cache(recipe, run, policy, kind), teacher=teacher, stop_event=stop_event,
         started=started, checkpoints=checkpoints, offline=offline, mixture=mixture,
     )

@@ -72,7 +72,7 @@ def collect(state: TrainState, trajs: list[Trajectory]) -> tuple[list[Scored], f
         park_teacher(state)
     write_trajectories(state.run.trajectories_path, trajs, append=True)
     if state.cache is not None:  # every target the run trains on, on record
-        state.cache.put_many(scored_entries(scored, state.teacher_mode))
+        state.cache.put_many(scored_entries(scored))
     return scored, state.teacher.link.wait_s
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -53,6 +53,9 @@ class Scored:
     # The targets' kind, set by the link that scored them ("topk", "exact", "xvocab"): a
     # run of routed teachers of both tokenizers trains each by its own (by_kind.py).
     kind: str | None = None
+    # What the teacher was shown (teacher.mode): a privileged view's targets are another
+    # cache entry than the same teacher's of the plain episode (targets_entries.py).
+    mode: str = "standard"
 
 
 @dataclass
@@ -107,6 +110,7 @@ class TeacherLink:
     one teacher ``(instance, gen)``: :meth:`begin_update`, :meth:`submit` per
     trajectory, :meth:`collect`."""
 
+    mode: ClassVar[str] = "standard"  # what the teacher is shown: the episode's own tokens
     client: ScoringClient
     kind: str
     k: int
@@ -195,9 +199,9 @@ class TeacherLink:
         """What ``job`` trains on: the reply's arrays, or none when it was not sent."""
         if reply is None:
             return Scored(job.traj, job.positions_P, empty_arrays(self.kind, self.k),
-                          self.version, identity, self.kind)
+                          self.version, identity, self.kind, self.mode)
         return Scored(job.traj, job.positions_P, reply.arrays, reply.student_version, identity,
-                      self.kind)
+                      self.kind, self.mode)
 
 
 @dataclass
@@ -207,6 +211,7 @@ class PrivilegedLink(TeacherLink):
     (``rollout/privileged.py``). Reply rows follow the request's positions, so they stay
     aligned with the trajectory's own ``positions_P``."""
 
+    mode: ClassVar[str] = "privileged_context"
     view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
 
     def _request(self, job: _Job) -> int | None:

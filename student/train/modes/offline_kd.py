@@ -93,7 +93,7 @@ class LazyScoredSet:
         for traj in fresh:
             link.submit(traj, positions_of(state, traj))
         replies = link.collect()
-        put_scored(state.cache, state.recipe, replies)
+        put_scored(state.cache, replies)
         self.scored.update((s.traj.id, s) for s in replies)
         return [self.scored[t.id] for t in picked], replies, link.wait_s
 
@@ -240,9 +240,8 @@ def _recorded_set(state: TrainState) -> list[Trajectory]:
 def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored],
             reused: dict[str, Scored], *, source: str, t_sample: float) -> list[Scored]:
     """Cache the fresh targets, record the set, say what it cost; the set in order."""
-    recipe = state.recipe
     fresh = {s.traj.id: s for s in scored}
-    put_scored(state.cache, recipe, scored)
+    put_scored(state.cache, scored)
     ordered = [reused.get(t.id) or fresh[t.id] for t in fixed_set]
     if not reused:  # a resume finds the fixed set already recorded
         write_trajectories(state.run.trajectories_path, fixed_set, append=True)
