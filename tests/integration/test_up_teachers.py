@@ -7,7 +7,8 @@ keeps its own counters; ``kill -9`` of one teacher mid-run restarts that teacher
 the killed one's episodes are held back), and ``teacher use --route`` moves the
 other route to a third teacher; the run completes with no stale reply trained on, every
 update trained once, and each domain's success before and after in the eval events.
-One teacher process serving two adapters runs under ``up`` the same way.
+One teacher process serving two adapters runs under ``up`` the same way, and so does a
+teacher with another tokenizer beside one with the student's.
 """
 
 from __future__ import annotations
@@ -181,3 +182,28 @@ def test_one_teacher_process_serving_two_adapters_under_up(work):
     by_teacher = rows[-1]["by_teacher"]
     assert set(by_teacher) == {"teacher/calc", "teacher/nav"}
     assert sum(c["episodes"] for c in by_teacher.values()) == 8
+
+
+def test_a_teacher_with_another_tokenizer_beside_one_with_the_students_under_up(work):
+    # teachers.nav.tokenizer: other under `up`: nav's own process serves xvocab (its
+    # model directory has a chat template), calc's scores token ids; each route's
+    # counters say how its episodes went (docs/several-teachers.md).
+    import yaml
+
+    path = two_teacher_recipe(work, cycles=2, rollouts=8)
+    data = yaml.safe_load(path.read_text())
+    data["teachers"]["nav"]["tokenizer"] = "other"
+    data["loss"] = {"estimator": "sampled_token", "divergence": "reverse_kl", "top_k": 4}
+    # A few SFT steps first: a random byte-level student writes bytes that are not
+    # UTF-8, which no rendering holds (such an episode is sent nothing).
+    data["train"].update(sft_warmup_steps=60, sft_warmup_lr=1e-2)
+    path = write_recipe(work / "xroute.yaml", data)
+    run = Up(work, path, "xroute")
+    assert run.finish() == 0, run.output()
+    assert run.status() == "completed"
+    rows = [r for r in read_jsonl(run.run_dir / "metrics.jsonl") if r.get("phase") == "train"]
+    assert len(rows) == 2 and all(r["stale_dropped"] == 0 for r in rows)
+    nav, calc = rows[-1]["by_teacher"]["nav"], rows[-1]["by_teacher"]["calc"]
+    assert nav["episodes"] > 0 and calc["episodes"] > 0
+    assert nav["xvocab_sent"] + nav["xvocab_unaligned"] == nav["episodes"]
+    assert nav["xvocab_sent"] > 0 and "xvocab_sent" not in calc
