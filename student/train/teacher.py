@@ -259,7 +259,8 @@ def teacher_link(state: TrainState, client: ScoringClient,
                               env.name: env.params
                               for env in recipe.environments or [recipe.environment]}),
                           cross_vocab=recipe.loss.cross_vocab or "sampled_token",
-                          vocab_map=teacher_vocab_map(state, client, section))
+                          vocab_map=teacher_vocab_map(state, client, section,
+                                                      None if route is None else route.name))
     view = teacher_view(state) if route is None else route_views(state, route)
     if view is not None:
         return PrivilegedLink(client, **common, view=view)
@@ -295,12 +296,13 @@ def require_xvocab(state: TrainState, client: ScoringClient, section: Any = None
 
 
 def teacher_vocab_map(state: TrainState, client: ScoringClient, section: Any = None,
-                      ) -> VocabMap | None:
+                      route: str | None = None) -> VocabMap | None:
     """``loss.cross_vocab: hybrid``: the :class:`VocabMap` of the student's tokenizer and
     the teacher's, read from the teacher section's ``model.path`` (``section``, default
     ``teacher:``) and checked against the fingerprint in the teacher's ``HELLO_OK``
     (built once per pair, cached: ``cross_vocab.vocab_map``); its coverage is the run's
-    ``vocab_map`` event. None for the other targets."""
+    ``vocab_map`` event (naming the ``route`` of a run of several teachers). None for the
+    other targets."""
     recipe = state.recipe
     section = section or recipe.teacher
     if teacher_kind(section, recipe.loss) != "xvocab" or recipe.loss.cross_vocab != "hybrid":
@@ -322,7 +324,8 @@ def teacher_vocab_map(state: TrainState, client: ScoringClient, section: Any = N
             "teacher's model.path at the served model's directory")
     vmap = vocab_map(state.policy.tokenizer, tokenizer)
     state.run.event("vocab_map", student=vmap.student_fingerprint,
-                    teacher=vmap.teacher_fingerprint, **vmap.coverage())
+                    teacher=vmap.teacher_fingerprint, **vmap.coverage(),
+                    **({"route": route} if route is not None else {}))
     return vmap
 
 

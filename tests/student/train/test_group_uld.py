@@ -263,6 +263,29 @@ def test_hybrid_needs_the_teachers_tokenizer_directory_and_keeps_its_teacher():
     require_xvocab(routed, NS(hello=hello), NS(tokenizer=None), NS(vocab_map=vmap))  # same
 
 
+def test_a_routes_vocabulary_map_is_read_from_its_own_section_and_named_in_its_event(tmp_path):
+    from types import SimpleNamespace as NS
+
+    from miniverl.common.tokenizer_id import fingerprint_tokenizer
+    from miniverl.common.toy import build_toy_tokenizer
+    from miniverl.student.train.teacher import teacher_vocab_map
+    from tests.common.cross_tokenizer_kit import byte_fallback_tokenizer
+
+    teacher_tok = byte_fallback_tokenizer()
+    teacher_tok.save_pretrained(tmp_path / "nav")
+    said = []
+    state = NS(recipe=NS(loss=NS(cross_vocab="hybrid"), teacher=None),
+               policy=NS(tokenizer=build_toy_tokenizer()),
+               run=NS(event=lambda name, **fields: said.append((name, fields))))
+    section = NS(model=NS(path=str(tmp_path / "nav")), tokenizer="other")
+    hello = NS(tokenizer_fp=fingerprint_tokenizer(teacher_tok), teacher=NS(name="nav"))
+    vmap = teacher_vocab_map(state, NS(hello=hello), section, "nav")
+    assert vmap.teacher_fingerprint == hello.tokenizer_fp
+    [(name, fields)] = said
+    assert name == "vocab_map" and fields["route"] == "nav"
+    assert fields["teacher"] == hello.tokenizer_fp and fields["mapped"] > 0
+
+
 def test_hybrid_gradients_are_finite_with_unmapped_entries_and_an_empty_batch_backwards():
     torch.manual_seed(4)
     hidden = torch.randn(3, 4, requires_grad=True)

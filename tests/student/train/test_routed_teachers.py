@@ -648,7 +648,8 @@ def test_a_privileged_route_sees_its_own_environments_privileged_view(tmp_path, 
         result = trainer.train()
         policy, of = trainer.state.policy, trainer.state.mixture.environment_of
         tasks = [t for t in trainer.state.train_tasks if of[t.id] == "jsonnav"]
-        keyed = {key.teacher for key in trainer.state.cache.keys()}
+        entries = trainer.state.cache.keys()  # sorted EntryKeys (a cache is not a mapping)
+        keyed = {key.teacher for key in entries}
     # Each route's targets are on record under what its teacher was shown: nav's
     # privileged view is another entry than the plain episode's (targets_entries.py).
     assert keyed == {"calc-teacher", "nav-teacher+privileged_context"}
