@@ -6,7 +6,8 @@ alone sends, for B likewise, and A's targets are not B's; HELLO_OK lists every s
 adapter with its digest and gives each client its own adapter's identity; SCOREs of A
 and B arriving interleaved are never computed in one forward pass, and the prefix cache
 never hands one adapter's block to another, so each reply is its adapter's; a
-deterministic SCORE stays bitwise the same; the process holds the base weights once.
+deterministic SCORE stays bitwise the same; the process holds the base weights once; an
+xvocab SCORE naming an adapter is scored with that adapter.
 
 A one-layer toy Qwen3 and two LoRA adapters on different modules, served in process by
 the real server (``miniverl.testing.TeacherHarness``); no sockets, no child process.
@@ -286,3 +287,37 @@ def test_a_lora_runs_checkpoint_is_an_adapter_a_teacher_serves_by_name(tmp_path,
                                         dtype="float32")).model(input_ids=tokens).logits
     assert torch.allclose(got, want, atol=1e-5) and not torch.allclose(got, base, atol=1e-3)
     assert served.adapters["calc"].startswith("sha256:")
+
+
+def test_an_xvocab_score_of_an_adapter_is_that_adapters(served, merged, base_dir):
+    # A route with tokenizer: other over one of a teacher's adapters
+    # (docs/several-teachers.md, "Teachers with another tokenizer"): its xvocab SCORE
+    # names the adapter, and the teacher's own tokens are scored by the base with that
+    # adapter, as the teacher that merged it alone scores them.
+    from miniverl.common.modeling import load_tokenizer
+    from miniverl.common.tokenizer_id import fingerprint_tokenizer
+    from miniverl.student.environments import make_tasks
+    from miniverl.student.rollout.oracle import oracle_trajectories
+    from miniverl.student.train.xvocab_targets import XvocabRequests
+
+    h, _ = served
+    tok = load_tokenizer(base_dir)
+    tasks = make_tasks("calculator", "train", 1, "easy", 0, {})
+    traj = oracle_trajectories("calculator", tasks, tok, fingerprint_tokenizer(tok), {})[0]
+    req = XvocabRequests(tok)(traj)
+    assert req is not None
+    got = {}
+    for name in NAMES:
+        with h.client(adapter=name, xvocab=True) as client:
+            assert client.hello.kinds.xvocab is not None
+            rid = client.submit_xvocab(req["episode"], req["student_cuts"],
+                                       req["student_pieces"], k=4)
+            arrays = client.wait([rid], 30)[rid].arrays
+        ids = np.asarray(arrays["teacher_ids"], np.int32)
+        positions = np.asarray(arrays["positions"], np.int32)
+        alone = score_positions(merged[name], ids, np.array([0, len(ids)], np.int32),
+                                positions, kind="topk", k=4)
+        np.testing.assert_allclose(arrays["target_logprobs"], alone["target_logprobs"],
+                                   atol=1e-5, rtol=0, err_msg=name)
+        got[name] = np.asarray(arrays["target_logprobs"])
+    assert not np.allclose(got["calc"], got["chat"], atol=1e-3)
