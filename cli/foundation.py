@@ -279,7 +279,8 @@ def plan_lines(recipe: Any) -> list[str]:
         f"mode         {mode} ({policy})",
         f"student      {student.model.describe()} on {student.device}, {student.dtype}, {tuning}",
     ]
-    for name, t in (recipe.teachers or ({"": recipe.teacher} if recipe.teacher else {})).items():
+    sections = recipe.teachers or ({"": recipe.teacher} if recipe.teacher else {})
+    for name, t in sections.items():
         where = f"at {t.endpoint}" if t.endpoint else "launched by `miniverl up`"
         served = f", adapters {', '.join(t.adapters)}" if t.adapters else ""
         served += ", another tokenizer (xvocab targets)" if t.tokenizer == "other" else ""
@@ -332,8 +333,7 @@ def plan_lines(recipe: Any) -> list[str]:
             f"{loss.positions}"
         )
         _list_line(lines, "variants", _loss_variants(loss), "docs/losses.md")
-        sections = (recipe.teachers or {"": recipe.teacher}).values()
-        if any(t is not None and t.tokenizer == "other" for t in sections):
+        if any(t.tokenizer == "other" for t in sections.values()):
             lines.append(f"across       {loss.cross_vocab or 'sampled_token'} over byte groups "
                          "for a teacher with another tokenizer (docs/cross-tokenizer.md)")
     return lines
