@@ -518,13 +518,16 @@ def resolve_student_prepare(raw: dict[str, Any], config_dir: Path, teacher_dir: 
 def eval_recipe(base: dict[str, Any], split: str, model_dir: str) -> Any:
     """A cell's recipe ``base`` as an evaluation of ``model_dir`` on ``split``: no teacher,
     no loss, no routes, and none of the data settings a trainer needs (a teacher's fixed
-    set goes with the teacher)."""
+    set goes with the teacher; an on-policy arm's ``rollout.group_size`` and ``dpo``
+    section with the training episodes they shape: an evaluation plays ``eval.samples``
+    per task whatever arm it is derived from)."""
     from miniverl.common.recipe import Recipe
 
     data = copy.deepcopy(base)
-    for section in ("teacher", "teachers", "loss"):
+    for section in ("teacher", "teachers", "loss", "dpo"):
         data.pop(section, None)
     data["run"] = {**data["run"], "mode": "sft", "seed": 0}
+    data["rollout"] = {k: v for k, v in (data.get("rollout") or {}).items() if k != "group_size"}
     data["student"] = {**data["student"], "model": {"path": model_dir}}
     if data.get("environments"):
         data["environments"] = [{k: v for k, v in m.items() if k not in ("teacher", "adapter")}

@@ -475,3 +475,27 @@ def test_the_training_signal_counts_updates_with_nothing_to_learn():
     sft = bench.training_signal([{"phase": "train", "train_success": None, "loss": 0.5,
                                   "grad_norm": 0.1}])
     assert sft["all_right_share"] is None and sft["abs_loss_median"] == 0.5
+
+
+def test_any_arm_may_be_the_baseline_its_group_stays_out_of_the_start_evals(tmp_path, monkeypatch):
+    # Issue 54: with an on-policy baseline (rollout.group_size 4) the start evaluations
+    # ended in a pydantic traceback: the evaluation recipe kept the group in sft mode.
+    raw, _ = bench.load_config(ROOT / "benchmarks/distill/v4.yaml")
+    seen = []
+
+    def fake_evaluate(recipe, model_dir, adapter=None):
+        seen.append(recipe)
+        return {"success": 0.5, "n": 4, "sampled": {"success": 0.25}}, 0.1
+
+    monkeypatch.setattr(bench, "evaluate_dir", fake_evaluate)
+    for baseline in ("opd_rkl", "rl", "opd_rl", "seqkd"):
+        out = bench.start_evals({**raw, "baseline": baseline}, ROOT / "benchmarks/distill",
+                                {"warm": str(tmp_path / f"warm-{baseline}")}, "eval",
+                                tmp_path / f"{baseline}.json")
+        assert out["warm"]["t1"] == 0.25 and out["warm"]["greedy"] == 0.5
+    assert len(seen) == 4
+    for recipe in seen:
+        assert recipe.run.mode == "sft" and recipe.rollout.group_size is None
+        assert recipe.eval.split == "eval" and recipe.teacher is None
+    # Every arm's evaluation is the same, whichever arm the recipe came from.
+    assert len({r.model_dump_json(exclude={"student"}) for r in seen}) == 1
