@@ -90,3 +90,15 @@ def test_a_privileged_oracle_trace_is_the_view_the_teacher_scores(tok, env_name)
         assert env.privileged_context(task) in priv.messages[0]["content"]
         cut = plain.spans[0].end
         assert priv.tokens[priv.spans[0].end:] == plain.tokens[cut:]
+
+
+# docs/training.md ("The shared system block") and the toy recipes' comments give these
+# sizes: the share of an episode the shared-prefix forward runs once per batch.
+@pytest.mark.parametrize(("units", "system_tokens", "episode_tokens"),
+                         [(False, 136, range(260, 281)), (True, 256, range(380, 401))])
+def test_the_toy_calculator_system_block_size(tok, units, system_tokens, episode_tokens):
+    for task in make_tasks("calculator", "train", 8, "easy", split_seed=0):
+        traj = oracle_trajectory("calculator", task, tok, "fp", {"units": units})
+        assert traj.spans[0].type == SpanType.SYSTEM
+        assert traj.spans[0].end - traj.spans[0].start == system_tokens
+        assert len(traj.tokens) in episode_tokens
