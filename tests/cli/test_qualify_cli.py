@@ -103,3 +103,29 @@ def test_qualify_one_route_of_several_teachers(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "--route sql is not a route of" in err and "its routes are calc, nav" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_mixture_is_qualified_route_by_route(tmp_path, capsys):
+    # docs/environments.md: a qualification record holds one environment, so a mixture
+    # recipe without --route is refused with one line before any teacher is measured.
+    from miniverl.cli.app import run
+
+    teacher = {"model": {"toy": TEACHER}, "device": "cpu", "dtype": "float32",
+               "memory": "resident"}
+    envs = {"train_tasks": 4, "eval_tasks": 2, "test_tasks": 2}
+    recipe = {
+        "schema_version": 1,
+        "run": {"name": "q", "mode": "opd", "output_dir": str(tmp_path / "runs")},
+        "student": {"model": {"toy": ONE_LAYER}, "device": "cpu", "lora": None},
+        "teacher": teacher,
+        "environments": [{"name": "calculator", **envs}, {"name": "jsonnav", **envs}],
+        "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 8, "max_total_tokens": 640,
+                    "batch_size": 2},
+    }
+    path = write_recipe(tmp_path / "mix.yaml", recipe)
+    assert run(["qualify-teacher", str(path)]) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the teacher's loading progress
+    assert last.startswith("error: a teacher qualifies on one environment, and this recipe "
+                           "names a mixture"), err
+    assert "Traceback" not in err
