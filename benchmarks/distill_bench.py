@@ -132,6 +132,23 @@ class DistillSettings(GridSettings):
         default_factory=list,
         description="arms the report also pairs every arm with, beside the baseline "
                     "(per seed, with intervals and the count of seeds above)")
+    grid_extension_factor: float | None = Field(
+        None, gt=1.0, le=100.0,
+        description="the grid's extension rule (version 5): after the grid, each arm whose "
+                    "choice is the lowest or highest rate it tried runs the next rate beyond "
+                    "it (divided or multiplied by this), in folder grid_ext<k>, until every "
+                    "choice is inside its grid; null: no extension")
+    grid_extension_rounds: int = Field(
+        4, ge=1, le=10, description="at most this many extensions (each choice still at "
+                                    "an edge after them is reported at_edge)")
+    lr_bounds: tuple[float, float] = Field(
+        (1e-6, 1e-1), description="no extension goes below the first or above the second")
+    budget_s: float | None = Field(
+        None, gt=0.0,
+        description="the training seconds every arm must reach (the teacher's work "
+                    "included: read_curve); each cell records whether it did, each arm "
+                    "how many fell short, and the report reads every arm there; null: "
+                    "the budget is updates only")
 
     @model_validator(mode="after")
     def _consistent(self) -> DistillSettings:
@@ -350,27 +367,47 @@ def analyze_cell(cell: dict[str, Any], results_dir: Path,
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
     out["time_split"] = {**time_split(RunDir(run_dir).read_jsonl("metrics.jsonl")),
                          "preparation_s": out["preparation_s"]}
-    out["signal"] = training_signal(RunDir(run_dir).read_jsonl("metrics.jsonl"))
+    out["signal"] = training_signal(RunDir(run_dir).read_jsonl("metrics.jsonl"),
+                                    run_clip(run_dir))
     return out
 
 
-def training_signal(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def run_clip(run_dir: Path) -> float | None:
+    """The run's ``train.max_grad_norm``, from its resolved recipe (None without one)."""
+    resolved = Path(run_dir) / "recipe.resolved.yaml"
+    if not resolved.is_file():
+        return None
+    data = yaml.safe_load(resolved.read_text(encoding="utf-8")) or {}
+    clip = (data.get("train") or {}).get("max_grad_norm")
+    return float(clip) if clip is not None else None
+
+
+def training_signal(rows: list[dict[str, Any]], clip: float | None = None) -> dict[str, Any]:
     """What the updates had to learn from, from a run's metrics rows: the share of its
     updates whose own training episodes all succeeded (``all_right_share``: RL's group
     advantages are then 0, and a student matching its teacher there gets ~0 from OPD;
     None for an arm that plays no episode of its own, SFT), the mean training success,
-    and the median absolute loss and gradient norm."""
+    and the median absolute loss and gradient norm (``grad_norm`` is the norm before the
+    clip). With the run's ``clip`` (``train.max_grad_norm``): ``clip_binding_share``, the
+    share of updates whose gradient norm before the clip exceeded it (the clip rescaled
+    them), and the median norm after it (``grad_norm_after_median``)."""
     train = [r for r in rows if r.get("phase", "train") == "train"]
     played = [r["train_success"] for r in train if r.get("train_success") is not None]
     losses = [abs(r["loss"]) for r in train if r.get("loss") is not None]
     norms = [r["grad_norm"] for r in train if r.get("grad_norm") is not None]
-    return {
+    out = {
         "updates": len(train),
         "all_right_share": (sum(v == 1.0 for v in played) / len(played)) if played else None,
         "train_success": float(np.mean(played)) if played else None,
         "abs_loss_median": float(np.median(losses)) if losses else None,
         "grad_norm_median": float(np.median(norms)) if norms else None,
     }
+    if clip is not None:
+        out["clip"] = clip
+        out["clip_binding_share"] = (sum(n > clip for n in norms) / len(norms)) if norms else None
+        out["grad_norm_after_median"] = (float(np.median([min(n, clip) for n in norms]))
+                                         if norms else None)
+    return out
 
 
 # -- the warm start and the teacher -----------------------------------------------------
@@ -624,13 +661,19 @@ def start_summary(warm: dict[str, Any], teacher: dict[str, Any] | None,
 
 
 def choose_rates(cells: list[dict[str, Any]], arms: list[str],
-                 grid: list[float]) -> tuple[dict[str, float], dict[str, Any]]:
+                 grid: list[float] | dict[str, list[float]]
+                 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Each arm's rate: the highest T=1 success after the budget, ties to the higher
-    greedy success, then the lower rate; and the whole grid as read."""
+    greedy success, then the lower rate; and the whole grid as read. ``grid`` is every
+    arm's rates, or each arm's own (the config's grid and its extensions,
+    :func:`grid_extension`): cell ``<arm>-lr<i>`` ran the arm's ``i``-th rate. Each
+    arm's row says whether its choice is the lowest or highest rate it tried
+    (``at_edge``: ``low``, ``high`` or None, inside; one rate: ``both``)."""
     chosen, table = {}, {}
     for arm in arms:
+        rates = grid[arm] if isinstance(grid, dict) else grid
         rows = []
-        for i, lr in enumerate(grid):
+        for i, lr in enumerate(rates):
             cell = next((c for c in cells if c["arm"] == f"{arm}-lr{i}"), None)
             last = cell["curve"][-1] if cell and cell.get("curve") else None
             rows.append({"lr": lr, "status": cell["status"] if cell else "missing",
@@ -646,8 +689,79 @@ def choose_rates(cells: list[dict[str, Any]], arms: list[str],
                        "run --phase grid --resume until every cell is ok")
         best = max(scored, key=lambda r: (r["t1"], r["greedy"] or 0.0, -r["lr"]))
         chosen[arm] = best["lr"]
-        table[arm] = {"chosen_lr": best["lr"], "grid": rows}
+        low, high = best["lr"] == min(rates), best["lr"] == max(rates)
+        edge = "both" if low and high else "low" if low else "high" if high else None
+        table[arm] = {"chosen_lr": best["lr"], "grid": rows, "at_edge": edge}
     return chosen, table
+
+
+def extension_dirs(out_dir: Path) -> list[Path]:
+    """The grid's extension folders (``grid_ext1``, ``grid_ext2``, ...) that hold
+    results, in the order they ran."""
+    found = [d for d in Path(out_dir).glob("grid_ext*") if d.name[8:].isdigit()
+             and (d / "results.json").is_file()]
+    return sorted(found, key=lambda d: int(d.name[8:]))
+
+
+def arm_rates(out_dir: Path, names: list[str], lr_grid: list[float]) -> dict[str, list[float]]:
+    """Each arm's rates in the order its grid cells ran: the config's ``lr_grid``, then
+    each extension's (read from the folder's derived config: cell ``<arm>-lr<i>`` ran
+    the arm's ``i``-th rate)."""
+    rates = {name: list(lr_grid) for name in names}
+    for folder in extension_dirs(out_dir):
+        data = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+        for arm in data["arms"]:
+            name, _, index = arm["name"].rpartition("-lr")
+            if name in rates and int(index) == len(rates[name]):
+                rates[name].append(float(arm["overrides"]["train"]["lr"]))
+    return rates
+
+
+def grid_cells(out_dir: Path, start: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every grid cell: the grid folder's and its extensions'."""
+    cells = []
+    for folder in [Path(out_dir) / "grid", *extension_dirs(out_dir)]:
+        data = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+        cells += [analyze_cell(c, folder, start) for c in data["cells"]]
+    return cells
+
+
+def extension_config(raw: dict[str, Any], settings: DistillSettings, config_dir: Path,
+                     phase_dir: Path, new: dict[str, tuple[int, float]]) -> dict[str, Any]:
+    """The grid phase's config for one extension: only the arms of ``new``
+    (arm -> (its rate's index, the rate)), each at its new rate."""
+    out = phase_config(raw, settings, "grid", config_dir, phase_dir)
+    last = raw["budget"].get("updates")
+    out["name"] = f"{raw['name']}-{phase_dir.name}"[:24]
+    out["output_dir"] = out["output_dir"].rpartition("/")[0] + f"/{phase_dir.name}"
+    out["arms"] = [{**arm, "name": f"{arm['name']}-lr{new[arm['name']][0]}",
+                    "overrides": _arm_overrides(arm, new[arm["name"]][1], settings.grid_split,
+                                                last)}
+                   for arm in raw["arms"] if arm["name"] in new]
+    out["baseline"] = out["arms"][0]["name"]
+    return out
+
+
+def grid_extension(table: dict[str, Any], factor: float,
+                   bounds: tuple[float, float]) -> dict[str, float]:
+    """The grid's extension rule: each arm whose choice is an edge of the rates it tried
+    gets the next rate beyond that edge (the edge times ``factor`` above, divided by it
+    below; one rate tried: both ways, the lower first), unless that rate leaves
+    ``bounds`` (then the arm's choice stays at the edge, reported as such). Repeated
+    after each extension's cells until no arm's choice is at an edge: each choice is then
+    inside its grid, a rate on either side of it tried and worse."""
+    out: dict[str, float] = {}
+    for arm, row in table.items():
+        edge, lr = row.get("at_edge"), row["chosen_lr"]
+        tried = {r["lr"] for r in row["grid"]}
+        for side in (("low",) if edge == "low" else ("high",) if edge == "high"
+                     else ("low", "high") if edge == "both" else ()):
+            new = lr / factor if side == "low" else lr * factor
+            if bounds[0] <= new <= bounds[1] and not any(abs(new - t) <= 1e-12 * new
+                                                         for t in tried):
+                out[arm] = new
+                break
+    return out
 
 
 def _interval(values: list[float], rng: np.random.Generator) -> dict[str, float] | None:
@@ -701,10 +815,11 @@ def compare(cells: list[dict[str, Any]], baseline: str, updates: list[int],
         signals = [c["signal"] for c in mine if c.get("signal")]
         if signals:  # records before the signal reading hold none
             entry["mean_signal"] = {
-                k: (float(np.mean([g[k] for g in signals if g[k] is not None]))
-                    if any(g[k] is not None for g in signals) else None)
+                k: (float(np.mean([g[k] for g in signals if g.get(k) is not None]))
+                    if any(g.get(k) is not None for g in signals) else None)
                 for k in ("all_right_share", "train_success", "abs_loss_median",
-                          "grad_norm_median")}
+                          "grad_norm_median", "clip_binding_share", "grad_norm_after_median")
+                if any(k in g for g in signals)}
         entry["mean_training_s"] = (float(np.mean([c["training_s"] for c in mine]))
                                     if mine else None)
         entry["mean_preparation_s"] = (float(np.mean([c["preparation_s"] for c in mine]))
@@ -781,6 +896,31 @@ def add_gap_closed(block: dict[str, Any], start: dict[str, Any] | None,
                     "teacher": {k: teacher.get(k) for k in READINGS}}
 
 
+def add_half_gap_seconds(block: dict[str, Any], start: dict[str, Any] | None,
+                         teacher: dict[str, Any] | None) -> None:
+    """Per arm, ``half_gap_s``: for each seed, the training seconds (the teacher's work
+    included, :func:`read_curve`) at the cell's first evaluation whose T=1 success closes
+    half the gap from the student's start to the teacher on the report's split
+    (start + (teacher - start) / 2 or more); None where it never did; the count that did
+    and the mean over those. Nothing without a gap."""
+    if not start or not teacher or start.get("t1") is None or teacher.get("t1") is None:
+        return
+    goal = start["t1"] + (teacher["t1"] - start["t1"]) / 2.0
+    if teacher["t1"] <= start["t1"]:
+        return
+    cells = [c for c in block["cells"] if c.get("curve")]
+    for arm, entry in block["arms"].items():
+        per_seed: dict[str, float | None] = {}
+        for cell in (c for c in cells if c["arm"] == arm):
+            hit = next((p for p in cell["curve"] if p.get("t1") is not None
+                        and p["t1"] >= goal), None)
+            per_seed[str(cell["seed"])] = None if hit is None else hit["train_s"]
+        reached = [v for v in per_seed.values() if v is not None]
+        entry["half_gap_s"] = {"goal_t1": goal, "per_seed": per_seed,
+                               "reached": len(reached), "of": len(per_seed),
+                               "mean_s": float(np.mean(reached)) if reached else None}
+
+
 def add_time_to_reach(block: dict[str, Any], target_arm: str) -> None:
     """Per arm and seed, the seconds it took to reach ``target_arm``'s final T=1 success
     of the same seed: the training seconds at its first evaluation at or above it (which
@@ -823,22 +963,40 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
         split = settings.grid_split if phase == "grid" else settings.main_split
         start0 = known_starts.get(f"warm:{split}")
         cells = [analyze_cell(c, results.parent, start0) for c in data["cells"]]
+        extensions = extension_dirs(out_dir) if phase == "grid" else []
+        for folder in extensions:  # the grid's extensions (grid_extension_factor)
+            more = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+            cells += [analyze_cell(c, folder, start0) for c in more["cells"]]
+        if settings.budget_s is not None:
+            for c in cells:
+                if c.get("training_s") is not None:
+                    c["reached_budget_s"] = c["training_s"] >= settings.budget_s
         # The equal-update readings: every update count some cell was evaluated at.
         updates = sorted({p["update"] for c in cells for p in c.get("curve") or []})
+        seconds = sorted({*settings.wall_clock_s,
+                          *([settings.budget_s] if settings.budget_s is not None else [])})
         block: dict[str, Any] = {**provenance(results, data, output), "updates": updates,
-                                 "seconds": settings.wall_clock_s}
+                                 "seconds": seconds}
         if phase == "grid":
+            block["extensions"] = [f.name for f in extensions]
             try:
-                block["choice"] = choose_rates(cells, names, settings.lr_grid)[1]
+                block["choice"] = choose_rates(cells, names,
+                                               arm_rates(out_dir, names, settings.lr_grid))[1]
             except SystemExit as exc:
                 block["choice"] = None
                 block["choice_error"] = str(exc)
-        block["arms"] = compare(cells, data["baseline"], updates, settings.wall_clock_s, rng)
+        block["arms"] = compare(cells, data["baseline"], updates, seconds, rng)
+        if settings.budget_s is not None:
+            for arm, entry in block["arms"].items():
+                entry["short_of_budget_s"] = sum(c.get("reached_budget_s") is False
+                                                 for c in cells if c["arm"] == arm)
         block["cells"] = cells
         if phase == "main":
             add_comparisons(block, data["baseline"], settings.also_against)
             add_gap_closed(block, known_starts.get(f"warm:{split}"),
                            known_starts.get(f"teacher:{split}"))
+            add_half_gap_seconds(block, known_starts.get(f"warm:{split}"),
+                                 known_starts.get(f"teacher:{split}"))
             if settings.reach_arm is not None:
                 add_time_to_reach(block, settings.reach_arm)
         summary[phase] = block
@@ -965,6 +1123,37 @@ def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace,
         raise fail(str(exc)) from None
 
 
+def extend_grid(raw: dict[str, Any], settings: DistillSettings, config_dir: Path,
+                out_dir: Path, args: argparse.Namespace, deadline: float | None) -> None:
+    """The grid's extension rule (:func:`grid_extension`), round after round: each round
+    runs the arms whose choice is at an edge at their next rate, in ``grid_ext<k>``
+    (a round already run is resumed, not repeated), until every choice is inside its
+    grid or ``grid_extension_rounds`` have run."""
+    names = [a["name"] for a in raw["arms"]]
+    assert settings.grid_extension_factor is not None
+    for k in range(1, settings.grid_extension_rounds + 1):
+        folder = out_dir / f"grid_ext{k}"
+        if not (folder / "results.json").is_file():
+            rates = arm_rates(out_dir, names, settings.lr_grid)
+            _, table = choose_rates(grid_cells(out_dir), names, rates)
+            new = grid_extension(table, settings.grid_extension_factor, settings.lr_bounds)
+            if not new:
+                return
+            print(f"grid extension {k}: " + ", ".join(f"{a} at lr {lr:g}" for a, lr in new.items()),
+                  flush=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            data = extension_config(raw, settings, config_dir, folder,
+                                    {a: (len(rates[a]), lr) for a, lr in new.items()})
+            path = folder / "config.yaml"
+            path.write_text(f"# derived by benchmarks/distill_bench.py from {raw['name']}'s "
+                            f"config (grid extension {k}); do not edit\n"
+                            + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+            run_phase(path, folder, args, deadline)
+        else:  # a round that ran (or was cut by --part-minutes): finish it as written
+            run_phase(folder / "config.yaml", folder,
+                      argparse.Namespace(**{**vars(args), "resume": True}), deadline)
+
+
 def check_kept(out_dir: Path, phases: list[str]) -> None:
     """--analyze-only: every asked phase's results and kept runs exist, or exit 1."""
     for phase in phases:
@@ -1050,13 +1239,13 @@ def main(argv: list[str] | None = None) -> int:
                 if not grid_results.is_file():
                     raise fail(f"--phase main runs at the rates the grid chose, and "
                                f"{grid_results} does not exist; run --phase grid first")
-                data = json.loads(grid_results.read_text(encoding="utf-8"))
-                cells = [analyze_cell(c, grid_results.parent) for c in data["cells"]]
-                chosen, _ = choose_rates(cells, [a["name"] for a in raw["arms"]],
-                                         settings.lr_grid)
+                chosen, _ = choose_rates(grid_cells(out_dir), names,
+                                         arm_rates(out_dir, names, settings.lr_grid))
             path = write_phase_config(raw, settings, phase, config_dir, out_dir / phase, chosen)
             try:
                 run_phase(path, out_dir / phase, args, deadline)
+                if phase == "grid" and settings.grid_extension_factor is not None:
+                    extend_grid(raw, settings, config_dir, out_dir, args, deadline)
             except PartEnded:
                 summary = analyze(out_dir, raw, settings, output, start)
                 output.parent.mkdir(parents=True, exist_ok=True)

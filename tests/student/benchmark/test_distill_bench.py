@@ -499,3 +499,82 @@ def test_any_arm_may_be_the_baseline_its_group_stays_out_of_the_start_evals(tmp_
         assert recipe.eval.split == "eval" and recipe.teacher is None
     # Every arm's evaluation is the same, whichever arm the recipe came from.
     assert len({r.model_dump_json(exclude={"student"}) for r in seen}) == 1
+
+
+def test_the_clip_binding_share_counts_the_updates_the_clip_rescaled(tmp_path):
+    # Version 5 reports, per cell and arm, the share of updates whose gradient norm
+    # before the clip exceeded train.max_grad_norm (metrics' grad_norm is before it).
+    rows = [{"phase": "train", "grad_norm": g, "loss": 0.1} for g in (0.01, 0.04, 0.06, 1.2)]
+    signal = bench.training_signal(rows, clip=0.05)
+    assert signal["clip"] == 0.05 and signal["clip_binding_share"] == 0.5
+    assert signal["grad_norm_after_median"] == pytest.approx(0.045)  # 0.04 and 0.05
+    assert "clip_binding_share" not in bench.training_signal(rows)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert bench.run_clip(run) is None
+    (run / "recipe.resolved.yaml").write_text("train: {max_grad_norm: 0.3}\n")
+    assert bench.run_clip(run) == 0.3
+    import numpy as np
+
+    cells = [{**_cell("opd", s, [_point(0, 0, 0.4, 0.4), _point(8, 5, 0.5, 0.5)]),
+              "signal": {"updates": 8, "clip_binding_share": share, "train_success": 0.5}}
+             for s, share in ((1, 1.0), (2, 0.5))]
+    arms = bench.compare(cells, "opd", [8], [], np.random.default_rng(0))
+    assert arms["opd"]["mean_signal"]["clip_binding_share"] == 0.75
+    assert "grad_norm_after_median" not in arms["opd"]["mean_signal"]
+
+
+def test_seconds_to_close_half_the_gap_per_seed():
+    import numpy as np
+
+    cells = [_cell("seqkd", 1, [_point(0, 0, 0.6, 0.6), _point(16, 40, 0.7, 0.79),
+                                _point(32, 80, 0.8, 0.8)]),
+             _cell("seqkd", 2, [_point(0, 0, 0.6, 0.6), _point(16, 45, 0.7, 0.7)]),
+             _cell("opd", 1, [_point(0, 0, 0.6, 0.6), _point(16, 20, 0.9, 0.85)])]
+    block = {"cells": cells,
+             "arms": bench.compare(cells, "seqkd", [0, 16], [], np.random.default_rng(0))}
+    # start 0.6, teacher 1.0: half the gap is T=1 0.8.
+    bench.add_half_gap_seconds(block, {"t1": 0.6, "greedy": 0.6}, {"t1": 1.0, "greedy": 1.0})
+    half = block["arms"]["seqkd"]["half_gap_s"]
+    assert half["goal_t1"] == pytest.approx(0.8)
+    assert half["per_seed"] == {"1": 80, "2": None} and (half["reached"], half["of"]) == (1, 2)
+    assert block["arms"]["opd"]["half_gap_s"]["mean_s"] == 20
+    gone = {"cells": cells, "arms": {"opd": {}}}
+    bench.add_half_gap_seconds(gone, {"t1": 0.6}, {"t1": 0.6})  # no gap: nothing read
+    assert gone["arms"]["opd"] == {}
+
+
+def test_the_grid_is_extended_until_every_choice_is_inside_it(tmp_path):
+    def cell(name, t1):
+        return {"arm": name, "status": "ok", "curve": [_point(64, 1, t1, t1)]}
+
+    grid = [1e-4, 3e-4, 1e-3]
+    cells = [cell("seqkd-lr0", 0.6), cell("seqkd-lr1", 0.7), cell("seqkd-lr2", 0.8),
+             cell("opd-lr0", 0.7), cell("opd-lr1", 0.6), cell("opd-lr2", 0.5),
+             cell("rl-lr0", 0.6), cell("rl-lr1", 0.7), cell("rl-lr2", 0.6)]
+    _, table = bench.choose_rates(cells, ["seqkd", "opd", "rl"], grid)
+    assert [table[a]["at_edge"] for a in ("seqkd", "opd", "rl")] == ["high", "low", None]
+    new = bench.grid_extension(table, 10 ** 0.5, (1e-6, 1e-1))
+    assert new == {"seqkd": pytest.approx(1e-3 * 10 ** 0.5), "opd": pytest.approx(1e-4 / 10 ** 0.5)}
+    assert bench.grid_extension(table, 10 ** 0.5, (1e-6, 2e-3)) == {"opd": new["opd"]}
+    # Each arm's own rates: the extension's cell <arm>-lr3 ran the arm's fourth rate.
+    rates = {"seqkd": [*grid, new["seqkd"]], "opd": [*grid, new["opd"]], "rl": grid}
+    cells += [cell("seqkd-lr3", 0.75), cell("opd-lr3", 0.65)]
+    chosen, table = bench.choose_rates(cells, ["seqkd", "opd", "rl"], rates)
+    assert chosen == {"seqkd": 1e-3, "opd": 1e-4, "rl": 3e-4}
+    assert all(table[a]["at_edge"] is None for a in chosen)
+    assert bench.grid_extension(table, 10 ** 0.5, (1e-6, 1e-1)) == {}
+    # arm_rates reads an extension's rates from its folder's derived config.
+    raw, settings = bench.load_config(ROOT / "benchmarks/distill/v4.yaml")
+    names = [a["name"] for a in raw["arms"]]
+    folder = tmp_path / "grid_ext1"
+    data = bench.extension_config(raw, settings, ROOT / "benchmarks/distill", folder,
+                                  {"seqkd": (3, new["seqkd"]), "opd_rkl": (3, new["opd"])})
+    assert [a["name"] for a in data["arms"]] == ["seqkd-lr3", "opd_rkl-lr3"]
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(data))
+    (folder / "results.json").write_text("{}")
+    assert bench.extension_dirs(tmp_path) == [folder]
+    rates = bench.arm_rates(tmp_path, names, settings.lr_grid)
+    assert rates["seqkd"] == [*settings.lr_grid, pytest.approx(new["seqkd"])]
+    assert rates["opd_rkl"][3] == pytest.approx(new["opd"]) and rates["rl"] == settings.lr_grid
