@@ -189,7 +189,8 @@ def engine_client(n: int) -> dict[str, Any]:
                     outcome = exc
                 took = time.monotonic() - t0
                 slowest = max(slowest, took)
-                verdict = judge(outcome, url=engine.url, vocab=VOCAB, k=k)
+                verdict = judge(outcome, url=engine.url, vocab=VOCAB, k=k,
+                                actual_P=request[0][request[2] + 1])
                 key = verdict if verdict in ("accepted", "refused") else "client_errors"
                 verdicts[key] += 1
                 if key == "client_errors":

@@ -5,9 +5,11 @@ The request bodies of each flavour (:func:`score_body`), and the parsing of thei
 answers into our top-k + tail targets (:func:`parse_score`, :func:`targets_from_vllm`,
 :func:`targets_from_sglang`, :func:`served_models`). Nothing an engine says is trusted:
 every log-prob must be a finite number at most :data:`LOGPROB_TOLERANCE`, the distinct
-tokens of one position must hold at most all the probability (the same tolerance),
-every token id must be inside the student's vocabulary and named once, and the counts
-must be the documented ones; anything else is :class:`EngineGarbage` (or
+tokens of one position (the actual token included) must hold at most all the
+probability (the same tolerance), the actual token's log-prob must be the same in both
+places a shape gives it, every token id must be inside the student's vocabulary and
+named once, and the counts must be the documented ones: one rule for both shapes
+(:func:`position_targets`); anything else is :class:`EngineGarbage` (or
 :class:`EngineNotLogprobs`, :class:`EngineModelChanged`) naming the position or field.
 docs/engine-teachers.md ("How an answer becomes targets", "Reply checks").
 
@@ -102,15 +104,39 @@ def _number(value: Any, where: str) -> float:
     return min(value, 0.0)
 
 
-def _check_mass(entries: list[tuple[int, float]], where: str) -> None:
-    """One position names each token once, and its tokens hold at most all the
-    probability."""
-    if len({i for i, _ in entries}) != len(entries):
-        raise EngineGarbage(f"{where} names a token id twice")
-    mass = float(np.exp(np.array([lp for _, lp in entries], np.float64)).sum())
+def position_targets(top: list[tuple[int, float]], actual: int, actual_logprob: float | None,
+                     where: str) -> float:
+    """The one rule every engine shape's position is held to; returns the actual token's
+    log-prob.
+
+    ``top`` is what the position lists (vLLM: every entry of ``prompt_logprobs[j]``,
+    SGLang: ``input_top_logprobs[j]``); ``actual_logprob`` the actual token's log-prob
+    where the shape gives it a second place (SGLang's ``input_token_logprobs[j]``; None
+    for vLLM, whose list must hold the actual token). A token is named once with one
+    log-prob (the actual token's two places agree within :data:`LOGPROB_TOLERANCE`),
+    and the position's distinct tokens, the actual one included, hold at most all the
+    probability. SGLang's second place was once neither compared nor counted: a
+    top-k of 0.96 beside an actual token of 0.5 (1.46 in all), or an actual token at 0.9
+    in one list and 0.5 in the other, was trained on (issue 53).
+    """
+    distinct: dict[int, float] = {}
+    sightings = [*top, *(() if actual_logprob is None else ((actual, actual_logprob),))]
+    for n, (token, lp) in enumerate(sightings):
+        if token not in distinct:
+            distinct[token] = lp
+        elif abs(distinct[token] - lp) > LOGPROB_TOLERANCE:
+            raise EngineGarbage(f"{where}: token {token} is given log-prob {distinct[token]:.4g} "
+                                f"in one place and {lp:.4g} in another; a position gives each "
+                                "token one log-prob")
+        elif n < len(top):
+            raise EngineGarbage(f"{where} names a token id twice")
+    if actual not in distinct:
+        raise EngineGarbage(f"{where}: the actual token {actual} has no log-prob")
+    mass = float(np.exp(np.array(list(distinct.values()), np.float64)).sum())
     if mass > 1.0 + LOGPROB_TOLERANCE:
-        raise EngineNotLogprobs(f"{where}: the {len(entries)} log-probs sum to a probability "
-                                f"of {mass:.4g}, above 1")
+        raise EngineNotLogprobs(f"{where}: the {len(distinct)} distinct tokens' log-probs sum "
+                                f"to a probability of {mass:.4g}, above 1")
+    return distinct[actual]
 
 
 def _token_id(value: Any, where: str) -> int:
@@ -167,11 +193,7 @@ def targets_from_vllm(entries: Sequence[Any], seq: Sequence[int], local_P: Seque
             lp = value.get("logprob") if isinstance(value, dict) else value
             token = _in_vocab(_token_id(key, f"{at} key"), vocab_size, at)
             parsed.append((token, _number(lp, f"{at} logprob of token {token}")))
-        _check_mass(parsed, at)
-        found = dict(parsed)
-        if actual not in found:
-            raise EngineGarbage(f"{at}: the actual token {actual} has no log-prob")
-        targets.append(found[actual])
+        targets.append(position_targets(parsed, actual, None, at))
         rows.append(_best_k(parsed, k, at))
     return _arrays(rows, targets, k=k, vocab_size=vocab_size)
 
@@ -198,10 +220,11 @@ def targets_from_sglang(meta: Any, seq: Sequence[int], local_P: Sequence[int], *
         token, top = tokens[p + 1], tops[p + 1]
         if not isinstance(token, list) or len(token) < 2:
             raise EngineGarbage(f"{at}: input_token_logprobs entry is {str(token)[:40]!r}")
-        if _token_id(token[1], f"{at} token") != int(seq[p + 1]):
+        actual = int(seq[p + 1])
+        if _token_id(token[1], f"{at} token") != actual:
             raise EngineGarbage(f"{at}: the server scored token {token[1]}, the prompt holds "
-                                f"{int(seq[p + 1])}")
-        targets.append(_number(token[0], f"{at} logprob"))
+                                f"{actual}")
+        actual_logprob = _number(token[0], f"{at} logprob")
         if not isinstance(top, list):
             raise EngineGarbage(f"{at}: input_top_logprobs entry is {type(top).__name__}")
         parsed = []
@@ -210,7 +233,7 @@ def targets_from_sglang(meta: Any, seq: Sequence[int], local_P: Sequence[int], *
                 raise EngineGarbage(f"{at}: input_top_logprobs entry {str(triple)[:40]!r}")
             token = _in_vocab(_token_id(triple[1], f"{at} id"), vocab_size, at)
             parsed.append((token, _number(triple[0], f"{at} logprob of token {token}")))
-        _check_mass(parsed, at)
+        targets.append(position_targets(parsed, actual, actual_logprob, at))
         rows.append(_best_k(parsed, k, at))
     return _arrays(rows, targets, k=k, vocab_size=vocab_size)
 

@@ -62,7 +62,7 @@ def engine_replies(draw, honest: Any) -> tuple[int, bytes]:
         parent, key = _parent(body, draw(st.sampled_from(numbers)))
         value = parent[key]
         parent[key] = draw(st.sampled_from([
-            -value, value + 10.0, value * 1e6, value - 1e-4, 0.0, 1e-5, float("nan"),
+            -value, value + 10.0, value * 1e6, value - 1e-4, value - 0.7, 0.0, 1e-5, float("nan"),
             float("inf"), -float("inf"), 1e308, -1e308, "0.5", None]))
         return 200, json.dumps(body).encode()
     path = draw(st.sampled_from(where))
@@ -84,9 +84,12 @@ def _get(root: Any, path: tuple) -> Any:
     return node
 
 
-def judge(outcome: Any, *, url: str, vocab: int, k: int) -> str:
+def judge(outcome: Any, *, url: str, vocab: int, k: int, actual_P: Any = None) -> str:
     """``accepted`` (targets a loss may use), ``refused`` (one line naming ``url``), or
-    what broke the rules."""
+    what broke the rules. ``actual_P`` (the token each scored position predicts) also
+    holds accepted targets to the one rule of both engine shapes: the actual token's
+    log-prob is the one its top-k row gives it, and the position's distinct tokens, the
+    actual one included, hold at most all the probability."""
     import numpy as np
 
     from miniverl.common.errors import TeacherError, TeacherUnavailable
@@ -108,4 +111,13 @@ def judge(outcome: Any, *, url: str, vocab: int, k: int) -> str:
         problems.append("a non-finite tail")
     if (np.exp(a["logprobs"].astype(np.float64)).sum(axis=1) > 1 + 1e-3).any():
         problems.append("a top-k mass above 1")
+    if actual_P is not None and not problems:
+        lps, target = a["logprobs"].astype(np.float64), a["target_logprobs"].astype(np.float64)
+        for p, token in enumerate(actual_P):
+            hit = a["ids"][p] == token
+            if hit.any() and abs(lps[p][hit][0] - target[p]) > 1e-3:
+                problems.append(f"position {p}: the actual token's two log-probs differ")
+            mass = np.exp(lps[p]).sum() + (0.0 if hit.any() else np.exp(target[p]))
+            if mass > 1 + 1e-3:
+                problems.append(f"position {p}: a mass above 1 with the actual token")
     return "accepted" if not problems else "accepted bad targets: " + ", ".join(problems)

@@ -166,6 +166,8 @@ def test_generated_replies_are_accepted_only_as_sound_targets_or_refused_in_one_
         client.bind()
         route, body = score_body(flavour, engine.model, SEQS, K)
         honest = engine.honest(route, body)
+        tokens, _, positions = packed()
+        actual_P = tokens[positions + 1]
         verdicts: dict[str, int] = {}
 
         @settings(max_examples=30, deadline=None, derandomize=True, database=None,
@@ -179,7 +181,7 @@ def test_generated_replies_are_accepted_only_as_sound_targets_or_refused_in_one_
                 outcome = score(client)
             except Exception as exc:  # judged below: only a one-line refusal is allowed
                 outcome = exc
-            verdict = judge(outcome, url=engine.url, vocab=VOCAB, k=K)
+            verdict = judge(outcome, url=engine.url, vocab=VOCAB, k=K, actual_P=actual_P)
             assert verdict in ("accepted", "refused"), verdict
             assert time.monotonic() - t0 <= DEADLINE_S + 1.0
             verdicts[verdict] = verdicts.get(verdict, 0) + 1
