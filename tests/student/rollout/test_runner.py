@@ -13,7 +13,9 @@ from miniverl.common.recipe_sections import RolloutConfig  # noqa: E402
 from miniverl.common.toy import build_toy_model, build_toy_tokenizer  # noqa: E402
 from miniverl.common.trajectory import CONTEXT_SPANS, SpanType, StopReason  # noqa: E402
 from miniverl.student.environments import make_tasks  # noqa: E402
-from miniverl.student.rollout.runner import RolloutRunner, sample_next  # noqa: E402
+from miniverl.student.rollout.engine import SampledTurn  # noqa: E402
+from miniverl.student.rollout.hf_engine import sample_next  # noqa: E402
+from miniverl.student.rollout.runner import RolloutRunner  # noqa: E402
 from tests.toy_kit import FOUR_HEAD  # noqa: E402
 
 torch.set_num_threads(1)
@@ -46,17 +48,15 @@ def _runner(model, tok, **overrides):
 
 
 def _record(runner):
-    """Wrap the generation loop to capture exactly what it sampled, per task."""
+    """Capture exactly what the engine sampled for each episode, per task."""
     sampled: dict[str, list[list[int]]] = {}
-    inner = runner._generate
+    inner = runner._after_turn
 
-    def wrapped(episodes, *, greedy):
-        out = inner(episodes, greedy=greedy)
-        for ep, ids in zip(episodes, out, strict=True):
-            sampled.setdefault(ep.task.id, []).append(list(ids))
-        return out
+    def wrapped(ep, turn):
+        sampled.setdefault(ep.task.id, []).append(list(turn.ids))
+        return inner(ep, turn)
 
-    runner._generate = wrapped
+    runner._after_turn = wrapped
     return sampled
 
 
@@ -129,15 +129,23 @@ def test_sample_next_rows_are_independent():
 # -- stop reasons, with scripted turns in place of the model --------------------------
 
 
-def _scripted(runner, tok, turns_by_task):
-    def generate(episodes, *, greedy):
-        out = []
-        for ep in episodes:
-            text = turns_by_task[ep.task.id].pop(0)
-            out.append(tok.encode(text, add_special_tokens=False))
-        return out
+class _Scripted:
+    """A sampling engine that plays one episode's turns from a script (texts)."""
 
-    runner._generate = generate
+    def __init__(self, tok, script):
+        self.tok, self.script = tok, script
+
+    def reset(self):
+        pass
+
+    def sample(self, requests, sampling):
+        assert len(requests) == 1  # one scripted episode per run
+        ids = self.tok.encode(self.script.pop(0), add_special_tokens=False)
+        return [SampledTurn(ids=ids, logprobs=None)]
+
+
+def _scripted(runner, tok, script):
+    runner.engine = _Scripted(tok, script)
 
 
 def _call(expr):
@@ -157,7 +165,7 @@ def test_stop_reasons(model, tok, tasks):
     }
     for reason, script in cases.items():
         runner = _runner(model, tok, max_total_tokens=2048)
-        _scripted(runner, tok, {t.id: list(script)})
+        _scripted(runner, tok, list(script))
         (traj,) = runner.run([t], policy_version=0, seeds=[0])
         assert traj.stop_reason == reason, (reason, traj.stop_reason)
         if reason == StopReason.FINAL_ANSWER:
@@ -179,7 +187,7 @@ def test_total_token_budget_stops_the_episode(model, tok, tasks):
     prompt_len = len(probe[0].tokens) - 1
     # Room for the call but not for its tool result: the episode ends after the call.
     runner = _runner(model, tok, max_total_tokens=prompt_len + len(call) + 5)
-    _scripted(runner, tok, {t.id: [_call("1")]})
+    _scripted(runner, tok, [_call("1")])
     (traj,) = runner.run([t], policy_version=0, seeds=[0])
     assert traj.stop_reason == StopReason.MAX_TOKENS
     assert traj.tokens[prompt_len:] == call

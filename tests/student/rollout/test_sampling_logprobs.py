@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from miniverl.student.rollout.runner import sample_next, sample_with_logprobs  # noqa: E402
+from miniverl.student.rollout.hf_engine import sample_next, sample_with_logprobs  # noqa: E402
 
 torch.set_num_threads(1)
 
