@@ -6,7 +6,7 @@
     python benchmarks/several_bench.py --resume        # continue an interrupted one
     python benchmarks/several_bench.py --analyze-only  # re-read the kept runs
 
-Runs ``benchmarks/several/config.yaml`` (docs/several-teachers.md, "The benchmark"): a
+Runs ``benchmarks/several/config.yaml`` (docs/several-teachers-bench.md, "Design (version 1)"): a
 student learns two tool domains at once, from the same start, by each arm of the
 config. Its teachers are one base model and named LoRA adapters of it, all served by
 one teacher process (``teacher.adapters``): one adapter per domain (the specialists)

@@ -2,7 +2,7 @@
 
     python benchmarks/several_report.py --record benchmarks/results/several_bench.json --table main
 
-Tables (Markdown, as docs/several-teachers.md prints them):
+Tables (Markdown, as docs/several-teachers-bench.md prints them):
 
 - ``teachers``: the student's start and every teacher (the base, each adapter merged
   into it) on the report's split: each domain's T=1 and greedy success and tool calls

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import several_bench as bench  # noqa: E402
 
 SMOKE = "benchmarks/smoke/several.yaml"
-# Documented command (docs/several-teachers.md) -> its smoke form.
+# Documented command (docs/several-teachers-bench.md) -> its smoke form.
 SEVERAL_SMOKE = {
     "python benchmarks/several_bench.py --update-committed":
         f"python benchmarks/several_bench.py --config {SMOKE}",
@@ -82,7 +82,7 @@ def test_the_smoke_runs_on_a_fresh_clone(tmp_path):
 
 
 def test_every_documented_several_command_has_a_smoke_form():
-    text = (ROOT / "docs" / "several-teachers.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "several-teachers-bench.md").read_text(encoding="utf-8")
     found, fence = set(), None
     for line in text.split("\n"):
         if line.startswith("```"):
