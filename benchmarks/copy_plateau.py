@@ -56,10 +56,12 @@ def one_seed(args, seed: int) -> dict:
     import torch
 
     from miniverl.common.recipe import load_recipe
+    from miniverl.common.recipe_sections import LossConfig, TrainConfig
     from miniverl.student.environments import make_tasks
     from miniverl.student.rollout.oracle import oracle_trajectories
+    from miniverl.student.train.objectives.objective import next_tokens
     from miniverl.student.train.policy import load_policy
-    from miniverl.student.train.updates import hidden_at_positions, next_tokens, sft_step
+    from miniverl.student.train.updates import hidden_at_positions, sft_step
 
     torch.manual_seed(0)
     recipe = load_recipe(RECIPE)
@@ -85,8 +87,8 @@ def one_seed(args, seed: int) -> dict:
     t0 = time.perf_counter()
     for step in range(1, args.max_steps + 1):
         batch = [train[order[(step * args.batch + i) % len(train)]] for i in range(args.batch)]
-        sft_step(policy, opt, sched, batch, grad_accum=1, max_grad_norm=args.clip,
-                 chunk_size=1024)
+        sft_step(policy, opt, sched, batch, loss=LossConfig(chunk_size=1024),
+                 train=TrainConfig(grad_accum=1, max_grad_norm=args.clip))
         if step % args.every:
             continue
         with torch.no_grad():

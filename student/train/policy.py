@@ -17,7 +17,16 @@ from typing import Any
 
 import torch
 
-from miniverl.common.modeling import load_causal_lm, load_tokenizer, resolve_model_dir
+from miniverl.common.errors import ConfigError
+from miniverl.common.modeling import (
+    autocast_dtype,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_dir,
+    use_fp32_head,
+)
 from miniverl.common.recipe import Recipe, check_vocab
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.student.quant import guard_4bit
@@ -35,13 +44,26 @@ class Policy:
     vocab_size: int
     lora: bool
     quantization: str = "none"
+    # The recipe's resolved student.dtype: what the model computes in (autocast's dtype on
+    # CUDA, common/modeling.py autocast_dtype), whatever its first parameter's dtype is.
+    compute_dtype: torch.dtype = torch.float32
     # The model's output head and decoder stack, looked up once (an update reads both).
     lm_head: Any = field(init=False, repr=False)
     decoder: Any = field(init=False, repr=False)
+    # The update's and the rollouts' autocast context: CUDA, in compute_dtype; None on
+    # the CPU or in float32 (common/modeling.py autocast_dtype).
+    autocast: Any = field(init=False, repr=False)
+    # The id that pads a batch of this tokenizer's sequences (its pad token, else EOS).
+    pad_id: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.lm_head = self.model.get_output_embeddings()
         self.decoder = self.model.get_decoder()
+        device_type = torch.device(self.device).type
+        dtype = autocast_dtype(self.compute_dtype, device_type)
+        self.autocast = None if dtype is None else torch.autocast(device_type, dtype=dtype)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -57,6 +79,8 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
     tokenizer = load_tokenizer(model_dir)
     vocab_size = len(tokenizer)
     check_vocab(recipe, vocab_size)
+    compute_dtype = student_compute_dtype(cfg)
+    check_trainable_dtype(compute_dtype, cfg.dtype, lora=cfg.lora is not None)
     model = load_causal_lm(
         model_dir,
         dtype=cfg.dtype,
@@ -90,6 +114,8 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
         # Rollouts are no-grad passes; on some CPUs they repack 4-bit weights into an
         # inference-only layout that silently stops LoRA gradients (see student/quant.py).
         guard_4bit(model)
+    if recipe.fp32_head:
+        use_fp32_head(model)
     model.train()
     device = next(model.parameters()).device
     return Policy(
@@ -101,4 +127,36 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
         vocab_size=vocab_size,
         lora=lora,
         quantization=cfg.quantization,
+        compute_dtype=compute_dtype,
     )
+
+
+def student_compute_dtype(cfg: Any) -> torch.dtype:
+    """The dtype the student computes in: its ``dtype`` resolved on its ``device``
+    (``auto``: bfloat16 on CUDA with bfloat16, float16 on older CUDA, float32 on CPU),
+    whatever the quantization (a 4-bit student's layers compute in it too). A literal
+    ``bfloat16`` on a CUDA card without it is refused here, in one line, where torch's
+    autocast would raise at the first update."""
+    device = resolve_device(cfg.device)
+    resolved = resolve_dtype(cfg.dtype, device)
+    if resolved == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            f"student.dtype bfloat16: this card ({device}) has no bfloat16; set "
+            "student.dtype: auto (float16 with a gradient scaler, LoRA) or float32"
+        )
+    return resolved
+
+
+def check_trainable_dtype(resolved: torch.dtype, wanted: str, *, lora: bool) -> None:
+    """Refuse a full fine-tune in float16 once ``dtype: auto`` is resolved (on a CUDA card
+    without bfloat16 ``auto`` is float16, which the recipe's check of the literal
+    ``float16`` cannot see): AdamW's eps (1e-8) is 0 in float16 and the first step turns
+    weights NaN (docs/gpu.md, "Precision")."""
+    if resolved == torch.float16 and not lora:
+        shown = "dtype auto (float16 on this card, which has no bfloat16)" if wanted == "auto" \
+            else "dtype float16"
+        raise ConfigError(
+            f"student.{shown} with a full fine-tune (lora: null) turns the weights NaN at "
+            "the first AdamW step (its eps 1e-8 is 0 in float16); set student.dtype: "
+            "float32, or train LoRA adapters (student.lora)"
+        )

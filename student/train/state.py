@@ -50,7 +50,7 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.manifest import update_manifest
 from miniverl.common.recipe import Recipe, recipe_digest
 from miniverl.common.rundir import RunDir
-from miniverl.common.runtime import apply_cpu_threads
+from miniverl.common.runtime import apply_cpu_threads, cuda_process_env
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.checkpoint import latest as latest_checkpoint
 from miniverl.student.checkpoint import load as load_checkpoint
@@ -60,8 +60,8 @@ from miniverl.student.environments.mixture import Mixture, draw, mixture_tasks
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
-from miniverl.student.train.objectives import LossSettings, Objective
-from miniverl.student.train.objectives.table import objective_for_kind, run_kind
+from miniverl.student.train.objectives import StepObjective
+from miniverl.student.train.objectives.table import run_kind, run_objective
 from miniverl.student.train.optim import build_optimizer
 from miniverl.student.train.policy import Policy, load_policy
 from miniverl.student.train.teacher_link import Scored, TeacherSide
@@ -77,14 +77,12 @@ class TrainState:
     policy: Policy
     optimizer: Any
     scheduler: Any
-    autocast: Any  # a torch.autocast context for low-precision CUDA weights, else None
     runner: RolloutRunner
     train_tasks: list[Any]
-    kind: str  # the targets asked for: "topk", "exact", "xvocab", or "mixed" (routes of both)
-    # The recipe's loss section and the objective it picks for ``kind``, both made once
-    # when the run starts (None for a mode without a teacher).
-    loss: LossSettings
-    objective: Objective | None
+    # The objective the recipe's loss section picks for the targets the run asks for
+    # (its ``kind``: topk, exact, xvocab, or mixed for routes of both), made once when
+    # the run starts; None for a mode without a teacher.
+    objective: StepObjective | None
     cache: TargetsCache | None
     teacher: TeacherSide
     stop_event: threading.Event
@@ -226,22 +224,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def make_autocast(policy: Policy) -> Any:
+    """The update's and rollouts' autocast context: CUDA, in the recipe's resolved dtype
+    (``Policy.compute_dtype``); None on the CPU or in float32."""
+    return policy.autocast  # Policy owns it, made once from its device and dtype
+
+
 def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: bool,
                 stop_event: threading.Event, started: float, checkpoints: bool) -> TrainState:
     """Seed, load the policy, build optimizer, scheduler, tasks, runner and cache."""
     # `miniverl up` divides the machine's cores between its two processes.
     cap = int(os.environ.get("MINIVERL_CPU_THREADS", "0") or 0)
     apply_cpu_threads(min(recipe.runtime.cpu_threads, cap) if cap else recipe.runtime.cpu_threads)
+    # Before CUDA's first use in this process (the cuBLAS workspace, the allocator).
+    cuda_process_env(deterministic=recipe.run.deterministic)
     if recipe.run.deterministic:
         torch.use_deterministic_algorithms(True)
     seed_everything(recipe.run.seed)
     policy = load_policy(recipe, offline=offline)
     optimizer = build_optimizer(recipe, policy.trainable_parameters())
-    dtype = next(policy.model.parameters()).dtype
-    autocast = (
-        torch.autocast("cuda", dtype=dtype)
-        if policy.device.type == "cuda" and dtype != torch.float32 else None
-    )
+    autocast = make_autocast(policy)
     env, mixture = recipe.environment, None
     if recipe.environments is None:
         train_tasks = make_tasks(
@@ -253,18 +255,17 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     runner = RolloutRunner(
         policy.model, policy.tokenizer, env_name=env.name, env_params=env.params,
         rollout=recipe.rollout, tokenizer_fp=policy.tokenizer_fp, mixture=mixture,
+        autocast=autocast,
     )
     update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
                     vocab_size=policy.vocab_size)
     # teacher.tokenizer: other asks for xvocab targets (docs/cross-tokenizer.md); routed
     # teachers of both tokenizers for both ("mixed", docs/several-teachers.md).
-    kind = run_kind(recipe)
-    loss = LossSettings.of(recipe.loss)
     state = TrainState(
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
-        autocast=autocast, runner=runner, train_tasks=train_tasks, kind=kind, loss=loss,
-        objective=objective_for_kind(loss, kind) if recipe.needs_teacher else None,
-        cache=open_cache(recipe, run, policy, kind), teacher=teacher, stop_event=stop_event,
+        runner=runner, train_tasks=train_tasks, objective=run_objective(recipe),
+        cache=open_cache(recipe, run, policy, run_kind(recipe)), teacher=teacher,
+        stop_event=stop_event,
         started=started, checkpoints=checkpoints, offline=offline, mixture=mixture,
     )
     # The schedule reads where the warm-up ended from the state it belongs to (it draws

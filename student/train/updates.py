@@ -18,23 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from miniverl.common.recipe import Recipe
+from miniverl.common.recipe_sections import LossConfig, TrainConfig
 from miniverl.common.shared_prefix import decoder_hidden
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.quant import check_trainable_grads
-from miniverl.student.train.objectives.by_kind import KindParts, kind_parts
-from miniverl.student.train.objectives.objective import (
-    SFT,
-    LossSettings,
-    Objective,
-    TeacherTargets,
-)
-from miniverl.student.train.objectives.variants import with_step_inputs
+from miniverl.student.train.objectives.objective import CrossEntropy, StepObjective
 from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.teacher_link import Scored
@@ -128,17 +121,16 @@ def pad_batch(
 
 
 def hidden_at_positions(
-    policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray], autocast: Any = None
+    policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray]
 ) -> torch.Tensor:
-    """``hidden_P_H``: the decoder's final (normed) hidden states at the selected positions.
+    """``hidden_P_H``: the decoder's final (normed) hidden states at the selected positions,
+    computed under the policy's autocast.
 
     Rows are ordered trajectory by trajectory, positions in the given order, which is the
     order of the teacher's reply rows for the same request.
     """
-    pad_id = policy.tokenizer.pad_token_id
-    pad_id = int(pad_id if pad_id is not None else policy.tokenizer.eos_token_id)
-    ids_B_T, mask_B_T = pad_batch(trajs, pad_id, policy.device)
-    ctx = autocast if autocast is not None else torch.autocast("cpu", enabled=False)
+    ids_B_T, mask_B_T = pad_batch(trajs, policy.pad_id, policy.device)
+    ctx = policy.autocast if policy.autocast is not None else torch.autocast("cpu", enabled=False)
     with ctx:
         # The system block every row shares is computed once (common/shared_prefix.py).
         hidden_B_T_H = decoder_hidden(
@@ -149,13 +141,6 @@ def hidden_at_positions(
     ).to(policy.device)
     cols_P = torch.from_numpy(np.concatenate(positions).astype(np.int64)).to(policy.device)
     return hidden_B_T_H[rows_B, cols_P]
-
-
-def next_tokens(trajs: list[Trajectory], positions: list[np.ndarray]) -> np.ndarray:
-    """The token each selected position predicts (``tokens[p + 1]``), concatenated."""
-    return np.concatenate(
-        [np.asarray(t.tokens, dtype=np.int64)[p + 1] for t, p in zip(trajs, positions, strict=True)]
-    )
 
 
 def micro_batches(n: int, grad_accum: int) -> list[range]:
@@ -177,25 +162,6 @@ def finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> t
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), float(lr)
-
-
-def targets_for(scored: list[Scored], kind: str, device) -> TeacherTargets | KindParts:
-    """Concatenate the replies of a micro-batch into one :class:`TeacherTargets`; for a
-    ``mixed`` run (routed teachers of both tokenizers), one per kind (``by_kind.py``)."""
-    if kind == "mixed":
-        return KindParts([(k, torch.as_tensor(rows, device=device),
-                           targets_for([scored[i] for i in part], k, device))
-                          for k, rows, part in kind_parts(scored)])
-    sampled_P = next_tokens([s.traj for s in scored], [s.positions_P for s in scored])
-    arrays = [s.arrays for s in scored]
-    merged = {name: _concat(arrays, name) for name in arrays[0]} if arrays else {}
-    merged = {k: v for k, v in merged.items() if v is not None}
-    return TeacherTargets.from_arrays(merged, sampled_P, kind=kind, device=device)
-
-
-def _concat(arrays: list[dict[str, np.ndarray]], name: str) -> np.ndarray | None:
-    parts = [a[name] for a in arrays if name in a and len(a[name])]
-    return np.concatenate(parts) if parts else None
 
 
 @dataclass
@@ -221,13 +187,11 @@ def first_micro_batch(n: int, grad_accum: int) -> range:
 
 
 def early_forward(
-    policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray], autocast: Any = None
+    policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray]
 ) -> EarlyForward:
     """Run the student's forward for a micro-batch before its targets have arrived."""
     pos = [p.astype(np.int64) for p in positions]
-    return EarlyForward(
-        [t.id for t in trajs], pos, hidden_at_positions(policy, trajs, pos, autocast)
-    )
+    return EarlyForward([t.id for t in trajs], pos, hidden_at_positions(policy, trajs, pos))
 
 
 def distill_step(
@@ -236,16 +200,13 @@ def distill_step(
     scheduler,
     scored: list[Scored],
     *,
-    objective: Objective,
-    settings: LossSettings,
-    kind: str,
-    grad_accum: int,
-    max_grad_norm: float,
-    autocast: Any = None,
+    objective: StepObjective,
+    train: TrainConfig,
     early: EarlyForward | None = None,
 ) -> StepStats:
     """One optimizer step: ``objective`` on the scored positions of every trajectory in
-    ``scored`` (targets of ``kind``), over ``grad_accum`` micro-batches, then clip and step.
+    ``scored``, over ``train.grad_accum`` micro-batches, then clip (``train.max_grad_norm``)
+    and step.
 
     Each micro-batch's loss is divided by the positions of the whole step, so the
     accumulated gradient is that of one big batch. ``early``, when it covers the first
@@ -253,26 +214,23 @@ def distill_step(
     """
     total = int(sum(len(s.positions_P) for s in scored))
     # Weights and baselines read the whole step, not one micro-batch (variants only).
-    extra = objective.step_inputs([s.traj for s in scored], [s.positions_P for s in scored],
-                                  settings)
+    extra = objective.step_inputs([s.traj for s in scored], [s.positions_P for s in scored])
     loss_sum = div_sum = 0.0
-    for part in micro_batches(len(scored), grad_accum):
+    for part in micro_batches(len(scored), train.grad_accum):
         batch = [scored[i] for i in part]
         trajs = [s.traj for s in batch]
         positions = [s.positions_P.astype(np.int64) for s in batch]
         if early is not None and early.matches(trajs, positions):
             hidden_P_H, early = early.hidden_P_H, None
         else:
-            hidden_P_H = hidden_at_positions(policy, trajs, positions, autocast)
-        targets = targets_for(batch, kind, policy.device)
-        if extra is not None:
-            targets = with_step_inputs(targets, [extra[i] for i in part], policy.device)
-        loss, metrics = objective.loss(hidden_P_H, policy.lm_head, targets, settings,
-                                       num_global_positions=total)
+            hidden_P_H = hidden_at_positions(policy, trajs, positions)
+        loss, metrics = objective.batch_loss(
+            hidden_P_H, policy.lm_head, batch, None if extra is None else [extra[i] for i in part],
+            num_global_positions=total)
         loss.backward()
         loss_sum += float(loss.detach())
         div_sum += metrics["divergence_sum"]
-    grad_norm, lr = finish_step(policy, optimizer, scheduler, max_grad_norm)
+    grad_norm, lr = finish_step(policy, optimizer, scheduler, train.max_grad_norm)
     return StepStats(loss=loss_sum, divergence=div_sum / max(1, total), positions=total,
                      tokens=sum(len(s.traj.tokens) for s in scored), grad_norm=grad_norm, lr=lr)
 
@@ -283,14 +241,12 @@ def sft_step(
     scheduler,
     trajs: list[Trajectory],
     *,
-    grad_accum: int,
-    max_grad_norm: float,
-    chunk_size: int,
-    autocast: Any = None,
+    loss: LossConfig,
+    train: TrainConfig,
 ) -> StepStats:
     """Cross-entropy on the model's own spans (assistant tokens) only: :func:`distill_step`
-    with the :data:`~.objectives.SFT` objective, whose target is the next token."""
+    with the :class:`~.objectives.CrossEntropy` objective (of the recipe's ``loss``
+    section it reads ``chunk_size``), whose target is the next token."""
     data = [Scored(t, t.target_positions(), {}, t.policy_version, {}) for t in trajs]
-    return distill_step(policy, optimizer, scheduler, data, objective=SFT,
-                        settings=LossSettings(chunk_size=chunk_size), kind="none",
-                        grad_accum=grad_accum, max_grad_norm=max_grad_norm, autocast=autocast)
+    return distill_step(policy, optimizer, scheduler, data, objective=CrossEntropy(loss),
+                        train=train)

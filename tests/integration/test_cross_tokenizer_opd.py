@@ -43,7 +43,7 @@ def test_opd_from_a_teacher_with_another_tokenizer(tmp_path, other_teacher, monk
     recorded, moved = steps_module.distill_step, []
 
     def snapshot(policy, *args, **kw):  # did each OPD update move the weights?
-        if kw.get("kind") == "none":  # an SFT step (the warm-up)
+        if kw["objective"].kind == "none":  # an SFT step (the warm-up)
             return recorded(policy, *args, **kw)
         before = [p.detach().clone() for p in policy.model.parameters()]
         out = recorded(policy, *args, **kw)
@@ -96,7 +96,7 @@ def test_opd_with_the_hybrid_target_over_the_socket(tmp_path, other_teacher, mon
     recorded, moved = steps_module.distill_step, []
 
     def snapshot(policy, *args, **kw):
-        if kw.get("kind") == "none":  # an SFT step (the warm-up)
+        if kw["objective"].kind == "none":  # an SFT step (the warm-up)
             return recorded(policy, *args, **kw)
         before = [p.detach().clone() for p in policy.model.parameters()]
         out = recorded(policy, *args, **kw)

@@ -53,9 +53,9 @@ def _train(recipe, monkeypatch, **endpoints):
     seen, real = [], updates.distill_step
 
     def recording(policy, *args, **kw):  # each OPD update: the kinds it trained on
-        if kw.get("kind") != "none":
+        if kw["objective"].kind != "none":
             scored = args[2]
-            seen.append((kw["kind"], [(s.traj.environment, s.kind, sorted(s.arrays))
+            seen.append((kw["objective"].kind, [(s.traj.environment, s.kind, sorted(s.arrays))
                                       for s in scored if len(s.positions_P)]))
             before = [p.detach().clone() for p in policy.model.parameters()]
             out = real(policy, *args, **kw)
@@ -80,7 +80,7 @@ def test_a_route_with_another_tokenizer_beside_one_with_the_students(tmp_path, o
     calc = FakeTeacherClient(toy.model, toy.tokenizer_fp, toy.vocab_size, name="calc-teacher")
     trainer, result, seen = _train(_recipe(tmp_path, "same", "other"), monkeypatch,
                                    nav=endpoint, clients={"calc": calc})
-    assert result.status == "completed" and trainer.state.kind == "mixed"
+    assert result.status == "completed" and trainer.state.objective.kind == "mixed"
     sides = trainer.state.teacher.routes
     assert sides["nav"].client.hello.tokenizer_fp == teacher_fp
     assert sides["calc"].client.hello.tokenizer_fp == toy.tokenizer_fp
@@ -113,7 +113,7 @@ def test_two_routes_with_another_tokenizer_render_each_episode_with_its_own_tool
     endpoint, _ = other_teacher
     trainer, result, seen = _train(_recipe(tmp_path, "other", "other"), monkeypatch,
                                    calc=endpoint, nav=endpoint)
-    assert result.status == "completed" and trainer.state.kind == "xvocab"
+    assert result.status == "completed" and trainer.state.objective.kind == "xvocab"
     assert len(seen) == 3 and all(kind == "xvocab" and moved for kind, _, moved in seen)
     assert {env for _, rows, _ in seen for env, _, _ in rows} == {"calculator", "jsonnav"}
     by_teacher = result.counters["by_teacher"]

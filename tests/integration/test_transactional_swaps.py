@@ -125,7 +125,7 @@ def train(data: dict, endpoint: str, *, control: bool = False, during=None):
 
     def step(*args, **kwargs):
         stats = real_step(*args, **kwargs)
-        if during is not None and kwargs.get("kind") != "none":  # distillation updates only
+        if during is not None and kwargs["objective"].kind != "none":  # distillation updates only
             during(trainer)
         return stats
 

@@ -46,7 +46,7 @@ def test_changes_between_updates_are_recorded(tmp_path, teacher_model, monkeypat
 
     def step_then_change(*args, **kwargs):
         stats = real_step(*args, **kwargs)
-        if kwargs.get("kind") == "none":  # an SFT step: not a distillation update
+        if kwargs["objective"].kind == "none":  # an SFT step: not a distillation update
             return stats
         trainer = live["trainer"]
         if trainer.version == 0:

@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, write_trajectories
+from miniverl.student.train.objectives.objective import next_tokens
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
 from miniverl.student.train.updates import (
@@ -47,7 +48,6 @@ from miniverl.student.train.updates import (
     finish_step,
     hidden_at_positions,
     micro_batches,
-    next_tokens,
 )
 
 
@@ -132,7 +132,6 @@ def sequence_logprobs(
     positions: list[np.ndarray],
     *,
     chunk_size: int = 1024,
-    autocast: Any = None,
 ) -> torch.Tensor:
     """``logp_B``: the policy's summed log-prob of each trajectory's tokens at ``positions``.
 
@@ -140,7 +139,7 @@ def sequence_logprobs(
     so a real vocabulary (49,152 for SmolLM2) never holds ``[P, V]`` logits for the
     whole batch, forward or backward.
     """
-    hidden_P_H = hidden_at_positions(policy, trajs, positions, autocast)
+    hidden_P_H = hidden_at_positions(policy, trajs, positions)
     target_P = torch.from_numpy(next_tokens(trajs, positions)).to(policy.device)
     lm_head = policy.lm_head
 
@@ -196,7 +195,6 @@ def dpo_step(
     grad_accum: int = 1,
     max_grad_norm: float = 1.0,
     chunk_size: int = 1024,
-    autocast: Any = None,
 ) -> DpoStats:
     """One optimizer step on the mean DPO loss over ``pairs`` (split in micro-batches)."""
     if not pairs:
@@ -210,7 +208,7 @@ def dpo_step(
         trajs = [t for p in batch for t in (p.chosen, p.rejected)]
         logp_2B = sequence_logprobs(
             policy, trajs, [response_positions(t) for t in trajs],
-            chunk_size=chunk_size, autocast=autocast,
+            chunk_size=chunk_size,
         )
         ref_2B = torch.tensor(
             [r for p in batch for r in (p.ref_chosen, p.ref_rejected)],
@@ -290,7 +288,7 @@ def dpo_cycle(state: TrainState) -> CycleResult | None:
         stats = dpo_step(
             policy, state.optimizer, state.scheduler, pairs, beta=recipe.dpo.beta,
             grad_accum=recipe.train.grad_accum, max_grad_norm=recipe.train.max_grad_norm,
-            chunk_size=recipe.loss.chunk_size, autocast=state.autocast,
+            chunk_size=recipe.loss.chunk_size,
         )
         state.advance()
     extra.update(

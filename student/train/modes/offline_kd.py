@@ -124,8 +124,7 @@ class OfflineKdMode:
         train = state.recipe.train
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, scored,
-            objective=state.objective, settings=state.loss, kind=state.kind,
-            grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm, autocast=state.autocast,
+            objective=state.objective, train=train,
         )
         state.advance()
         # The row's positions_scored are what the teacher scored for this cycle.
@@ -312,8 +311,7 @@ def mixed_cycle(state: TrainState, fixed: list[Scored] | LazyScoredSet) -> Cycle
     train = recipe.train
     stats = updates.distill_step(
         state.policy, state.optimizer, state.scheduler, [*fresh, *drawn],
-        objective=state.objective, settings=state.loss, kind=state.kind,
-        grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm, autocast=state.autocast,
+        objective=state.objective, train=train,
     )
     state.advance()
     # The row's train_success is the fresh episodes' (the fixed set's are not the

@@ -54,8 +54,7 @@ class OpdMode:
         if train.pipelining and state.teacher.memory != "swap":
             t0 = time.perf_counter()
             first = [trajs[i] for i in updates.first_micro_batch(len(trajs), train.grad_accum)]
-            early = updates.early_forward(state.policy, first, [positions_of(state, t) for t in first],
-                                  state.autocast)
+            early = updates.early_forward(state.policy, first, [positions_of(state, t) for t in first])
             t_early = time.perf_counter() - t0
 
         # 4. Collect the teacher's targets for v.
@@ -65,9 +64,7 @@ class OpdMode:
         t1 = time.perf_counter()
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, scored,
-            objective=state.objective, settings=state.loss, kind=state.kind,
-            grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
-            autocast=state.autocast, early=early,
+            objective=state.objective, train=train, early=early,
         )
 
         # 6. v -> v + 1.

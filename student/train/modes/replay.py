@@ -58,9 +58,7 @@ class ReplayMode:
             scored = [s for s in scored if within_lag(state.version, s.student_version, lag)]
             stats = updates.distill_step(
                 state.policy, state.optimizer, state.scheduler, scored,
-                objective=state.objective, settings=state.loss, kind=state.kind,
-                grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
-                autocast=state.autocast,
+                objective=state.objective, train=train,
             )
             state.advance()
         return CycleResult(stats, fresh.trajs, fresh.t_rollout, fresh.t_wait,
@@ -88,7 +86,7 @@ class ReplayMode:
             seen.add(traj.id)
             positions = positions_of(state, traj).astype(np.int32)
             if len(positions) == 0:
-                arrays = empty_arrays(state.kind, state.recipe.loss.top_k)
+                arrays = empty_arrays(state.objective.kind, state.recipe.loss.top_k)
                 self.buffer.append(Scored(traj, positions, arrays, traj.policy_version, {}))
                 continue
             hit = scored_for_version(state.cache, traj)

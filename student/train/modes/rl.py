@@ -21,7 +21,6 @@ import torch
 
 from miniverl.common.trajectory import write_trajectories
 from miniverl.student.train import updates
-from miniverl.student.train.objectives.variants import TASK_REWARD
 from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
 from miniverl.student.train.steps import positions_of
 from miniverl.student.train.teacher_link import Scored
@@ -49,9 +48,7 @@ class RlMode:
         episodes = [Scored(t, positions_of(state, t), {}, state.version, {}) for t in trajs]
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, episodes,
-            objective=TASK_REWARD, settings=state.loss, kind="none",
-            grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
-            autocast=state.autocast,
+            objective=state.objective, train=train,
         )
 
         # 4. v -> v + 1; the loop logs the cycle.

@@ -94,12 +94,8 @@ class SftMode:
 
 def sft_update(state: TrainState, trajs: list[Trajectory]) -> StepStats:
     """One SFT optimizer step on ``trajs``; the version advances."""
-    train = state.recipe.train
-    stats = sft_step(
-        state.policy, state.optimizer, state.scheduler, trajs,
-        grad_accum=train.grad_accum, max_grad_norm=train.max_grad_norm,
-        chunk_size=state.recipe.loss.chunk_size, autocast=state.autocast,
-    )
+    stats = sft_step(state.policy, state.optimizer, state.scheduler, trajs,
+                     loss=state.recipe.loss, train=state.recipe.train)
     state.advance()
     return stats
 

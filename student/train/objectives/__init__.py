@@ -30,26 +30,26 @@ from miniverl.student.train.objectives.formulas import (
 from miniverl.student.train.objectives.objective import (
     ESTIMATORS,
     OBJECTIVES,
-    SFT,
     TARGETS,
-    LossSettings,
+    CrossEntropy,
     Objective,
+    StepObjective,
     TeacherTargets,
+    request_kind,
 )
 from miniverl.student.train.objectives.table import (
     objective_for,
     objective_for_kind,
-    request_kind,
 )
 
 __all__ = [
     "DIVERGENCES",
     "ESTIMATORS",
     "OBJECTIVES",
-    "SFT",
     "TARGETS",
-    "LossSettings",
+    "CrossEntropy",
     "Objective",
+    "StepObjective",
     "TeacherTargets",
     "bucketed_topk_tail_distributions",
     "bucketed_topk_tail_divergence_P",

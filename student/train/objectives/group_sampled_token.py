@@ -26,14 +26,11 @@ from typing import ClassVar
 
 import torch
 
+from miniverl.common.recipe_sections import LossConfig
 from miniverl.student.train.cross_vocab import group_logprob_G
 from miniverl.student.train.objectives.formulas import _student_logp
 from miniverl.student.train.objectives.group_uld import ByteGroupObjective
-from miniverl.student.train.objectives.objective import (
-    Head,
-    LossSettings,
-    TeacherTargets,
-)
+from miniverl.student.train.objectives.objective import Head, TeacherTargets
 
 
 def group_sampled_token(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,
@@ -51,16 +48,17 @@ def group_sampled_token(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,
 class GroupSampledToken(ByteGroupObjective):
     """:class:`Objective` whose advantage is computed per group before the chunks."""
 
+    settings: LossConfig
     name: ClassVar[str] = "xvocab group sampled_token reverse_kl"
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "target_logprobs_P", "group_first_P")
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    def per_position(self, hidden_C_H, lm_head, t):
         return group_sampled_token(lm_head(hidden_C_H), t.sampled_ids_P, t.advantage_P,
-                                   t.group_size_P, temperature=s.temperature)
+                                   t.group_size_P, temperature=self.settings.temperature)
 
-    def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
-                    settings: LossSettings, *,
+    def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets, *,
                     num_global_positions: int | None) -> tuple[torch.Tensor, dict[str, float]]:
+        settings = self.settings
         n = int(hidden_P_H.shape[0])
         sampled_P, first_P = targets.sampled_ids_P, targets.group_first_P.bool()
         with torch.no_grad():
@@ -79,8 +77,5 @@ class GroupSampledToken(ByteGroupObjective):
             advantage_P = (teacher_G - student_G)[group_P]
             size_P = (ends_G - starts_G)[group_P]
         with_groups = replace(targets, advantage_P=advantage_P, group_size_P=size_P)
-        return super().over_groups(hidden_P_H, lm_head, with_groups, settings,
-                                   num_global_positions=num_global_positions)
-
-
-GROUP_SAMPLED_TOKEN = GroupSampledToken()
+        return self.over_chunks(hidden_P_H, lm_head, with_groups, self.chunks(n),
+                                num_global_positions)

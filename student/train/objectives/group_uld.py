@@ -36,6 +36,7 @@ from typing import ClassVar
 import torch
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe_sections import LossConfig
 from miniverl.student.train.cross_vocab import (
     exact_forward_kl_P,
     merge_group_probs,
@@ -43,9 +44,9 @@ from miniverl.student.train.cross_vocab import (
 )
 from miniverl.student.train.objectives.objective import (
     Head,
-    LossSettings,
     Objective,
     TeacherTargets,
+    empty_loss,
 )
 
 
@@ -95,25 +96,24 @@ class ByteGroupObjective(Objective):
     a micro-batch with no aligned position is a zero loss that still backwards, and the
     first position must start a group; then :meth:`over_groups`."""
 
-    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
-             settings: LossSettings, *,
+    kind: ClassVar[str] = "xvocab"
+
+    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets, *,
              num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         if int(hidden_P_H.shape[0]) == 0:
-            zero = lm_head(hidden_P_H).sum() * 0.0
-            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
+            return empty_loss(hidden_P_H, lm_head)
         self.check(targets)
         if not bool(targets.group_first_P[0]):
             raise ConfigError("xvocab targets must start a group at their first position; "
                               "build them with student/train/xvocab_targets.py")
-        return self.over_groups(hidden_P_H, lm_head, targets, settings,
+        return self.over_groups(hidden_P_H, lm_head, targets,
                                 num_global_positions=num_global_positions)
 
-    def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
-                    settings: LossSettings, *,
+    def over_groups(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets, *,
                     num_global_positions: int | None) -> tuple[torch.Tensor, dict[str, float]]:
-        """The chunked loss (:meth:`Objective.loss`) over targets that start a group."""
-        return super().loss(hidden_P_H, lm_head, targets, settings,
-                            num_global_positions=num_global_positions)
+        """The chunked loss (:meth:`Objective.over_chunks`) over targets that start a
+        group."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -121,18 +121,22 @@ class GroupULD(ByteGroupObjective):
     """:class:`Objective` whose chunks hold whole groups (``hybrid``: exact groups by
     forward KL; the same formula, which reads ``group_exact_P``)."""
 
-    name: str
+    settings: LossConfig
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "group_first_P", "group_exact_P",
                                         "topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P")
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return ("xvocab group hybrid (exact + uld)" if self.settings.cross_vocab == "hybrid"
+                else "xvocab group uld")
+
+    def per_position(self, hidden_C_H, lm_head, t):
         return group_uld(lm_head(hidden_C_H), t.sampled_ids_P, t.group_first_P,
                          t.group_exact_P, t.topk_ids_P_K, t.topk_logprobs_P_K,
-                         t.tail_logmass_P, temperature=s.temperature)
+                         t.tail_logmass_P, temperature=self.settings.temperature)
 
-    def chunks(self, targets: TeacherTargets, n: int, chunk_size: int) -> list[tuple[int, int]]:
-        return group_chunks(targets.group_first_P, chunk_size)
-
-
-GROUP_ULD = GroupULD("xvocab group uld")
-GROUP_HYBRID = GroupULD("xvocab group hybrid (exact + uld)")
+    def over_groups(self, hidden_P_H, lm_head, targets, *, num_global_positions):
+        # The chunks hold whole groups (the module doc).
+        return self.over_chunks(hidden_P_H, lm_head, targets,
+                                group_chunks(targets.group_first_P, self.settings.chunk_size),
+                                num_global_positions)

@@ -9,10 +9,13 @@ the one place it calls its formula (``formulas.py``), every input passed by name
         logits_C_V, t.topk_ids_P_K, t.topk_logprobs_P_K, t.tail_logmass_P, ...)
 
 The records an objective reads are here too: :class:`TeacherTargets` (every
-per-position input, one tensor per field, in the order the loss sees the positions) and
-:class:`LossSettings` (the recipe's ``loss`` fields, copied once per run).
-:data:`OBJECTIVES` is the table the recipe picks from (``table.py`` makes the pick, once
-per run) and :data:`SFT` the cross-entropy the SFT step and the warm-up train with.
+per-position input, one tensor per field, in the order the loss sees the positions),
+built from a micro-batch of scored episodes by :func:`targets_of`. Each objective is
+built from the recipe's ``loss`` section and keeps it (``settings``): nothing beside it
+is passed per call. :data:`OBJECTIVES` is the table the recipe picks from (``table.py``
+makes the pick, once per run) and :class:`CrossEntropy` the cross-entropy the SFT step
+and the warm-up train with. :class:`StepObjective` is what an optimizer step asks of an
+objective (this one, or ``by_kind.ByKind`` for a run of two target kinds).
 
 The chunking: the LM head runs ``chunk_size`` positions at a time under activation
 checkpointing, so ``[P, V]`` logits never exist whole, and the sum is divided by the
@@ -30,15 +33,18 @@ This module holds no formula (``formulas.py``), does not pick from the recipe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from functools import partial
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe_sections import LossConfig
+from miniverl.common.trajectory import Trajectory
 from miniverl.student.train.objectives.formulas import (
     DIVERGENCES,
     bucketed_topk_tail_divergence_P,
@@ -46,55 +52,11 @@ from miniverl.student.train.objectives.formulas import (
     exact_divergence_P,
     sampled_token_reverse_kl_P,
 )
+from miniverl.student.train.teacher_link import Scored
 
 Head = Callable[[torch.Tensor], torch.Tensor]  # [C, H] hidden -> [C, V] logits
 TARGETS = ("exact_full_vocab", "bucketed_topk_tail")  # the values of loss.objective
 ESTIMATORS = ("full", "sampled_token")
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The recipe's ``loss`` fields the objectives read (:meth:`of` copies them from any
-    object that has them, the recipe's ``loss`` section included; a run does it once)."""
-
-    objective: str = "bucketed_topk_tail"
-    divergence: str = "forward_kl"
-    jsd_beta: float = 0.5
-    temperature: float = 1.0
-    tail_epsilon: float = 1e-6
-    chunk_size: int = 1024
-    estimator: str = "full"
-    # The standard variants (docs/losses.md); None is the recipe's unset value.
-    importance_ratio_cap: float | None = None
-    log_ratio_clamp: float | None = None
-    aggregation: str | None = None
-    use_task_rewards: bool | None = None
-    distillation_loss_coef: float | None = None
-    reward_baseline: str | None = None
-    # A teacher with another tokenizer: sampled_token (None), hybrid or uld.
-    cross_vocab: str | None = None
-
-    @classmethod
-    def of(cls, config: Any = None) -> LossSettings:
-        """The settings ``config`` names (defaults for what it lacks; None: all defaults)."""
-        if isinstance(config, LossSettings):
-            return config
-        values = {f.name: getattr(config, f.name, f.default) for f in fields(cls)}
-
-        def optional_float(name: str) -> float | None:
-            return None if values[name] is None else float(values[name])
-
-        return cls(
-            objective=values["objective"], divergence=values["divergence"],
-            jsd_beta=float(values["jsd_beta"]), temperature=float(values["temperature"]),
-            tail_epsilon=float(values["tail_epsilon"]), chunk_size=int(values["chunk_size"]),
-            estimator=values["estimator"],
-            importance_ratio_cap=optional_float("importance_ratio_cap"),
-            log_ratio_clamp=optional_float("log_ratio_clamp"),
-            aggregation=values["aggregation"], use_task_rewards=values["use_task_rewards"],
-            distillation_loss_coef=optional_float("distillation_loss_coef"),
-            reward_baseline=values["reward_baseline"], cross_vocab=values["cross_vocab"],
-        )
 
 
 # How a missing field is named in an error: its wire name and shape.
@@ -110,6 +72,17 @@ WIRE_NAMES = {
     "advantage_P": "the task-reward advantage of each position's episode [P]",
     "group_first_P": "group_first [P] (xvocab: the position starts a byte group)",
     "group_exact_P": "group_exact [P] (xvocab uld/hybrid: the group is an exact pair)",
+}
+# The field each reply array fills, by target kind. The wire's ``logprobs`` is named by
+# its shape here: the top-k's [P, K] in a topk or xvocab reply, [P, V] in an exact one.
+FIELDS_OF_KIND: dict[str, dict[str, str]] = {
+    "topk": {"ids": "topk_ids_P_K", "logprobs": "topk_logprobs_P_K",
+             "tail_logmass": "tail_logmass_P", "target_logprobs": "target_logprobs_P"},
+    "exact": {"logprobs": "logprobs_P_V", "target_logprobs": "target_logprobs_P"},
+    "xvocab": {"ids": "topk_ids_P_K", "logprobs": "topk_logprobs_P_K",
+               "tail_logmass": "tail_logmass_P", "target_logprobs": "target_logprobs_P",
+               "group_first": "group_first_P", "group_exact": "group_exact_P"},
+    "none": {},
 }
 # The fields that are not the teacher's: the step fills them (``variants.step_inputs``).
 STEP_FIELDS = ("sampling_logprobs_P", "weight_P", "advantage_P")
@@ -159,28 +132,26 @@ class TeacherTargets:
         kind: str,
         device: torch.device | str = "cpu",
     ) -> TeacherTargets:
-        """Build from a ``SCORE_OK`` / cache entry's arrays (``ids``, ``logprobs``, ...);
-        kind ``none`` reads none (SFT and RL: the next token is all the target there is)."""
-        if kind not in ("topk", "exact", "xvocab", "none"):
+        """Build from a ``SCORE_OK`` / cache entry's arrays, each into the field
+        :data:`FIELDS_OF_KIND` names for ``kind`` (kind ``none`` reads none: SFT and RL,
+        where the next token is all the target there is)."""
+        if kind not in FIELDS_OF_KIND:
             raise ConfigError(f"target kind {kind!r} is not 'topk', 'exact' or 'xvocab'")
-
-        def t(name: str) -> torch.Tensor | None:
-            value = arrays.get(name)
-            return None if value is None else torch.as_tensor(np.asarray(value)).to(device)
-
-        # ``logprobs`` is [P, V] in an exact reply and the top-k's [P, K] otherwise.
-        logprobs = t("logprobs")
-        exact = kind == "exact"
         return cls(
             sampled_ids_P=torch.as_tensor(np.asarray(sampled_ids_P)).long().to(device),
-            target_logprobs_P=t("target_logprobs"),
-            topk_ids_P_K=t("ids"),
-            topk_logprobs_P_K=None if exact else logprobs,
-            tail_logmass_P=t("tail_logmass"),
-            logprobs_P_V=logprobs if exact else None,
-            group_first_P=t("group_first"),
-            group_exact_P=t("group_exact"),
+            **{field: torch.as_tensor(np.asarray(arrays[name])).to(device)
+               for name, field in FIELDS_OF_KIND[kind].items() if name in arrays},
         )
+
+    def with_inputs(self, inputs: list[dict[str, np.ndarray]], device) -> TeacherTargets:
+        """These targets with their trajectories' step ``inputs`` (``variants.py``: one
+        dict per trajectory) concatenated in the order of their positions."""
+        names = {name for fields_ in inputs for name in fields_}
+        if not names:
+            return self
+        return replace(self, **{
+            name: torch.from_numpy(np.concatenate([fields_[name] for fields_ in inputs]))
+            .to(device) for name in names})
 
     def rows(self, lo: int, hi: int) -> TeacherTargets:
         """Positions ``lo:hi`` of every field that is set (one chunk's targets)."""
@@ -201,16 +172,60 @@ def missing_field(objective: str, name: str) -> ConfigError:
         "lack; request kind 'exact' for exact_full_vocab and 'topk' for bucketed_topk_tail")
 
 
+class StepObjective(Protocol):
+    """What an optimizer step asks of its objective (``updates.distill_step``): the
+    per-step inputs it reads and its loss over one micro-batch of scored episodes.
+    :class:`Objective` is one; a run of two target kinds has ``by_kind.ByKind``, which
+    gives each episode to the objective of its own kind."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str:
+        """The targets it reads: ``topk``, ``exact``, ``xvocab``, ``none`` or ``mixed``."""
+
+    def step_inputs(self, trajs: list[Trajectory],
+                    positions: list[np.ndarray]) -> list[dict[str, np.ndarray]] | None: ...
+
+    def batch_loss(self, hidden_P_H: torch.Tensor, lm_head: Head, batch: Sequence[Scored],
+                   inputs: list[dict[str, np.ndarray]] | None, *,
+                   num_global_positions: int | None = None,
+                   ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def targets_of(batch: Sequence[Scored], kind: str, device) -> TeacherTargets:
+    """The targets of a micro-batch of scored episodes, their replies joined in order,
+    and the token each position predicts (``tokens[p + 1]``, :func:`next_tokens`)."""
+    sampled_P = next_tokens([s.traj for s in batch], [s.positions_P for s in batch])
+    merged = {}
+    for name in batch[0].arrays if batch else ():
+        parts = [s.arrays[name] for s in batch if name in s.arrays and len(s.arrays[name])]
+        if parts:
+            merged[name] = np.concatenate(parts)
+    return TeacherTargets.from_arrays(merged, sampled_P, kind=kind, device=device)
+
+
+def next_tokens(trajs: list[Trajectory], positions: list[np.ndarray]) -> np.ndarray:
+    """The token each selected position predicts (``tokens[p + 1]``), concatenated."""
+    return np.concatenate(
+        [np.asarray(t.tokens, dtype=np.int64)[p + 1] for t, p in zip(trajs, positions, strict=True)]
+    )
+
+
 class Objective:
     """One objective: the :class:`TeacherTargets` fields it reads (``reads``: checked
-    present before the first chunk, so a missing one is a one-line error naming it) and
+    present before the first chunk, so a missing one is a one-line error naming it),
+    the recipe's ``loss`` section it was built from (``settings``) and
     :meth:`per_position`, which calls its formula with them by name."""
 
     name: str
     reads: tuple[str, ...]
+    kind: str  # the targets it reads: topk, exact, xvocab, or none (the next token only)
+    settings: LossConfig
 
-    def per_position(self, hidden_C_H: torch.Tensor, lm_head: Head, t: TeacherTargets,
-                     s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_position(self, hidden_C_H: torch.Tensor, lm_head: Head,
+                     t: TeacherTargets) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss_C, divergence_C)`` for one chunk: the term to minimise and the figure
         reported as the divergence (the same tensor for an exact divergence; the detached
         KL estimate for the sampled-token estimator). ``lm_head`` turns ``hidden_C_H``
@@ -218,12 +233,13 @@ class Objective:
         already passes them with :func:`given_logits` as the head)."""
         raise NotImplementedError
 
-    def chunks(self, targets: TeacherTargets, n: int, chunk_size: int) -> list[tuple[int, int]]:
-        """``[(start, end)]`` of the chunks: ``chunk_size`` positions each."""
-        return [(lo, min(lo + chunk_size, n)) for lo in range(0, n, chunk_size)]
+    def chunks(self, n: int) -> list[tuple[int, int]]:
+        """``[(start, end)]`` of the chunks: ``loss.chunk_size`` positions each."""
+        size = self.settings.chunk_size
+        return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
 
-    def step_inputs(self, trajs: list[Any], positions: list[np.ndarray],
-                    s: LossSettings) -> list[dict[str, np.ndarray]] | None:
+    def step_inputs(self, trajs: list[Trajectory],
+                    positions: list[np.ndarray]) -> list[dict[str, np.ndarray]] | None:
         """Per trajectory, the inputs this objective reads that are not the teacher's,
         built over the whole optimizer step (``variants.py``); None: it reads none."""
         return None
@@ -235,17 +251,22 @@ class Objective:
         if missing:
             raise missing_field(self.name, missing[0])
 
-    def inputs(self, targets: TeacherTargets) -> dict[str, torch.Tensor]:
-        """The fields this objective reads, by name, checked present."""
-        self.check(targets)
-        return {name: getattr(targets, name) for name in self.reads}
+    def batch_loss(self, hidden_P_H: torch.Tensor, lm_head: Head, batch: Sequence[Scored],
+                   inputs: list[dict[str, np.ndarray]] | None, *,
+                   num_global_positions: int | None = None,
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+        """:meth:`loss` over a micro-batch of scored episodes: their targets of this
+        objective's kind (:func:`targets_of`) with the step's ``inputs`` for them."""
+        targets = targets_of(batch, self.kind, hidden_P_H.device)
+        if inputs is not None:
+            targets = targets.with_inputs(inputs, hidden_P_H.device)
+        return self.loss(hidden_P_H, lm_head, targets, num_global_positions=num_global_positions)
 
     def loss(
         self,
         hidden_P_H: torch.Tensor,
         lm_head: Head,
         targets: TeacherTargets,
-        settings: LossSettings,
         *,
         num_global_positions: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -255,7 +276,6 @@ class Objective:
             hidden_P_H: the student's final hidden states at the selected positions.
             lm_head: maps ``[C, H] -> [C, V]`` logits (``model.lm_head`` or any callable).
             targets: the per-position inputs for the same positions, in the same order.
-            settings: the loss settings (``chunk_size`` and what the formula reads).
             num_global_positions: selected positions over the whole optimizer step; the
                 summed loss is divided by it (default ``P``), or the mean becomes a mean
                 of means and small micro-batches get over-weighted.
@@ -266,33 +286,44 @@ class Objective:
         Each chunk runs under ``torch.utils.checkpoint``, so neither the forward nor the
         backward ever holds more than one chunk's ``[C, V]`` logits.
         """
-        if settings.chunk_size < 1:
-            raise ConfigError(f"loss.chunk_size={settings.chunk_size} must be >= 1; fix the recipe")
         self.check(targets)
         n = int(hidden_P_H.shape[0])
         if n == 0:
-            # Still run the head on the empty batch so every parameter gets a (zero)
-            # gradient and backward() works in a step where a micro-batch selected nothing.
-            zero = lm_head(hidden_P_H).sum() * 0.0
-            return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
+            return empty_loss(hidden_P_H, lm_head)
+        return self.over_chunks(hidden_P_H, lm_head, targets, self.chunks(n),
+                                num_global_positions)
+
+    def over_chunks(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets,
+                    chunks: list[tuple[int, int]], num_global_positions: int | None,
+                    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The sum of :meth:`per_position` over ``chunks`` of the positions, divided by
+        ``num_global_positions`` (default: these positions)."""
+        n = int(hidden_P_H.shape[0])
         # Accumulate in at least fp32 (bf16 sums over thousands of positions drift), and
         # in fp64 when the caller computes in fp64.
         acc_dtype = torch.promote_types(hidden_P_H.dtype, torch.float32)
         loss_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
         div_sum = hidden_P_H.new_zeros((), dtype=acc_dtype)
-        for lo, hi in self.chunks(targets, n, settings.chunk_size):
+        for lo, hi in chunks:
             t = targets.rows(lo, hi)
             if torch.is_grad_enabled():
                 loss_C, div_C = checkpoint(self.per_position, hidden_P_H[lo:hi], lm_head, t,
-                                           settings, use_reentrant=False)
+                                           use_reentrant=False)
             else:
-                loss_C, div_C = self.per_position(hidden_P_H[lo:hi], lm_head, t, settings)
+                loss_C, div_C = self.per_position(hidden_P_H[lo:hi], lm_head, t)
             loss_sum = loss_sum + loss_C.sum().to(acc_dtype)
             div_sum = div_sum + div_C.detach().sum().to(acc_dtype)
         denom = max(1, n if num_global_positions is None else num_global_positions)
         metrics = {"divergence": float(div_sum) / n, "divergence_sum": float(div_sum),
                    "positions": float(n)}
         return loss_sum / denom, metrics
+
+
+def empty_loss(hidden_P_H: torch.Tensor, lm_head: Head) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of a micro-batch that selected nothing: still run the head on the empty
+    batch, so every parameter gets a (zero) gradient and backward() works."""
+    zero = lm_head(hidden_P_H).sum() * 0.0
+    return zero, {"divergence": 0.0, "divergence_sum": 0.0, "positions": 0.0}
 
 
 def given_logits(logits_C_V: torch.Tensor) -> torch.Tensor:
@@ -306,14 +337,17 @@ class ExactFullVocab(Objective):
     """The exact full-vocabulary divergence against teacher log-probs ``[P, V]``; it is
     both the loss and the figure."""
 
+    settings: LossConfig
     divergence: str
     reads: ClassVar[tuple[str, ...]] = ("logprobs_P_V",)
+    kind: ClassVar[str] = "exact"
 
     @property
     def name(self) -> str:
         return f"exact_full_vocab {self.divergence}"
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    def per_position(self, hidden_C_H, lm_head, t):
+        s = self.settings
         div_C = exact_divergence_P(lm_head(hidden_C_H), t.logprobs_P_V, divergence=self.divergence,
                                    jsd_beta=s.jsd_beta, temperature=s.temperature)
         return div_C, div_C
@@ -324,14 +358,17 @@ class BucketedTopkTail(Objective):
     """The divergence between the ``K + 1``-bucket distributions of the teacher's top-k
     and a tail bucket; it is both the loss and the figure."""
 
+    settings: LossConfig
     divergence: str
     reads: ClassVar[tuple[str, ...]] = ("topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P")
+    kind: ClassVar[str] = "topk"
 
     @property
     def name(self) -> str:
         return f"bucketed_topk_tail {self.divergence}"
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    def per_position(self, hidden_C_H, lm_head, t):
+        s = self.settings
         div_C = bucketed_topk_tail_divergence_P(
             lm_head(hidden_C_H), t.topk_ids_P_K, t.topk_logprobs_P_K, t.tail_logmass_P,
             divergence=self.divergence, jsd_beta=s.jsd_beta, temperature=s.temperature,
@@ -344,33 +381,51 @@ class BucketedTopkTail(Objective):
 class SampledToken(Objective):
     """The sampled-token reverse-KL estimator: the policy-gradient loss and the detached
     KL estimate ``log S(y) - log T(y)`` as the figure. It reads only the teacher's
-    log-prob of the sampled token, which both target kinds carry."""
+    log-prob of the sampled token, which both target kinds carry (it asks for the kind
+    ``loss.objective`` names, :func:`request_kind`)."""
 
+    settings: LossConfig
     name: ClassVar[str] = "sampled_token reverse_kl"
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "target_logprobs_P")
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return request_kind(self.settings)
+
+    def per_position(self, hidden_C_H, lm_head, t):
         return sampled_token_reverse_kl_P(lm_head(hidden_C_H), t.sampled_ids_P,
-                                          t.target_logprobs_P, temperature=s.temperature)
+                                          t.target_logprobs_P, temperature=self.settings.temperature)
 
 
 @dataclass(frozen=True)
 class CrossEntropy(Objective):
     """SFT: ``-log S(next token)``, always at temperature 1 (``loss.temperature`` tempers
-    the distillation targets, not the data)."""
+    the distillation targets, not the data); of the ``loss`` section it reads
+    ``chunk_size`` only."""
 
+    settings: LossConfig
     name: ClassVar[str] = "sft"
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P",)
+    kind: ClassVar[str] = "none"
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    def per_position(self, hidden_C_H, lm_head, t):
         nll_C = cross_entropy_P(lm_head(hidden_C_H), t.sampled_ids_P)
         return nll_C, nll_C
 
 
-OBJECTIVES: dict[tuple[str, str, str], Objective] = {
-    **{("full", "exact_full_vocab", d): ExactFullVocab(d) for d in DIVERGENCES},
-    **{("full", "bucketed_topk_tail", d): BucketedTopkTail(d) for d in DIVERGENCES},
-    **{("sampled_token", target, "reverse_kl"): SampledToken() for target in TARGETS},
-}
+def request_kind(settings: LossConfig) -> str:
+    """The targets to ask the teacher for: ``exact`` log-probs ``[P, V]`` for
+    ``exact_full_vocab``, else ``topk`` (the sampled-token estimator reads the target
+    log-prob both kinds carry, so it follows ``loss.objective`` as well)."""
+    return "exact" if settings.objective == "exact_full_vocab" else "topk"
 
-SFT = CrossEntropy()
+
+# The table the recipe picks from: (estimator, objective, divergence) -> the objective,
+# built from the recipe's ``loss`` section.
+OBJECTIVES: dict[tuple[str, str, str], Callable[[LossConfig], Objective]] = {
+    **{("full", "exact_full_vocab", d): partial(ExactFullVocab, divergence=d)
+       for d in DIVERGENCES},
+    **{("full", "bucketed_topk_tail", d): partial(BucketedTopkTail, divergence=d)
+       for d in DIVERGENCES},
+    **{("sampled_token", target, "reverse_kl"): SampledToken for target in TARGETS},
+}

@@ -5,7 +5,7 @@ divergence)`` up in :data:`~.objective.OBJECTIVES` and adds the standard variant
 section sets (``variants.py``); a combination the table lacks is a one-line error naming
 the value, the rule and the fix. :func:`objective_for_kind` is the pick for the targets
 a run asks for (``xvocab``: the objectives of a teacher with another tokenizer), and
-:func:`request_kind` the targets a recipe asks for (:func:`teacher_kind` one teacher's,
+``objective.request_kind`` the targets a recipe asks for (:func:`teacher_kind` one teacher's,
 :func:`run_kind` the run's: ``mixed`` for routed teachers of both tokenizers). The trainer calls them when the run
 starts (``state.py``), so a recipe the table refuses stops the run before any work, and
 no update looks anything up.
@@ -19,27 +19,29 @@ from __future__ import annotations
 from typing import Any
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe_sections import LossConfig
 from miniverl.student.train.objectives.by_kind import ByKind
 from miniverl.student.train.objectives.formulas import DIVERGENCES
-from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
-from miniverl.student.train.objectives.group_uld import GROUP_HYBRID, GROUP_ULD
+from miniverl.student.train.objectives.group_sampled_token import GroupSampledToken
+from miniverl.student.train.objectives.group_uld import GroupULD
 from miniverl.student.train.objectives.objective import (
     ESTIMATORS,
     OBJECTIVES,
     TARGETS,
-    LossSettings,
     Objective,
+    StepObjective,
+    request_kind,
 )
-from miniverl.student.train.objectives.variants import uses_variants, with_variants
+from miniverl.student.train.objectives.variants import TaskReward, with_variants
 
 
-def objective_for(config: Any) -> Objective:
-    """The objective the recipe's ``loss`` section names (:data:`OBJECTIVES`), with the
-    standard variants it sets (``variants.py``)."""
-    s = LossSettings.of(config)
+def objective_for(config: LossConfig) -> Objective:
+    """The objective the recipe's ``loss`` section names (:data:`OBJECTIVES`), built from
+    it, with the standard variants it sets (``variants.py``)."""
+    s = config
     found = OBJECTIVES.get((s.estimator, s.objective, s.divergence))
     if found is not None:
-        return with_variants(found, s)
+        return with_variants(found(config), config)
     if s.estimator == "sampled_token" and s.divergence != "reverse_kl":
         raise ConfigError(
             f"loss.estimator='sampled_token' estimates the reverse KL, but loss.divergence="
@@ -58,42 +60,39 @@ def objective_for(config: Any) -> Objective:
     )
 
 
-def objective_for_kind(config: Any, kind: str) -> Objective:
+def run_objective(recipe: Any) -> StepObjective | None:
+    """The objective a run trains with, built once from its ``loss`` section when it
+    starts: the pick for the targets its teachers give (:func:`objective_for_kind`,
+    :func:`run_kind`), the task reward for ``rl``; None for the modes that build their
+    own (``sft``, ``dpo``)."""
+    if recipe.needs_teacher:
+        return objective_for_kind(recipe.loss, run_kind(recipe))
+    return TaskReward(recipe.loss) if recipe.run.mode == "rl" else None
+
+
+def objective_for_kind(config: LossConfig, kind: str) -> StepObjective:
     """The objective for targets of ``kind``: :func:`objective_for` for ``topk`` and
     ``exact``; for ``xvocab`` (a teacher with another tokenizer) the one
     ``loss.cross_vocab`` names: the group sampled-token estimator
-    (``group_sampled_token.py``; unset or ``sampled_token``, with the recipe's loss the
-    sampled-token estimator without variants), or ``uld`` / ``hybrid``
-    (``group_uld.py``; the recipe's estimator ``full``, without variants); for
-    ``mixed`` (routed teachers of both tokenizers) each episode by its own kind's
-    (``by_kind.py``)."""
+    (``group_sampled_token.py``; unset or ``sampled_token``), or ``uld`` / ``hybrid``
+    (``group_uld.py``); for ``mixed`` (routed teachers of both tokenizers) each episode
+    by its own kind's (``by_kind.py``). What each of them needs of the rest of the
+    section (the estimator, the divergence, no variants) is the recipe's rule
+    (``common/recipe.py``, ``_cross_tokenizer_loss``), checked when the recipe loads."""
     if kind == "mixed":
         return ByKind({request_kind(config): objective_for(config),
-                       "xvocab": objective_for_kind(config, "xvocab")})
-    if kind != "xvocab":
-        return objective_for(config)
-    s = LossSettings.of(config)
-    variants = " with variants" if uses_variants(s) else ""
-    if s.cross_vocab in ("uld", "hybrid"):
-        if s.estimator != "full" or uses_variants(s):
-            raise ConfigError(
-                f"loss.cross_vocab={s.cross_vocab!r} trains on the teacher's top-k; "
-                f"loss.estimator={s.estimator!r}{variants}: set estimator: full and no loss "
-                "variants, or cross_vocab: sampled_token")
-        return GROUP_ULD if s.cross_vocab == "uld" else GROUP_HYBRID
-    if s.cross_vocab not in (None, "sampled_token"):
-        raise ConfigError(f"loss.cross_vocab={s.cross_vocab!r} is not one of sampled_token, "
-                          "hybrid, uld; fix the recipe")
-    if s.estimator != "sampled_token" or s.divergence != "reverse_kl" or uses_variants(s):
-        raise ConfigError(
-            f"teacher.tokenizer: other trains with the group sampled-token estimator; "
-            f"loss.estimator={s.estimator!r}, divergence={s.divergence!r}{variants}: set "
-            "estimator: sampled_token, divergence: reverse_kl and no loss variants, or "
-            "loss.cross_vocab: uld or hybrid")
-    return GROUP_SAMPLED_TOKEN
+                       "xvocab": xvocab_objective(config)})
+    return xvocab_objective(config) if kind == "xvocab" else objective_for(config)
 
 
-def teacher_kind(teacher: Any, config: Any) -> str:
+def xvocab_objective(config: LossConfig) -> Objective:
+    """The objective of a teacher with another tokenizer that ``loss.cross_vocab`` names."""
+    if config.cross_vocab in ("uld", "hybrid"):
+        return GroupULD(config)
+    return GroupSampledToken(config)
+
+
+def teacher_kind(teacher: Any, config: LossConfig) -> str:
     """The targets one teacher section gives: ``xvocab`` for ``tokenizer: other``
     (docs/cross-tokenizer.md), else :func:`request_kind` of the ``loss`` section
     ``config``."""
@@ -107,10 +106,3 @@ def run_kind(recipe: Any) -> str:
     sections = list((recipe.teachers or {}).values()) or [recipe.teacher]
     kinds = {teacher_kind(teacher, recipe.loss) for teacher in sections}
     return kinds.pop() if len(kinds) == 1 else "mixed"
-
-
-def request_kind(config: Any) -> str:
-    """The targets to ask the teacher for: ``exact`` log-probs ``[P, V]`` for
-    ``exact_full_vocab``, else ``topk`` (the sampled-token estimator reads the target
-    log-prob both kinds carry, so it follows ``loss.objective`` as well)."""
-    return "exact" if LossSettings.of(config).objective == "exact_full_vocab" else "topk"

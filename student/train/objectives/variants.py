@@ -20,8 +20,8 @@ The inputs (:func:`step_inputs`, built once per optimizer step from the step's
 trajectories): the sampling-time log-probs the importance ratio divides by, the
 aggregation weights of ``loss.aggregation: sequence`` and the advantages of
 ``loss.use_task_rewards``. Each is a :class:`~.objective.TeacherTargets` field
-(``sampling_logprobs_P``, ``weight_P``, ``advantage_P``); :func:`with_step_inputs`
-adds a micro-batch's share to its targets. A weight or a baseline reads the whole step,
+(``sampling_logprobs_P``, ``weight_P``, ``advantage_P``);
+``TeacherTargets.with_inputs`` adds a micro-batch's share to its targets. A weight or a baseline reads the whole step,
 never one micro-batch, so gradient accumulation still gives the update of one big batch.
 
 This module holds no formula (``formulas.py``), does not select positions
@@ -32,13 +32,13 @@ This module holds no formula (``formulas.py``), does not select positions
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe_sections import LossConfig
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.train.objectives.formulas import (
     policy_gradient_P,
@@ -47,9 +47,7 @@ from miniverl.student.train.objectives.formulas import (
     truncated_ratio_P,
 )
 from miniverl.student.train.objectives.objective import (
-    LossSettings,
     Objective,
-    TeacherTargets,
     given_logits,
 )
 
@@ -57,7 +55,7 @@ AGGREGATIONS = ("token", "sequence")
 BASELINES = ("group", "batch")
 
 
-def uses_variants(settings: LossSettings) -> bool:
+def uses_variants(settings: LossConfig) -> bool:
     """True when the recipe's ``loss`` section sets any of the standard variants."""
     return (settings.importance_ratio_cap is not None or settings.log_ratio_clamp is not None
             or settings.aggregation not in (None, "token") or bool(settings.use_task_rewards))
@@ -68,7 +66,11 @@ class WithVariants(Objective):
     """The table objective ``base`` with the variants ``settings`` sets."""
 
     base: Objective
-    settings: LossSettings
+    settings: LossConfig
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.base.kind
 
     @property
     def name(self) -> str:
@@ -98,10 +100,11 @@ class WithVariants(Objective):
             reads.append("weight_P")
         return tuple(reads)
 
-    def step_inputs(self, trajs, positions, s):
-        return step_inputs(trajs, positions, s)
+    def step_inputs(self, trajs, positions):
+        return step_inputs(trajs, positions, self.settings)
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
+    def per_position(self, hidden_C_H, lm_head, t):
+        s = self.settings
         logits_C_V = lm_head(hidden_C_H)
         if s.estimator == "sampled_token":
             loss_C, div_C = sampled_token_reverse_kl_ratio_P(
@@ -110,7 +113,7 @@ class WithVariants(Objective):
                 temperature=s.temperature,
             )
         else:
-            loss_C, div_C = self.base.per_position(logits_C_V, given_logits, t, s)
+            loss_C, div_C = self.base.per_position(logits_C_V, given_logits, t)
         if s.use_task_rewards:
             coef = 1.0 if s.distillation_loss_coef is None else s.distillation_loss_coef
             logp_C = token_logprob_P(logits_C_V, t.sampled_ids_P, temperature=s.temperature)
@@ -132,24 +135,24 @@ class TaskReward(Objective):
     gradient is REINFORCE with a leave-one-out baseline. No teacher: the reported figure
     is ``-log S(y)``, the sampled tokens' surprise (a one-sample entropy estimate)."""
 
+    settings: LossConfig
     name: ClassVar[str] = "task reward"
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "advantage_P")
+    kind: ClassVar[str] = "none"
 
-    def step_inputs(self, trajs, positions, s):
+    def step_inputs(self, trajs, positions):
         advantages = task_advantages([t.verifier.score for t in trajs],
-                                     [t.task_id for t in trajs], s.reward_baseline)
+                                     [t.task_id for t in trajs], self.settings.reward_baseline)
         return [{"advantage_P": np.full(len(p), a, dtype=np.float64)}
                 for p, a in zip(positions, advantages, strict=True)]
 
-    def per_position(self, hidden_C_H, lm_head, t, s):
-        logp_C = token_logprob_P(lm_head(hidden_C_H), t.sampled_ids_P, temperature=s.temperature)
+    def per_position(self, hidden_C_H, lm_head, t):
+        logp_C = token_logprob_P(lm_head(hidden_C_H), t.sampled_ids_P,
+                                 temperature=self.settings.temperature)
         return policy_gradient_P(logp_C, t.advantage_P), -logp_C.detach()
 
 
-TASK_REWARD = TaskReward()
-
-
-def with_variants(base: Objective, settings: LossSettings) -> Objective:
+def with_variants(base: Objective, settings: LossConfig) -> Objective:
     """``base`` with the variants ``settings`` sets (``base`` itself when it sets none)."""
     if not uses_variants(settings):
         return base
@@ -240,7 +243,7 @@ def sampling_logprobs_for(traj: Trajectory, positions_P: np.ndarray) -> np.ndarr
 
 
 def step_inputs(
-    trajs: list[Trajectory], positions: list[np.ndarray], settings: LossSettings
+    trajs: list[Trajectory], positions: list[np.ndarray], settings: LossConfig
 ) -> list[dict[str, np.ndarray]]:
     """Per trajectory, the fields the recipe's variants read at its ``positions``
     (``{}`` each when the recipe uses none)."""
@@ -259,18 +262,3 @@ def step_inputs(
         for fields, advantage, n in zip(out, advantages, counts, strict=True):
             fields["advantage_P"] = np.full(n, advantage, dtype=np.float64)
     return out
-
-
-def with_step_inputs(
-    targets: TeacherTargets, inputs: list[dict[str, np.ndarray]], device
-) -> TeacherTargets:
-    """``targets`` (one micro-batch's) with its trajectories' ``inputs`` concatenated in
-    the same order as its positions."""
-    names = {name for fields in inputs for name in fields}
-    if not names:
-        return targets
-    joined = {
-        name: torch.from_numpy(np.concatenate([fields[name] for fields in inputs])).to(device)
-        for name in names
-    }
-    return replace(targets, **joined)

@@ -14,13 +14,13 @@ from test_losses import DT, _logits
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult
-from miniverl.student.train.objectives import LossSettings, TeacherTargets, objective_for
+from miniverl.common.recipe_sections import LossConfig
+from miniverl.student.train.objectives import TeacherTargets, objective_for
 from miniverl.student.train.objectives.objective import given_logits
 from miniverl.student.train.objectives.variants import (
     aggregation_weights,
     step_inputs,
     task_advantages,
-    with_step_inputs,
 )
 
 torch.set_num_threads(1)
@@ -70,10 +70,10 @@ def test_per_sequence_objective_of_equal_lengths_equals_per_token():
     targets = TeacherTargets(sampled_ids_P=ids, target_logprobs_P=teacher)
     losses = {}
     for rule in ("token", "sequence"):
-        s = LossSettings(estimator="sampled_token", divergence="reverse_kl", aggregation=rule,
+        s = LossConfig(estimator="sampled_token", divergence="reverse_kl", aggregation=rule,
                          chunk_size=3)
-        full = with_step_inputs(targets, step_inputs(trajs, positions, s), "cpu")
-        losses[rule] = objective_for(s).loss(hidden, head, full, s)[0]
+        full = targets.with_inputs(step_inputs(trajs, positions, s), "cpu")
+        losses[rule] = objective_for(s).loss(hidden, head, full)[0]
     assert torch.allclose(losses["token"], losses["sequence"], atol=1e-12)
 
 
@@ -96,14 +96,14 @@ def test_reward_term_gradient_is_reinforce():
     logits = _logits(5, V, 11).requires_grad_(True)
     ids = torch.tensor([1, 4, 4, 0, 8])  # rows 0-1: the success, 2-4: the failure
     trajs = [_traj("a", 2, 1.0, 0), _traj("a", 3, 0.0, 1)]
-    s = LossSettings(use_task_rewards=True, distillation_loss_coef=0.0, objective="exact_full_vocab")
+    s = LossConfig(use_task_rewards=True, distillation_loss_coef=0.0, objective="exact_full_vocab")
     adv = step_inputs(trajs, [np.arange(2, 4), np.arange(2, 5)], s)
     advantage = torch.from_numpy(np.concatenate([a["advantage_P"] for a in adv]))
     assert advantage.tolist() == [1.0, 1.0, -1.0, -1.0, -1.0]
     objective = objective_for(s)
     teacher = F.log_softmax(_logits(5, V, 12), -1)
     targets = TeacherTargets(sampled_ids_P=ids, logprobs_P_V=teacher, advantage_P=advantage)
-    loss_C, _ = objective.per_position(logits, given_logits, targets, s)
+    loss_C, _ = objective.per_position(logits, given_logits, targets)
     (loss_C.sum() / 5).backward()
     soft = F.softmax(logits.detach(), -1)
     closed = -(advantage[:, None] * (F.one_hot(ids, V) - soft)) / 5
@@ -115,15 +115,15 @@ def test_reward_and_distillation_add_with_the_coefficient_and_chunk_like_any_obj
     ids = torch.tensor([0, 1, 2, 3, 4, 5])
     teacher = F.log_softmax(_logits(6, V, 13), -1)
     adv = torch.tensor([0.5, 0.5, 0.5, -0.5, -0.5, -0.5], dtype=DT)
-    base = LossSettings(objective="exact_full_vocab", divergence="reverse_kl", chunk_size=2)
-    both = LossSettings(objective="exact_full_vocab", divergence="reverse_kl", chunk_size=2,
+    base = LossConfig(objective="exact_full_vocab", divergence="reverse_kl", chunk_size=2)
+    both = LossConfig(objective="exact_full_vocab", divergence="reverse_kl", chunk_size=2,
                         use_task_rewards=True, distillation_loss_coef=0.25)
-    only_reward = LossSettings(objective="exact_full_vocab", divergence="reverse_kl",
+    only_reward = LossConfig(objective="exact_full_vocab", divergence="reverse_kl",
                                chunk_size=6, use_task_rewards=True, distillation_loss_coef=0.0)
     targets = TeacherTargets(sampled_ids_P=ids, logprobs_P_V=teacher, advantage_P=adv)
-    kl, m_kl = objective_for(base).loss(hidden, head, targets, base)
-    total, m_total = objective_for(both).loss(hidden, head, targets, both)
-    reward, _ = objective_for(only_reward).loss(hidden, head, targets, only_reward)
+    kl, m_kl = objective_for(base).loss(hidden, head, targets)
+    total, m_total = objective_for(both).loss(hidden, head, targets)
+    reward, _ = objective_for(only_reward).loss(hidden, head, targets)
     assert torch.allclose(total, 0.25 * kl + reward, atol=1e-12)
     assert m_total["divergence"] == pytest.approx(m_kl["divergence"])  # the figure stays the KL
 
@@ -133,7 +133,7 @@ def test_reward_and_distillation_add_with_the_coefficient_and_chunk_like_any_obj
 
 def test_step_inputs_gather_sampling_logprobs_at_the_positions():
     traj = _traj("a", 3, 1.0, 0, logq=[-0.5, -1.5, -2.5])
-    s = LossSettings(estimator="sampled_token", divergence="reverse_kl", importance_ratio_cap=2.0)
+    s = LossConfig(estimator="sampled_token", divergence="reverse_kl", importance_ratio_cap=2.0)
     (fields,) = step_inputs([traj], [np.array([2, 4])], s)
     assert fields["sampling_logprobs_P"].tolist() == [-0.5, -2.5]  # tokens 3 and 5
     oracle = _traj("a", 3, 1.0, 0)
@@ -144,4 +144,4 @@ def test_step_inputs_gather_sampling_logprobs_at_the_positions():
 
 def test_a_recipe_without_variants_adds_no_inputs():
     trajs = [_traj("a", 3, 1.0, 0)]
-    assert step_inputs(trajs, [np.array([2, 3])], LossSettings()) == [{}]
+    assert step_inputs(trajs, [np.array([2, 3])], LossConfig()) == [{}]

@@ -14,15 +14,14 @@ import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import Recipe
-from miniverl.student.train.objectives import LossSettings
-from miniverl.student.train.objectives.by_kind import ByKind, KindParts, kind_parts
+from miniverl.common.recipe_sections import LossConfig
+from miniverl.student.train.objectives.by_kind import ByKind, kind_parts
 from miniverl.student.train.objectives.table import objective_for_kind, run_kind
 from miniverl.student.train.teacher_link import Scored
-from miniverl.student.train.updates import targets_for
 from tests.toy_kit import recipe_dict
 
 V, H = 11, 6
-LOSS = LossSettings(estimator="sampled_token", divergence="reverse_kl", chunk_size=3)
+LOSS = LossConfig(estimator="sampled_token", divergence="reverse_kl", chunk_size=3)
 
 
 def _episode(i: int, kind: str, n: int, rng: np.random.Generator) -> Scored:
@@ -65,9 +64,8 @@ def test_a_mixed_step_is_each_episode_by_its_own_objective():
     total = sum(len(s.positions_P) for s in scored) + 7  # the step holds another micro-batch
     hidden = torch.randn(total - 7, H, requires_grad=True)
 
-    targets = targets_for(scored, "mixed", "cpu")
-    assert isinstance(targets, KindParts)
-    loss, metrics = objective.loss(hidden, head, targets, LOSS, num_global_positions=total)
+    assert objective.kind == "mixed"
+    loss, metrics = objective.batch_loss(hidden, head, scored, None, num_global_positions=total)
     loss.backward()
     grad, head_grad = hidden.grad.clone(), head.weight.grad.clone()
 
@@ -77,23 +75,24 @@ def test_a_mixed_step_is_each_episode_by_its_own_objective():
     offsets = np.cumsum([0, *(len(s.positions_P) for s in scored)])
     ref, div_sum = 0.0, 0.0
     for s, lo, hi in zip(scored, offsets[:-1], offsets[1:], strict=True):
-        part, m = alone[s.kind].loss(hidden[lo:hi], head, targets_for([s], s.kind, "cpu"), LOSS,
-                                     num_global_positions=total)
+        part, m = alone[s.kind].batch_loss(hidden[lo:hi], head, [s], None,
+                                           num_global_positions=total)
         ref, div_sum = ref + part, div_sum + m["divergence_sum"]
     ref.backward()
     assert torch.allclose(loss, ref, atol=1e-6)
     assert torch.allclose(grad, hidden.grad, atol=1e-6)
     assert torch.allclose(head_grad, head.weight.grad, atol=1e-6)
     assert metrics["positions"] == 14 and metrics["divergence_sum"] == pytest.approx(div_sum)
-    # Plain targets are refused by name, not read as one kind.
-    with pytest.raises(ConfigError, match="cut by kind"):
-        objective.loss(hidden, head, targets_for(scored[:1], "topk", "cpu"), LOSS)
+    # Targets that carry no kind are refused by name, not read as one kind.
+    plain = Scored(scored[0].traj, scored[0].positions_P, scored[0].arrays, 0, {})
+    with pytest.raises(ConfigError, match="carry no kind"):
+        objective.batch_loss(hidden[:3], head, [plain], None)
 
 
 def test_an_empty_mixed_micro_batch_still_backwards():
     head = torch.nn.Linear(H, V)
     hidden = torch.zeros(0, H, requires_grad=True)
-    loss, metrics = objective_for_kind(LOSS, "mixed").loss(hidden, head, KindParts([]), LOSS)
+    loss, metrics = objective_for_kind(LOSS, "mixed").batch_loss(hidden, head, [], None)
     loss.backward()
     assert float(loss.detach()) == 0.0 and metrics["positions"] == 0.0
     assert head.weight.grad is not None
@@ -117,7 +116,7 @@ def test_the_run_kind_is_its_teachers_one_kind_or_mixed(tmp_path):
     assert run_kind(_routed(tmp_path, None, "other", **sampled)) == "mixed"
     full = _routed(tmp_path, "same", "other", cross_vocab="uld")
     assert run_kind(full) == "mixed"
-    picked = objective_for_kind(LossSettings.of(full.loss), "mixed")
+    picked = objective_for_kind(full.loss, "mixed")
     assert picked.objectives["xvocab"].name == "xvocab group uld"
     assert picked.objectives["topk"].name == "bucketed_topk_tail forward_kl"
 

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from test_losses import DT, _logits, _topk_targets
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe_sections import LossConfig
 from miniverl.student.train.objectives import (
     OBJECTIVES,
-    SFT,
-    LossSettings,
+    CrossEntropy,
     TeacherTargets,
     bucketed_topk_tail_divergence_P,
     exact_divergence_P,
@@ -27,17 +27,23 @@ from miniverl.student.train.objectives import (
 torch.set_num_threads(1)
 
 
+def loss_section(**values):
+    """A ``loss`` section with ``values``, unvalidated, so a value the recipe refuses
+    reaches the table (whose refusal these tests check too)."""
+    return LossConfig.model_construct(**values)
+
+
 def distillation_loss(hidden_P_H, lm_head, targets, config, *, num_global_positions=None):
     """The recipe's objective over the positions (the pick a run makes once, then its loss)."""
-    settings = LossSettings.of(config)
-    return objective_for(settings).loss(hidden_P_H, lm_head, targets, settings,
-                                        num_global_positions=num_global_positions)
+    return objective_for(config).loss(hidden_P_H, lm_head, targets,
+                                      num_global_positions=num_global_positions)
 
 
 def sft_loss(hidden_P_H, lm_head, target_ids_P, *, chunk_size=1024, num_global_positions=None):
     """The SFT objective (the next token is the target) over the positions."""
-    return SFT.loss(hidden_P_H, lm_head, TeacherTargets(sampled_ids_P=target_ids_P),
-                    LossSettings(chunk_size=chunk_size), num_global_positions=num_global_positions)
+    return CrossEntropy(LossConfig(chunk_size=chunk_size)).loss(
+        hidden_P_H, lm_head, TeacherTargets(sampled_ids_P=target_ids_P),
+        num_global_positions=num_global_positions)
 
 
 # -- chunked driver and dispatcher ---------------------------------------------------------------------
@@ -71,7 +77,7 @@ def test_chunked_equals_unchunked_in_value_and_gradient(objective, divergence):
     for chunk in (p, 4, 1):
         head.zero_grad()
         h = hidden.clone().requires_grad_(True)
-        cfg = LossSettings(objective=objective, divergence=divergence, chunk_size=chunk)
+        cfg = loss_section(objective=objective, divergence=divergence, chunk_size=chunk)
         loss, metrics = distillation_loss(h, head, targets, cfg)
         loss.backward()
         results.append((loss.detach(), _grads(head, h), metrics["divergence"]))
@@ -125,7 +131,7 @@ def test_all_masked_gives_zero_with_a_valid_gradient(estimator):
         topk_logprobs_P_K=torch.zeros(0, 4, dtype=DT),
         tail_logmass_P=torch.zeros(0, dtype=DT),
     )
-    cfg = LossSettings(estimator=estimator, divergence="reverse_kl")
+    cfg = loss_section(estimator=estimator, divergence="reverse_kl")
     loss, metrics = distillation_loss(hidden, head, targets, cfg, num_global_positions=0)
     loss.backward()
     assert loss.item() == 0.0 and metrics["divergence"] == 0.0
@@ -140,17 +146,17 @@ def test_dispatcher_sampled_token_and_errors():
     sampled = torch.tensor([1, 2, 3, 4, 5])
     targets = TeacherTargets(sampled_ids_P=sampled, target_logprobs_P=torch.full((5,), -2.0))
     loss, metrics = distillation_loss(
-        hidden, head, targets, LossSettings(estimator="sampled_token", divergence="reverse_kl")
+        hidden, head, targets, loss_section(estimator="sampled_token", divergence="reverse_kl")
     )
     logp = F.log_softmax(head(hidden), -1).gather(-1, sampled[:, None]).squeeze(-1)
     assert math.isclose(metrics["divergence"], (logp + 2.0).mean().item(), rel_tol=1e-9)
     assert torch.isfinite(loss)
     with pytest.raises(ConfigError, match="reverse_kl"):
-        distillation_loss(hidden, head, targets, LossSettings(estimator="sampled_token"))
+        distillation_loss(hidden, head, targets, loss_section(estimator="sampled_token"))
     with pytest.raises(ConfigError, match="kind 'exact'"):
-        distillation_loss(hidden, head, targets, LossSettings(objective="exact_full_vocab"))
+        distillation_loss(hidden, head, targets, loss_section(objective="exact_full_vocab"))
     with pytest.raises(ConfigError, match="loss.objective"):
-        distillation_loss(hidden, head, targets, LossSettings(objective="nope"))
+        distillation_loss(hidden, head, targets, loss_section(objective="nope"))
 
 
 def test_targets_from_wire_arrays():
@@ -217,8 +223,8 @@ def test_every_loss_the_recipe_allows_has_exactly_one_row():
     allowed = _allowed_losses()
     assert sorted(OBJECTIVES) == sorted(allowed)
     for estimator, objective, divergence in allowed:
-        cfg = LossSettings(estimator=estimator, objective=objective, divergence=divergence)
-        assert objective_for(cfg) is OBJECTIVES[(estimator, objective, divergence)]
+        cfg = loss_section(estimator=estimator, objective=objective, divergence=divergence)
+        assert objective_for(cfg) == OBJECTIVES[(estimator, objective, divergence)](cfg)
 
 
 @pytest.mark.parametrize("key", sorted(OBJECTIVES))
@@ -226,7 +232,7 @@ def test_each_objective_reads_what_its_target_kind_carries(key):
     # The fields an objective reads are exactly those the requested kind fills (plus the
     # sampled token), so a recipe never asks the teacher for targets its loss cannot use.
     estimator, objective, divergence = key
-    cfg = LossSettings(estimator=estimator, objective=objective, divergence=divergence)
+    cfg = loss_section(estimator=estimator, objective=objective, divergence=divergence)
     kind = request_kind(cfg)
     arrays = {"ids": np.zeros((2, 3), np.int32), "logprobs": np.zeros((2, 3), np.float32),
               "tail_logmass": np.zeros(2, np.float32),
@@ -235,9 +241,11 @@ def test_each_objective_reads_what_its_target_kind_carries(key):
         arrays = {"logprobs": np.zeros((2, 5), np.float32),
                   "target_logprobs": np.zeros(2, np.float32)}
     targets = TeacherTargets.from_arrays(arrays, np.array([1, 2]), kind=kind)
-    inputs = OBJECTIVES[key].inputs(targets)
-    assert set(inputs) == set(OBJECTIVES[key].reads)
-    assert kind == ("exact" if objective == "exact_full_vocab" else "topk")
+    picked = OBJECTIVES[key](cfg)
+    picked.check(targets)  # every field it reads is there
+    assert {name for name in picked.reads if getattr(targets, name) is not None} == set(
+        picked.reads)
+    assert kind == ("exact" if objective == "exact_full_vocab" else "topk") == picked.kind
 
 
 def test_a_missing_field_names_it_and_the_kind_that_carries_it():
@@ -245,14 +253,14 @@ def test_a_missing_field_names_it_and_the_kind_that_carries_it():
     hidden = torch.randn(3, 6, dtype=DT)
     targets = TeacherTargets(sampled_ids_P=torch.tensor([1, 2, 3]))
     with pytest.raises(ConfigError, match=r"needs teacher ids \[P, K\].*'topk' for bucketed"):
-        distillation_loss(hidden, head, targets, LossSettings())
+        distillation_loss(hidden, head, targets, loss_section())
     with pytest.raises(ConfigError, match="target_logprobs"):
         distillation_loss(hidden, head, targets,
-                          LossSettings(estimator="sampled_token", divergence="reverse_kl"))
+                          loss_section(estimator="sampled_token", divergence="reverse_kl"))
     with pytest.raises(ConfigError, match="loss.divergence='nope'"):
-        distillation_loss(hidden, head, targets, LossSettings(divergence="nope"))
+        distillation_loss(hidden, head, targets, loss_section(divergence="nope"))
     with pytest.raises(ConfigError, match="loss.estimator='nope'"):
-        distillation_loss(hidden, head, targets, LossSettings(estimator="nope"))
+        distillation_loss(hidden, head, targets, loss_section(estimator="nope"))
 
 
 def test_sft_trains_at_temperature_one_and_reads_only_the_next_token():
@@ -261,9 +269,9 @@ def test_sft_trains_at_temperature_one_and_reads_only_the_next_token():
     head = _head(v=v)
     hidden = torch.randn(p, 6, dtype=DT)
     y = torch.randint(0, v, (p,))
-    assert SFT.reads == ("sampled_ids_P",)
-    loss, metrics = SFT.loss(hidden, head, TeacherTargets(sampled_ids_P=y),
-                             LossSettings(temperature=2.0, chunk_size=4))
+    sft = CrossEntropy(LossConfig(temperature=2.0, chunk_size=4))
+    assert sft.reads == ("sampled_ids_P",)
+    loss, metrics = sft.loss(hidden, head, TeacherTargets(sampled_ids_P=y))
     ref = F.cross_entropy(head(hidden), y)
     assert torch.allclose(loss, ref, atol=1e-12)
     assert math.isclose(metrics["divergence"], ref.item(), rel_tol=1e-12)

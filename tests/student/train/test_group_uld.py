@@ -18,12 +18,15 @@ from miniverl.student.train.cross_vocab import (
     merge_group_probs,
     uld_distance_G,
 )
-from miniverl.student.train.objectives import LossSettings, TeacherTargets
-from miniverl.student.train.objectives.group_uld import GROUP_HYBRID, GROUP_ULD, group_chunks
+from miniverl.common.recipe_sections import LossConfig
+from miniverl.student.train.objectives import TeacherTargets
+from miniverl.student.train.objectives.group_uld import GroupULD, group_chunks
 from miniverl.student.train.objectives.table import objective_for_kind
 from miniverl.student.train.xvocab_targets import student_targets
 
-SETTINGS = LossSettings(cross_vocab="uld", chunk_size=1024)
+SETTINGS = LossConfig(cross_vocab="uld", chunk_size=1024)
+GROUP_ULD = GroupULD(SETTINGS)
+GROUP_HYBRID = GroupULD(LossConfig(cross_vocab="hybrid"))
 
 
 class _Traj:
@@ -69,7 +72,7 @@ def test_uld_closed_form_on_a_hand_made_group():
                              topk_ids_P_K=torch.zeros(2, 2, dtype=torch.long),
                              topk_logprobs_P_K=torch.cat([teacher, teacher]).log(),
                              tail_logmass_P=torch.tensor([0.3, 0.3]).log())
-    loss, metrics = GROUP_ULD.loss(logits, lambda h: h, targets, SETTINGS)
+    loss, metrics = GROUP_ULD.loss(logits, lambda h: h, targets)
     p0 = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
     p1 = np.exp([1.0, 0.0, 0.0]) / np.exp([1.0, 0.0, 0.0]).sum()
     merged = np.sort(p0 * p1[0])[::-1]  # observed: row 0 times P(token at 1)
@@ -88,7 +91,7 @@ def test_hybrid_exact_group_is_the_forward_kl_on_the_projected_topk():
     targets = TeacherTargets(torch.tensor([3]), group_first_P=torch.tensor([1]),
                              group_exact_P=torch.tensor([1]), topk_ids_P_K=ids,
                              topk_logprobs_P_K=lps, tail_logmass_P=torch.tensor([-2.0]))
-    loss, _ = GROUP_HYBRID.loss(logits, lambda h: h, targets, LossSettings(cross_vocab="hybrid"))
+    loss, _ = GROUP_HYBRID.loss(logits, lambda h: h, targets)
     torch.testing.assert_close(loss, exact_forward_kl_P(logits, ids, lps)[0])
     # Closed form: both sides renormalised over ids 3 and 1.
     s = torch.log_softmax(logits[0], -1)[[3, 1]]
@@ -121,7 +124,7 @@ def test_uld_from_a_reply_is_the_full_uld_of_the_merged_groups(seed):
     logits = torch.randn(8, v, dtype=torch.float64, requires_grad=True)
     sampled = torch.as_tensor(s_tokens[1:])
     targets = TeacherTargets.from_arrays(arrays, sampled, kind="xvocab")
-    loss, metrics = GROUP_ULD.loss(logits, lambda h: h, targets, SETTINGS)
+    loss, metrics = GROUP_ULD.loss(logits, lambda h: h, targets)
     # The same from the TRL-checked functions: both sides' full rows merged over each
     # group (observed), sorted L1 between them.
     s_starts, s_ends = torch.tensor([0, 3, 4, 6]), torch.tensor([3, 4, 6, 8])
@@ -135,8 +138,8 @@ def test_uld_from_a_reply_is_the_full_uld_of_the_merged_groups(seed):
     # A chunk boundary inside a group changes nothing: chunk_size 1 and 2 cut none.
     grad = torch.autograd.grad(loss, logits)[0]
     for chunk in (1, 2, 3):
-        small = LossSettings(cross_vocab="uld", chunk_size=chunk)
-        other, _ = GROUP_ULD.loss(logits, lambda h: h, targets, small)
+        small = GroupULD(LossConfig(cross_vocab="uld", chunk_size=chunk))
+        other, _ = small.loss(logits, lambda h: h, targets)
         torch.testing.assert_close(other, loss)
         torch.testing.assert_close(torch.autograd.grad(other, logits)[0], grad)
 
@@ -165,7 +168,7 @@ def test_hybrid_targets_mark_exact_pairs_and_project_their_topk():
     logits = torch.randn(8, v, dtype=torch.float64)
     sampled = torch.as_tensor(s_tokens[1:])
     hybrid = TeacherTargets.from_arrays(arrays, sampled, kind="xvocab")
-    h_loss, _ = GROUP_HYBRID.loss(logits, lambda h: h, hybrid, LossSettings(cross_vocab="hybrid"))
+    h_loss, _ = GROUP_HYBRID.loss(logits, lambda h: h, hybrid)
     _, uld_arrays = student_targets(_Traj(s_tokens), np.arange(8), reply, "uld")
     uld = TeacherTargets.from_arrays(uld_arrays, sampled, kind="xvocab")
     one = torch.tensor([0, 0, 0, 1, 0, 0, 0, 0])
@@ -173,7 +176,7 @@ def test_hybrid_targets_mark_exact_pairs_and_project_their_topk():
         sampled[one == 0], group_first_P=uld.group_first_P[one == 0],
         group_exact_P=uld.group_exact_P[one == 0], topk_ids_P_K=uld.topk_ids_P_K[one == 0],
         topk_logprobs_P_K=uld.topk_logprobs_P_K[one == 0],
-        tail_logmass_P=uld.tail_logmass_P[one == 0]), SETTINGS)
+        tail_logmass_P=uld.tail_logmass_P[one == 0]))
     kl = exact_forward_kl_P(logits[3:4], torch.as_tensor(ids[None]).long(),
                             torch.as_tensor(lps[None]))[0]
     torch.testing.assert_close(h_loss * 8, u_loss_no3 * 7 + kl.to(h_loss.dtype),
@@ -184,10 +187,17 @@ def test_hybrid_needs_the_map_and_the_table_refuses_what_cannot_work():
     a, s_tokens, t_tokens, t_logp, _, _ = _random_case(0)
     with pytest.raises(ConfigError, match="vocabulary map"):
         student_targets(_Traj(s_tokens), np.arange(8), _reply(a, t_tokens, t_logp), "hybrid")
-    assert objective_for_kind(LossSettings(cross_vocab="uld"), "xvocab") is GROUP_ULD
-    assert objective_for_kind(LossSettings(cross_vocab="hybrid"), "xvocab") is GROUP_HYBRID
-    with pytest.raises(ConfigError, match="estimator: full"):
-        objective_for_kind(LossSettings(cross_vocab="uld", estimator="sampled_token"), "xvocab")
+    uld, hybrid = LossConfig(cross_vocab="uld"), LossConfig(cross_vocab="hybrid")
+    assert objective_for_kind(uld, "xvocab") == GroupULD(uld)
+    assert objective_for_kind(hybrid, "xvocab") == GroupULD(hybrid)
+    assert objective_for_kind(hybrid, "xvocab").name == GROUP_HYBRID.name
+    # What cannot work is the recipe's rule, refused when the recipe loads (the table
+    # trusts it): uld trains on the teacher's top-k with the full estimator.
+    from miniverl.common.recipe import Recipe
+
+    with pytest.raises((ConfigError, ValueError), match="estimator: full"):
+        Recipe.model_validate(_recipe({"cross_vocab": "uld", "estimator": "sampled_token",
+                                       "divergence": "reverse_kl"}))
 
 
 def _recipe(loss, tokenizer="other"):
@@ -207,7 +217,7 @@ def test_recipe_cross_vocab_is_hashed_only_when_set_and_picks_the_objective():
                                                         "sampled_token"}))) != unset
     for value, objective in (("uld", GROUP_ULD), ("hybrid", GROUP_HYBRID)):
         recipe = Recipe.model_validate(_recipe({"cross_vocab": value}))
-        assert objective_for_kind(recipe.loss, "xvocab") is objective
+        assert objective_for_kind(recipe.loss, "xvocab").name == objective.name
 
 
 @pytest.mark.parametrize(("loss", "tokenizer", "words"), [
@@ -229,7 +239,7 @@ def _state(cross_vocab, path=None, link=None):
     from types import SimpleNamespace as NS
 
     model = NS(path=path, describe=lambda: path or "toy(hidden=64, layers=2, heads=4)")
-    return NS(kind="xvocab", recipe=NS(loss=NS(cross_vocab=cross_vocab),
+    return NS(kind="xvocab", recipe=NS(loss=LossConfig(cross_vocab=cross_vocab),
                                        teacher=NS(model=model, tokenizer="other")),
               teacher=NS(link=link))
 
@@ -297,12 +307,11 @@ def test_hybrid_gradients_are_finite_with_unmapped_entries_and_an_empty_batch_ba
         topk_ids_P_K=torch.tensor([[3, 0, 0], [0, 0, 0], [0, 0, 0]]),
         topk_logprobs_P_K=torch.tensor([[-0.2, inf, inf], [-0.5, -1.0, -3.0], [0.0, 0.0, 0.0]]),
         tail_logmass_P=torch.tensor([-1.0, -1.2, inf]))
-    loss, _ = GROUP_HYBRID.loss(hidden, head, targets, LossSettings(cross_vocab="hybrid",
-                                                                     chunk_size=1))
+    loss, _ = GroupULD(LossConfig(cross_vocab="hybrid", chunk_size=1)).loss(hidden, head, targets)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(hidden.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in head.parameters())
     empty = TeacherTargets(torch.zeros(0, dtype=torch.long))
-    zero, metrics = GROUP_ULD.loss(torch.zeros(0, 4, requires_grad=True), head, empty, SETTINGS)
+    zero, metrics = GROUP_ULD.loss(torch.zeros(0, 4, requires_grad=True), head, empty)
     zero.backward()
     assert float(zero.detach()) == 0.0 and metrics["positions"] == 0.0

@@ -10,9 +10,10 @@ import torch
 
 from miniverl.common.alignment import MODEL, TEMPLATE, Alignment
 from miniverl.protocol.xvocab import groups_of_alignment
-from miniverl.student.train.objectives import LossSettings, TeacherTargets
+from miniverl.common.recipe_sections import LossConfig
+from miniverl.student.train.objectives import TeacherTargets
 from miniverl.student.train.objectives.formulas import sampled_token_reverse_kl_P
-from miniverl.student.train.objectives.group_sampled_token import GROUP_SAMPLED_TOKEN
+from miniverl.student.train.objectives.group_sampled_token import GroupSampledToken
 from miniverl.student.train.xvocab_targets import student_targets
 
 
@@ -56,8 +57,8 @@ def test_one_token_groups_are_the_same_tokenizer_estimator():
     teacher = -torch.rand(5)
     targets = TeacherTargets(sampled, target_logprobs_P=teacher,
                              group_first_P=torch.ones(5, dtype=torch.int32))
-    settings = LossSettings(estimator="sampled_token", divergence="reverse_kl", chunk_size=2)
-    loss, metrics = GROUP_SAMPLED_TOKEN.loss(hidden, head, targets, settings)
+    settings = LossConfig(estimator="sampled_token", divergence="reverse_kl", chunk_size=2)
+    loss, metrics = GroupSampledToken(settings).loss(hidden, head, targets)
     ref_loss, ref_est = sampled_token_reverse_kl_P(head(hidden), sampled, teacher)
     torch.testing.assert_close(loss, ref_loss.mean())
     assert abs(metrics["divergence_sum"] - float(ref_est.sum())) < 1e-5
@@ -72,8 +73,8 @@ def test_a_group_gets_the_advantage_of_its_bytes_even_across_chunks():
     t_bytes = torch.tensor([-3.0, -3.0, -3.0, -0.5])
     targets = TeacherTargets(sampled, target_logprobs_P=t_bytes,
                              group_first_P=torch.tensor([1, 0, 0, 1]))
-    settings = LossSettings(estimator="sampled_token", divergence="reverse_kl", chunk_size=2)
-    loss, metrics = GROUP_SAMPLED_TOKEN.loss(hidden, head, targets, settings)
+    settings = LossConfig(estimator="sampled_token", divergence="reverse_kl", chunk_size=2)
+    loss, metrics = GroupSampledToken(settings).loss(hidden, head, targets)
     logp = torch.log_softmax(head(hidden), -1).gather(-1, sampled[:, None]).squeeze(-1)
     s_bytes = torch.stack([logp[:3].sum(), logp[3]])
     adv = (torch.tensor([-3.0, -0.5]) - s_bytes).detach()

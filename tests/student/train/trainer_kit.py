@@ -78,7 +78,7 @@ class LossRecorder:
         real = steps_module.distill_step
 
         def recording(policy, optimizer, scheduler, scored, **kw):
-            if kw.get("kind") == "none":  # an SFT step (the warm-up): not a distillation update
+            if kw["objective"].kind == "none":  # an SFT step (the warm-up): not a distillation update
                 return real(policy, optimizer, scheduler, scored, **kw)
             self.calls.append({
                 "version": self.trainer.version,

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult, read_trajectories
-from miniverl.student.train.objectives import LossSettings, TeacherTargets
-from miniverl.student.train.objectives.variants import TASK_REWARD, with_step_inputs
+from miniverl.common.recipe_sections import LossConfig
+from miniverl.student.train.objectives import TeacherTargets
+from miniverl.student.train.objectives.variants import TaskReward
 from tests.toy_kit import events, make_recipe, metrics
 
 torch.set_num_threads(1)
@@ -35,8 +36,8 @@ def test_the_task_reward_gradient_is_reinforce_with_a_leave_one_out_baseline():
     # Two tasks, two episodes each: advantages r - (mean of the others of its task).
     trajs = [_traj("a", 1.0, 0), _traj("a", 0.0, 1), _traj("b", 0.5, 2), _traj("b", 0.5, 3)]
     positions = [np.array([2, 3]) for _ in trajs]
-    settings = LossSettings(chunk_size=3)
-    extra = TASK_REWARD.step_inputs(trajs, positions, settings)
+    task_reward = TaskReward(LossConfig(chunk_size=3))
+    extra = task_reward.step_inputs(trajs, positions)
     advantage = np.concatenate([e["advantage_P"] for e in extra])
     assert advantage.tolist() == [1.0, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
     ids = torch.tensor(np.concatenate([np.asarray(t.tokens)[p + 1] for t, p in
@@ -44,8 +45,8 @@ def test_the_task_reward_gradient_is_reinforce_with_a_leave_one_out_baseline():
     torch.manual_seed(0)
     head = torch.nn.Linear(4, V, bias=False).double()
     hidden = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
-    targets = with_step_inputs(TeacherTargets(sampled_ids_P=ids), extra, "cpu")
-    loss, metrics_ = TASK_REWARD.loss(hidden, head, targets, settings)
+    targets = TeacherTargets(sampled_ids_P=ids).with_inputs(extra, "cpu")
+    loss, metrics_ = task_reward.loss(hidden, head, targets)
     loss.backward()
     logits = head(hidden).detach()
     closed = -(torch.from_numpy(advantage)[:, None] * (F.one_hot(ids, V) - logits.softmax(-1)))
@@ -58,7 +59,7 @@ def test_the_task_reward_gradient_is_reinforce_with_a_leave_one_out_baseline():
 def test_one_reward_for_every_episode_of_a_task_moves_nothing():
     # No episode beat its siblings: every advantage is 0, so is the gradient.
     trajs = [_traj("a", 1.0, 0), _traj("a", 1.0, 1)]
-    extra = TASK_REWARD.step_inputs(trajs, [np.array([2, 3])] * 2, LossSettings())
+    extra = TaskReward(LossConfig()).step_inputs(trajs, [np.array([2, 3])] * 2)
     assert all(np.all(e["advantage_P"] == 0.0) for e in extra)
 
 
