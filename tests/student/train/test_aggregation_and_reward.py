@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from test_losses import DT, _logits
 
 from miniverl.common.errors import ConfigError
-from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult
 from miniverl.common.recipe_sections import LossConfig
+from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult
 from miniverl.student.train.objectives import TeacherTargets, objective_for
 from miniverl.student.train.objectives.objective import given_logits
 from miniverl.student.train.objectives.variants import (

@@ -11,6 +11,7 @@ import torch
 
 from miniverl.common.alignment import MODEL, Alignment
 from miniverl.common.errors import ConfigError
+from miniverl.common.recipe_sections import LossConfig
 from miniverl.protocol.xvocab import groups_of_alignment
 from miniverl.student.train.cross_vocab import (
     VocabMap,
@@ -18,7 +19,6 @@ from miniverl.student.train.cross_vocab import (
     merge_group_probs,
     uld_distance_G,
 )
-from miniverl.common.recipe_sections import LossConfig
 from miniverl.student.train.objectives import TeacherTargets
 from miniverl.student.train.objectives.group_uld import GroupULD, group_chunks
 from miniverl.student.train.objectives.table import objective_for_kind

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from miniverl.common.alignment import MODEL, TEMPLATE, Alignment
-from miniverl.protocol.xvocab import groups_of_alignment
 from miniverl.common.recipe_sections import LossConfig
+from miniverl.protocol.xvocab import groups_of_alignment
 from miniverl.student.train.objectives import TeacherTargets
 from miniverl.student.train.objectives.formulas import sampled_token_reverse_kl_P
 from miniverl.student.train.objectives.group_sampled_token import GroupSampledToken

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from miniverl.common.errors import ConfigError
-from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult, read_trajectories
 from miniverl.common.recipe_sections import LossConfig
+from miniverl.common.trajectory import Span, SpanType, Trajectory, VerifierResult, read_trajectories
 from miniverl.student.train.objectives import TeacherTargets
 from miniverl.student.train.objectives.variants import TaskReward
 from tests.toy_kit import events, make_recipe, metrics
