@@ -406,17 +406,30 @@ def register(app: typer.Typer) -> None:
         """Check a recipe; print every error with its location, or a short plan."""
         from miniverl.common.errors import ConfigError
         from miniverl.common.recipe import load_recipe, recipe_digest
+        from miniverl.common.recipe_paths import path_problems
 
         try:
             recipe = load_recipe(recipe_path)
-            _check_environment(recipe)
+            problems = []
+            try:
+                _check_environment(recipe)
+            except ConfigError as exc:
+                problems.append(str(exc))
+            # What `up` would refuse about the recipe's own paths, before anything exists.
+            problems += [f"{recipe_path}: {line}"
+                         for line in path_problems(recipe, recipe_path.resolve().parent)]
+            if problems:
+                raise ConfigError("\n".join(problems))
             vocab_note = _check_toy_vocab(recipe)
         except ConfigError as exc:
-            # One line per problem, each marked, so none hides behind another.
+            # One line per problem, each marked, so none hides behind another; a count
+            # after several (one problem is its one line).
             problems = str(exc).splitlines()
             for line in problems:
                 typer.echo(f"error: {line}", err=True)
-            typer.echo(f"{recipe_path}: {len(problems)} problem(s); fix them and re-run", err=True)
+            if len(problems) > 1:
+                typer.echo(f"{recipe_path}: {len(problems)} problem(s); fix them and re-run",
+                           err=True)
             raise typer.Exit(1) from None
         typer.echo(f"{recipe_path}: valid ({recipe_digest(recipe)[:19]})")
         for line in plan_lines(recipe):

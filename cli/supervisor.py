@@ -45,7 +45,9 @@ from rich.console import Console
 
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.jsonl_tail import JsonlTail
+from miniverl.common.names import path_inside
 from miniverl.common.recipe import Recipe, load_recipe
+from miniverl.common.recipe_paths import path_problems
 from miniverl.common.rundir import RunDir, new_run_id
 from miniverl.protocol.endpoints import admin_token_path
 from miniverl.student.progress import TrainProgress
@@ -117,6 +119,11 @@ class Supervisor:
         self.recipe_path = Path(recipe_path).resolve()
         self.recipe = with_loggers(load_recipe(self.recipe_path), loggers)
         check_loggers(self.recipe.run.loggers)  # before a run directory exists
+        # What `validate` refuses about the recipe's paths is refused before the run
+        # directory exists too (a missing adapter once left a step_0 run behind).
+        problems = path_problems(self.recipe, self.recipe_path.parent)
+        if problems:
+            raise ConfigError(problems[0])
         self.loggers = list(loggers or [])
         if output_dir is not None:
             self.recipe = self.recipe.model_copy(
@@ -266,8 +273,9 @@ class Supervisor:
                                f"{named.endpoint}")
 
     def _spawn_named(self, named: NamedTeacher) -> None:
+        log = path_inside(self.run.logs_dir, f"teacher-{named.name}.log", what="teacher log")
         args = ["--bind", named.endpoint,
-                "--log", str(self.run.logs_dir / f"teacher-{named.name}.log"),
+                "--log", str(log),
                 "--threads", str(threads_per_process(self.recipe)),
                 "--heartbeat-ms", str(self.recipe.runtime.heartbeat_ms),
                 "--recipe", str(self.recipe_path), "--recipe-teacher", named.name,
@@ -435,7 +443,10 @@ class Supervisor:
             # with STOP_GRACE_S a teacher that failed to load kept `up` waiting 2 minutes.
             self._shutdown(1, grace_s=START_FAILED_GRACE_S)
             first_line = (str(exc).splitlines() or [""])[0]
-            self._close_abandoned_run(f"{type(exc).__name__}: {first_line}")
+            # The student, stopped by the shutdown, marks its run `interrupted` with no
+            # reason; the run failed, and its status says why (issue 53).
+            self._close_abandoned_run(f"{type(exc).__name__}: {first_line}",
+                                      failed_start=True)
             raise
         finally:
             for sig, handler in previous.items():
@@ -527,16 +538,23 @@ class Supervisor:
                            f"{self.run.logs_dir / 'student.log'})", markup=False, highlight=False,
                            soft_wrap=True)
 
-    def _close_abandoned_run(self, reason: str) -> None:
+    def _close_abandoned_run(self, reason: str, failed_start: bool = False) -> None:
         """A student killed outright (SIGKILL, the OOM killer) cannot mark its run; do it.
 
         Without this the run stayed ``running`` forever and ``--resume`` was the only
-        way to learn it was dead.
+        way to learn it was dead. ``failed_start``: the run failed while its processes
+        started (the student was stopped for it, and said only ``interrupted``): it is
+        ``failed``, with ``reason``.
         """
         try:
-            if self.run.status not in ("ready", "running"):
+            current = self.run.status
+            if failed_start and current == "interrupted":
+                self.run.event("run_failed", reason=reason)
+                self.run.set_status("failed", reason=reason)
                 return
-            status = "interrupted" if self._stopping else "failed"
+            if current not in ("ready", "running"):
+                return
+            status = "interrupted" if self._stopping and not failed_start else "failed"
             self.run.event("run_interrupted" if self._stopping else "run_failed", reason=reason)
             self.run.set_status(status, reason=reason)
         except (MiniverlError, OSError, ValueError) as exc:

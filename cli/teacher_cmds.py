@@ -359,6 +359,7 @@ def use(
 ) -> None:
     """Switch a running student to another teacher at its next update boundary (RETARGET);
     a teacher the run would refuse is refused now (exit 1)."""
+    from miniverl.common.names import check_route
     from miniverl.protocol.control_socket import (
         RetargetRequest,
         control_endpoint,
@@ -366,6 +367,8 @@ def use(
         new_id,
     )
 
+    if route is not None:
+        check_route(route)  # a name is a name before it is sent (common/names.py)
     reply = control_request(
         control_endpoint(run), RetargetRequest(id=new_id(), endpoint=endpoint, route=route),
         timeout_s=timeout)

@@ -24,8 +24,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .errors import ConfigError
+from .names import name_problem
 from .recipe_io import load_yaml_model, loads_yaml_model
 from .recipe_models import StudentConfig, TeacherConfig
+from .recipe_paths import anchor_paths
 from .recipe_sections import (
     LOSS_VARIANT_FIELDS,
     CacheConfig,
@@ -209,10 +211,22 @@ class Recipe(BaseModel):
     # validated fields from ``info.data``: they still run when an unrelated section is
     # broken, so one `validate` shows every problem.
 
+    @field_validator("teachers", mode="before")
+    @classmethod
+    def _teacher_names(cls, teachers: Any):
+        # A name becomes a socket folder and a log file (common/names.py): checked first,
+        # alone, so `../../../../s` is one line and nothing downstream reads it.
+        if isinstance(teachers, dict):
+            raise_issues([((), problem) for problem in (
+                name_problem(name, "teacher") for name in teachers) if problem is not None])
+        return teachers
+
     @field_validator("teacher")
     @classmethod
     def _teacher_needed(cls, teacher: TeacherConfig | None, info: ValidationInfo):
         run, teachers = info.data.get("run"), info.data.get("teachers")
+        if "teachers" not in info.data:  # broken, and reported: its section is there
+            return teacher
         if teacher is not None and teachers is not None:
             raise_issues([((), "teacher and teachers both name the run's teachers; keep one: "
                                "teacher for one, teachers (name -> section) for several")])
@@ -222,7 +236,8 @@ class Recipe(BaseModel):
         if run is not None and teacher is None and teachers is None \
                 and run.mode in TEACHER_MODES:
             raise_issues([((), f"mode {run.mode!r} needs a teacher section (teacher: "
-                               "{model: ...}); add one or set run.mode: sft")])
+                               "{model: ...}); add one or set run.mode: sft",
+                           ("/teachers", "/teacher"))])
         return teacher
 
     @field_validator("environments")
@@ -231,8 +246,12 @@ class Recipe(BaseModel):
                        info: ValidationInfo):
         run, teacher = info.data.get("run"), info.data.get("teacher")
         teachers = info.data.get("teachers")
-        issues: list[tuple[tuple[str | int, ...], str]] = routing_issues(
-            run, teacher, teachers, mixture)
+        # Routes read the teacher sections: while one is broken (reported at its own
+        # field), its routes are not judged, so one mistake gives one error.
+        sections_ok = "teacher" in info.data and "teachers" in info.data
+        issues: list[tuple] = [
+            (*issue, ("/teacher", "/teachers"))
+            for issue in routing_issues(run, teacher, teachers, mixture)] if sections_ok else []
         if mixture is None:
             raise_issues(issues)
             return mixture
@@ -442,7 +461,8 @@ class Recipe(BaseModel):
             for name, section in teachers.items():
                 issues.extend(((field,), f"teachers.{name}: {text}") for (field,), text in
                               _teacher_set_issues(section, info.data.get("rollout")))
-        elif train.fixed_set == "teacher" and "teacher" in info.data:  # absent: reported
+        elif train.fixed_set == "teacher" and "teacher" in info.data \
+                and "teachers" in info.data:  # absent: reported
             issues.extend(_teacher_set_issues(info.data.get("teacher"), info.data.get("rollout")))
         if mode == "sft" and train.fixed_set != "teacher" \
                 and is_routed(info.data.get("teacher"), teachers):
@@ -722,8 +742,11 @@ def diff_recipes(a: Recipe, b: Recipe) -> list[str]:
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    """Parse and validate a recipe file; ConfigError lists every error with its location."""
-    return load_yaml_model(path, Recipe)
+    """Parse and validate a recipe file; ConfigError lists every error with its location.
+
+    The paths the recipe reads (model directories, adapters) are made absolute against
+    the recipe's own folder, as ``prepare:`` always was (common/recipe_paths.py)."""
+    return anchor_paths(load_yaml_model(path, Recipe), Path(path).resolve().parent)
 
 
 def loads_recipe(text: str, source: str = "<string>") -> Recipe:

@@ -163,8 +163,12 @@ def _rule_involves_removed(
     err: dict[str, Any], sub: list, involves: list, removed: set, names: frozenset[str]
 ) -> bool:
     base = _strip_union_tags(tuple(err["loc"]), names)
-    paths = [(*base, *sub), *((*base, name) for name in involves)]
-    return any(path[: i + 1] in removed for path in paths for i in range(len(path)))
+    paths = [(*base, *sub), *((*base, name) for name in involves if not name.startswith("/"))]
+    if any(path[: i + 1] in removed for path in paths for i in range(len(path))):
+        return True
+    # "/teacher": a section read from the root; any field removed under it counts.
+    roots = [tuple(name[1:].split(".")) for name in involves if name.startswith("/")]
+    return any(loc[: len(root)] == root for root in roots for loc in removed)
 
 
 def _delete(data: Any, loc: Loc) -> bool:

@@ -15,12 +15,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .names import NAME, name_problem
 from .recipe_sections import Section, raise_issue, raise_issues
 
 HEX40 = r"^[0-9a-f]{40}$"
 # A teacher's name under teachers: and an adapter's name: they travel on the wire (a
-# SCORE's adapter) and name a route in metrics, so they are short and plain.
-ROUTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# SCORE's adapter) and name a route in metrics, so they are short and plain (one
+# pattern for every name: common/names.py).
+ROUTE_NAME = NAME
 # https://, hf://, s3://, file://, ...: a recipe never names a URL (issue 18).
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
@@ -314,10 +316,9 @@ class TeacherConfig(Placement):
     @classmethod
     def _adapter_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for name, ref in (value or {}).items():
-            if not ROUTE_NAME.fullmatch(name):
-                raise ValueError(
-                    f"adapter name {name!r} must be 1-64 letters, digits, '_', '-' or '.', "
-                    "starting with a letter or digit (it travels in every SCORE); rename it")
+            problem = name_problem(name, "adapter")  # it travels in every SCORE
+            if problem is not None:
+                raise ValueError(problem)
             if not ref:
                 raise ValueError(f"adapter {name!r} has an empty path; give its directory or "
                                  "hub id")

@@ -33,17 +33,22 @@ def raise_issues(issues: list[tuple], involves: dict[str, tuple[str, ...]] | Non
     ``load_recipe`` expands them into one line each with a precise location; a plain
     ``model_validate`` shows them joined by ``"; "``. ``involves`` maps a sub-location's
     first part to the sibling fields the rule reads, so a rule is not re-reported with a
-    default value once one of those fields was reported broken.
+    default value once one of those fields was reported broken. An issue may carry its
+    own involved fields as a third item; a field named ``"/section.field"`` is a path
+    from the recipe's root (a rule of one section that reads another: a route reads the
+    teacher sections, so a broken teacher section is reported alone, not with the
+    routes it leaves unserved).
     """
     if issues:
         involves = involves or {}
         raise PydanticCustomError(
             "miniverl_rule",
-            "; ".join(msg for _, msg in issues),
+            "; ".join(msg for _, msg, *_ in issues),
             {
                 "issues": [
-                    (list(loc), msg, list(involves.get(str(loc[0]) if loc else "", ())))
-                    for loc, msg in issues
+                    (list(loc), msg, list(own[0] if own else
+                                          involves.get(str(loc[0]) if loc else "", ())))
+                    for loc, msg, *own in issues
                 ]
             },
         )

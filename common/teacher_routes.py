@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .names import name_problem
 from .qualification import TeacherNotQualified, require_qualified
 from .recipe_sections import EnvironmentConfig
 
@@ -172,6 +173,9 @@ def teacher_flags(values: list[str] | str | None) -> tuple[str | None, dict[str,
     for value in values:
         name, sep, endpoint = value.partition("=")
         if sep and "://" not in name:
+            problem = name_problem(name, "teacher")
+            if problem is not None:
+                raise ConfigError(f"--teacher {value[:200]}: {problem}")
             if name in named:
                 raise ConfigError(f"--teacher {value}: teacher {name!r} is named twice; give "
                                   "each teacher one endpoint")

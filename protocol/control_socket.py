@@ -21,6 +21,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miniverl.common.errors import MiniverlError, ProtocolError, TeacherUnavailable
+from miniverl.common.names import NAME
 from miniverl.protocol.codec import decode_header_only, encode
 from miniverl.protocol.endpoints import check_endpoint
 
@@ -42,7 +43,9 @@ class RetargetRequest(_Control):
     t: Literal["RETARGET"] = "RETARGET"
     endpoint: str = Field(min_length=1, max_length=1024)
     # Several teachers (docs/several-teachers.md): the route to move; None for one teacher.
-    route: str | None = Field(None, min_length=1, max_length=129)
+    # TEACHER or TEACHER/ADAPTER, each the one name pattern (common/names.py).
+    route: str | None = Field(None, pattern=rf"^{NAME.pattern}(/{NAME.pattern})?$",
+                              max_length=129)
 
 
 class StopRequest(_Control):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.names import make_private_dirs
 
 DEFAULT_TCP_ENDPOINT = "tcp://127.0.0.1:5555"
 IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, one for the NUL
@@ -77,17 +78,17 @@ def check_endpoint(endpoint: str) -> str:
 def check_bind_endpoint(endpoint: str, curve_configured: bool) -> str:
     """Validate a server bind endpoint and prepare it; returns the endpoint.
 
-    ``ipc://``: the socket's directory is created with mode 0700 when missing (an
-    existing directory is left as it is). ``tcp://``: a non-loopback host (``*``,
+    ``ipc://``: the socket's missing directories are created with mode 0700 (an existing
+    directory is left as it is, its mode included; :func:`make_private_dirs`). ``tcp://``: a non-loopback host (``*``,
     ``0.0.0.0``, a LAN address, a host name) needs CURVE keys, else :class:`ConfigError`.
     """
     check_endpoint(endpoint)
     scheme, rest = endpoint.split("://", 1)
     if scheme == "ipc":
-        parent = Path(rest).parent
-        if not parent.exists():
-            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(parent, 0o700)
+        # Only the folders made here become 0700: an existing one, reached through '..'
+        # or not, keeps its mode (a resolved parent's chmod once set the machine's
+        # temporary folder to 0700; issue 53).
+        make_private_dirs(Path(rest).parent)
     elif scheme == "tcp":
         host = rest.rpartition(":")[0]
         if not is_loopback(host) and not curve_configured:
@@ -277,7 +278,8 @@ def apply_curve_client(socket, keys: CurveClientKeys) -> None:
 
 
 def create_curve_keys(folder: str | os.PathLike) -> dict[str, Path]:
-    """Create a teacher's CURVE certificates in ``folder`` (0700) and return their paths.
+    """Create a teacher's CURVE certificates in ``folder`` (0700 when created here) and
+    return their paths.
 
     ``server.key_secret`` (the teacher's), ``server.key`` (its public key: every client
     needs it), ``student.key_secret`` and ``admin.key_secret`` (the clients'), and the
@@ -303,8 +305,7 @@ def create_curve_keys(folder: str | os.PathLike) -> dict[str, Path]:
             "directory or remove the old keys first"
         )
     for folder_path in (root, paths["authorized_dir"], paths["admin_dir"]):
-        folder_path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(folder_path, 0o700)
+        make_private_dirs(folder_path)  # an existing folder keeps its mode
     zmq.auth.create_certificates(str(root), "server")
     for name, listed in (("student", "authorized_dir"), ("admin", "admin_dir")):
         zmq.auth.create_certificates(str(root), name)

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from miniverl.common.errors import ProtocolError
+from miniverl.common.names import MAX_NAME, NAME
 
 PROTOCOL_VERSION = 1
 PROTOCOL_NAME = "mvl-score/1"
@@ -93,6 +94,10 @@ class ProtocolViolation(ProtocolError):
 Id = Annotated[int, Field(ge=0, le=MAX_ID)]
 Count = Annotated[int, Field(ge=0, le=MAX_ID)]
 Name = Annotated[str, Field(max_length=1024)]
+# An adapter's name (HELLO, SCORE, HELLO_OK's list): the one pattern of every teacher,
+# route and adapter name (common/names.py), so a peer's name never reaches a path or a
+# log line as anything else.
+AdapterName = Annotated[str, Field(pattern=rf"^{NAME.pattern}$", max_length=MAX_NAME)]
 # A vocabulary size and a top-k, both within int32 (token ids travel as i4).
 VocabSize = Annotated[int, Field(ge=1, le=2**31 - 1)]
 TopK = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -127,7 +132,7 @@ class AdapterInfo(_Wire):
     """One adapter a teacher serves under a name (docs/protocol.md, "Adapters"): the
     name a HELLO and a SCORE ask for, and the digest of its files (``adapter_sha256``)."""
 
-    name: Name
+    name: AdapterName
     adapter_sha256: Name
 
 
@@ -213,7 +218,7 @@ class Hello(Message):
     tokenizer_fp: Name
     vocab_size: VocabSize
     understands: Annotated[list[Negotiated], Field(min_length=1, max_length=8)] | None = None
-    adapter: Name | None = None
+    adapter: AdapterName | None = None
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:
@@ -264,7 +269,7 @@ class Score(Message):
     temperature: float = 1.0
     deadline_ms: int | None = Field(None, ge=0, le=MAX_ID)
     deterministic: bool = False
-    adapter: Name | None = None
+    adapter: AdapterName | None = None
 
     @field_validator("temperature")
     @classmethod

@@ -26,6 +26,7 @@ import zmq
 
 from miniverl.common.atomic import atomic_write_json
 from miniverl.common.errors import MiniverlError, TeacherUnavailable
+from miniverl.common.names import path_inside
 from miniverl.protocol.codec import decode, encode
 from miniverl.protocol.control_socket import (
     REQUESTS,
@@ -54,11 +55,12 @@ RETARGET_HANDSHAKE_S = 5.0
 
 
 def socket_endpoint(run_dir: Path, name: str) -> str:
-    """``ipc://<run>/<name>``, or a short private path when the run path is too long."""
-    path = Path(run_dir).resolve() / name
+    """``ipc://<run>/<name>``, or a short private path when the run path is too long;
+    ``name`` (``teacher-<teacher name>.sock``) must stay inside that folder."""
+    path = path_inside(Path(run_dir).resolve(), name, what="socket")
     if len(str(path).encode()) <= IPC_PATH_MAX:
         return f"ipc://{path}"
-    short = Path(tempfile.mkdtemp(prefix="mvl-")) / name
+    short = path_inside(tempfile.mkdtemp(prefix="mvl-"), name, what="socket")
     return f"ipc://{short}"
 
 

@@ -31,10 +31,11 @@ from miniverl.common.adapters import (
 )
 from miniverl.common.errors import ConfigError
 from miniverl.common.modeling import load_causal_lm, resolve_model_dir
+from miniverl.common.names import name_problem
 from miniverl.common.recipe import load_recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.common.toy import toy_model_dir
-from miniverl.protocol.messages import MAX_ADAPTERS, AdapterInfo
+from miniverl.protocol.messages import MAX_ADAPTERS
 
 
 @dataclass(frozen=True)
@@ -151,15 +152,15 @@ def parse_adapters(pairs: list[str] | None) -> dict[str, str] | None:
 
 def check_adapters(adapters: dict[str, str]) -> None:
     """The rules of named adapters, before anything loads: at most 64, each name as the
-    wire allows it (1 to 1024 characters), each value an adapter directory (with
+    wire allows it (common/names.py: 1-64 letters, digits, ``_``, ``-``, ``.``), each value an adapter directory (with
     ``adapter_config.json`` and ``adapter_model.safetensors``) or a pinned hub id."""
     if len(adapters) > MAX_ADAPTERS:
         raise ConfigError(f"--adapters: {len(adapters)} adapters; a teacher serves at most "
                           f"{MAX_ADAPTERS}; serve the rest from another teacher")
     for name, ref in adapters.items():
-        if not name or len(name) > 1024 or not _wire_name(name):
-            raise ConfigError(f"--adapters {name[:40]!r}={ref}: an adapter name has 1 to 1024 "
-                              "characters; pass NAME=DIR with a short name, e.g. calc=DIR")
+        problem = name_problem(name, "adapter")  # the wire's AdapterName: common/names.py
+        if problem is not None:
+            raise ConfigError(f"--adapters {name[:40]!r}={ref[:200]}: {problem} (e.g. calc=DIR)")
         if Path(ref).expanduser().is_dir():
             missing = [f for f in ADAPTER_FILES if not (Path(ref).expanduser() / f).is_file()]
             if missing:
@@ -170,15 +171,6 @@ def check_adapters(adapters: dict[str, str]) -> None:
             raise ConfigError(f"--adapters {name}={ref}: no such directory, nor a pinned hub id "
                               "ORG/NAME@<40-hex>; pass an adapter directory saved with "
                               "PeftModel.save_pretrained, or pin the hub adapter's commit")
-
-
-def _wire_name(name: str) -> bool:
-    """``name`` travels in ``AdapterInfo.name`` (the wire's ``Name`` rule)."""
-    try:
-        AdapterInfo(name=name, adapter_sha256="sha256:")
-    except ValueError:
-        return False
-    return True
 
 
 def _load_named_adapters(model: Any, adapters: dict[str, str], offline: bool):

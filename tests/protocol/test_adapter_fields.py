@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from miniverl.common.errors import AdapterNotServed, TeacherError
+from miniverl.common.names import NAME
 from miniverl.protocol import messages as m
 from miniverl.protocol.codec import decode, decode_header_only, encode
 from miniverl.protocol.messages import ErrorCode, ProtocolViolation
@@ -32,7 +33,8 @@ from miniverl.testing import (
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SERVED = {"calc": "sha256:" + "1" * 64, "chat": "sha256:" + "2" * 64}
-NAMES = st.text(min_size=0, max_size=1024)
+# Every name the one pattern allows (common/names.py); anything else is BAD_REQUEST.
+NAMES = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 ARRAYS = {"tokens": np.arange(6, dtype=np.int32), "cu_seqlens": np.array([0, 6], np.int32),
           "positions": np.arange(5, dtype=np.int32)}
 
@@ -104,7 +106,13 @@ def test_adapter_lists_round_trip_in_hello_ok_and_status_ok(adapters):
 
 
 INTS = st.integers(-(2**63), 2**63 - 1)  # what msgpack packs
+# A name outside the pattern (a path, an empty or an overlong one) is as malformed as a
+# number: a peer's adapter name never reaches a path or a log as anything else.
+HOSTILE_NAMES = (st.sampled_from(["", "../x", "a/b", ".hidden", "-x", "a=b", "a b", "x" * 65,
+                                  "calc\n", "\u00e9"])
+                 | st.text(min_size=1).filter(lambda t: not NAME.fullmatch(t)))
 BAD_VALUES = (st.booleans() | INTS | st.floats() | st.text(min_size=1025, max_size=1100)
+              | HOSTILE_NAMES
               | st.lists(INTS, min_size=1, max_size=3)
               | st.dictionaries(st.text(max_size=4), INTS, max_size=2))
 

@@ -37,7 +37,8 @@ SERVE = ["teacher", "serve", "--model", "model", "--device", "cpu"]
 CASES = [
     (["--adapters", "calc"], ["'calc' is not NAME=DIR", "e.g. --adapters calc=adapters/calc"]),
     (["--adapters", "calc="], ["'calc=' is not NAME=DIR"]),
-    (["--adapters", "=adapters/calc"], ["=adapters/calc", "1 to 1024 characters"]),
+    (["--adapters", "=adapters/calc"], ["=adapters/calc", "adapter name '' must be 1-64"]),
+    (["--adapters", "../x=adapters/calc"], ["'../x'=adapters/calc", "starting with a letter"]),
     (["--adapters", "calc=adapters/calc", "--adapters", "calc=adapters/chat"],
      ["'calc=adapters/chat'", "given twice", "its own name"]),
     (["--adapters", "calc=adapters/missing"],

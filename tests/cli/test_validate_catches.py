@@ -1,0 +1,111 @@
+"""`validate` catches what `up` would, one mistake one line (issue 53).
+
+What a user relies on (docs/recipes.md, "Errors", "Names", "Paths"): a teacher named
+``../../../../s`` or ``a=b``, an adapter named ``a/b``, ``adapters: {}``, an adapter
+folder that does not exist, ``../../../../etc`` or a file instead of a folder are each
+refused by ``miniverl validate`` with exactly one line and exit 1, before any process
+or folder exists; ``up`` refuses the same recipe without creating a run folder and
+without changing the mode of any folder; a recipe's paths resolve from its own folder
+whatever the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from miniverl.cli.app import run
+
+TOY = "{toy: {}}"
+
+
+def routed(teacher_name: str = "nav", adapters: str | None = None, out: str = "runs") -> str:
+    """Two teachers (calc, ``teacher_name``), or one teacher with ``adapters``."""
+    head = (f"schema_version: 1\nrun: {{name: t, mode: opd, output_dir: {out}}}\n"
+            f"student: {{model: {TOY}, device: cpu, dtype: float32}}\n")
+    if adapters is not None:
+        return head + (f"teacher: {{model: {TOY}, device: cpu, adapters: {adapters}}}\n"
+                       "environments:\n  - {name: calculator, adapter: x}\n"
+                       "  - {name: jsonnav, adapter: y}\n")
+    return head + (f"teachers:\n  calc: {{model: {TOY}, device: cpu}}\n"
+                   f"  '{teacher_name}': {{model: {TOY}, device: cpu}}\n"
+                   "environments:\n  - {name: calculator, teacher: calc}\n"
+                   f"  - {{name: jsonnav, teacher: '{teacher_name}'}}\n")
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    for name in ("x", "y"):
+        (tmp_path / "ad" / name).mkdir(parents=True)
+        (tmp_path / "ad" / name / "adapter_config.json").write_text("{}")
+    (tmp_path / "afile").write_text("not a folder")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # paths resolve from the recipe's folder, not from here
+    return tmp_path
+
+
+CASES = {
+    "traversal": (routed("../../../../s"), "teacher name '../../../../s' must be 1-64"),
+    "equals": (routed("a=b"), "teacher name 'a=b' must be 1-64"),
+    "adapter slash": (routed(adapters="{'a/b': ad/x, x: ad/x, y: ad/y}"),
+                      "adapter name 'a/b' must be 1-64"),
+    "no adapters": (routed(adapters="{}"), "teacher.adapters: Dictionary should have at least 1"),
+    "missing adapter": (routed(adapters="{x: ad/missing, y: ad/y}"),
+                        "teacher.adapters.x: '{root}/ad/missing' does not exist"),
+    "etc": (routed(adapters="{x: ../../../../etc, y: ad/y}"), "holds no adapter_config.json"),
+    "file": (routed(adapters="{x: afile, y: ad/y}"), "'{root}/afile' is a file, not a folder"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_mistake_is_one_line_of_validate(folder, case, capsys):
+    text, words = CASES[case]
+    recipe = folder / "r.yaml"
+    recipe.write_text(text)
+    code = run(["validate", str(recipe)])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 1 and captured.out == ""
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and words.format(root=folder) in lines[0]
+
+
+def test_good_adapters_resolve_from_the_recipes_folder(folder, capsys):
+    recipe = folder / "r.yaml"
+    recipe.write_text(routed(adapters="{x: ad/x, y: ad/y}"))
+    assert run(["validate", str(recipe)]) == 0, capsys.readouterr().err
+    from miniverl.common.recipe import load_recipe
+
+    assert load_recipe(recipe).teacher.adapters == {"x": str(folder / "ad" / "x"),
+                                                    "y": str(folder / "ad" / "y")}
+
+
+def modes(root: Path) -> dict[str, int]:
+    """The mode of every folder under ``root`` and of ``root``'s parents."""
+    found = {str(p): stat.S_IMODE(os.stat(p).st_mode) for p in (root, *root.parents)}
+    for where, subdirs, _ in os.walk(root):
+        for sub in subdirs:
+            found[str(Path(where) / sub)] = stat.S_IMODE(os.stat(Path(where) / sub).st_mode)
+    return found
+
+
+@pytest.mark.parametrize("case", ["traversal", "missing adapter", "file"])
+def test_up_refuses_before_any_folder_exists_and_changes_no_mode(folder, case, capsys):
+    # The traversal name once made `up` exit 0 having set a folder outside the run folder
+    # (the machine's temporary folder, in one variant) to 0700.
+    out = folder / "out"
+    out.mkdir()
+    os.chmod(out, 0o755)
+    text = CASES[case][0].replace("output_dir: runs", f"output_dir: {out}")
+    recipe = folder / "r.yaml"
+    recipe.write_text(text)
+    before = modes(folder)
+    code = run(["up", str(recipe), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("error: "), err
+    assert modes(folder) == before  # nothing created, no mode changed
+    assert list(out.iterdir()) == []
