@@ -402,22 +402,23 @@ def option_table_problems(up_page: Path = ROOT / "docs/up.md",
 
 
 def trainer_signature_problems(page: Path = ROOT / "docs/training.md") -> list[str]:
-    """The ``Trainer(...)`` line of docs/training.md is the constructor's signature."""
-    import inspect
-
-    from miniverl.student.train.trainer import Trainer
-
+    """The ``Trainer(...)`` line of docs/training.md is the constructor's signature (read
+    from student/train/trainer.py's source: no torch, no import of the trainer)."""
     text = " ".join(page.read_text(encoding="utf-8").split())
     match = re.search(r"`Trainer\((recipe, \*,[^`]*)\)`", text)
     if match is None:
         return [f"{_rel(page)}: no `Trainer(recipe, *, ...)` line"]
-    args = ast.parse(f"def f({match[1]}): pass").body[0].args  # type: ignore[attr-defined]
-    shown = [(a.arg, None) for a in args.args] + [
-        (a.arg, ast.literal_eval(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults,
-                                                     strict=True)]
-    real = [(name, None if p.default is inspect.Parameter.empty else p.default)
-            for name, p in inspect.signature(Trainer.__init__).parameters.items()
-            if name != "self"]
+
+    def params(args: ast.arguments) -> list[tuple[str, Any]]:
+        return [(a.arg, None) for a in args.args if a.arg != "self"] + [
+            (a.arg, None if d is None else ast.literal_eval(d))
+            for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+
+    shown = params(ast.parse(f"def f({match[1]}): pass").body[0].args)  # type: ignore[attr-defined]
+    source = ast.parse((ROOT / "student/train/trainer.py").read_text(encoding="utf-8"))
+    [init] = [n for c in source.body if isinstance(c, ast.ClassDef) and c.name == "Trainer"
+              for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    real = params(init.args)
     if shown != real:
         return [f"{_rel(page)}: the Trainer line shows {shown}; the code has {real}"]
     return []

@@ -115,3 +115,10 @@ def test_an_options_table_that_leaves_out_an_option_fails(page):
     row = next(line for line in up.splitlines() if line.startswith("| `--logger NAME`"))
     problems, _ = drift.option_table_problems(up_page=page(up.replace(row + "\n", "")))
     assert problems == ["synthetic.md: the options table leaves out miniverl up --logger"]
+
+
+def test_a_trainer_line_that_leaves_out_an_argument_fails(page):
+    text = (drift.ROOT / "docs/training.md").read_text(encoding="utf-8")
+    assert "recipe_text=None, " in text
+    [problem] = drift.trainer_signature_problems(page(text.replace("recipe_text=None, ", "")))
+    assert "the Trainer line shows" in problem and "'recipe_text'" in problem
