@@ -37,6 +37,13 @@ class Unauthorized(TeacherError):
     """The teacher refused an admin message (``ERROR UNAUTHORIZED``): no admin proof."""
 
 
+class TeacherRefusing(TeacherUnavailable, TeacherError):
+    """The teacher answered a SCORE with a non-retryable ``ERROR`` (it cannot serve this
+    request: an adapter it no longer serves, a kind it does not give). The run treats it
+    as an unavailable teacher, not as a protocol error: a route of several is held back
+    for that update, and the run goes on with the others (docs/several-teachers.md)."""
+
+
 class AdapterNotServed(TeacherError):
     """The teacher does not serve the adapter this client scores with: it refused the
     ``HELLO`` naming it, or its ``HELLO_OK`` does not list it (docs/protocol.md, "Adapters")."""

@@ -35,7 +35,12 @@ from typing import Any, Literal, NamedTuple, Protocol
 import anyio
 import numpy as np
 
-from miniverl.common.errors import StaleTargetError, TeacherError, TokenizerMismatch
+from miniverl.common.errors import (
+    StaleTargetError,
+    TeacherError,
+    TeacherRefusing,
+    TokenizerMismatch,
+)
 from miniverl.protocol.checks import reply_problem, xvocab_reply_problem
 from miniverl.protocol.messages import (
     ErrorCode,
@@ -349,10 +354,11 @@ class PendingTable:
         elif msg.retryable or msg.code in RETRYABLE_CODES:
             req.retry_at = time.monotonic() + retry_after_s
         else:
-            self._drop(
-                req,
-                TeacherError(f"teacher refused SCORE {rid}: {msg.code.value}: {msg.message}"),
-            )
+            # The row stays until collected, so the waiter reads this refusal, not "id is
+            # not pending" (which once ended a run whose swapped-in teacher refused every
+            # SCORE); a refusal is an unavailable teacher to the run (TeacherRefusing).
+            req.finish(error=TeacherRefusing(
+                f"teacher refused SCORE {rid}: {msg.code.value}: {msg.message}"))
         return None
 
     def on_control_reply(self, msg: Message) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from miniverl.common.errors import ConfigError, TeacherUnavailable
+from miniverl.common.errors import ConfigError, TeacherRefusing, TeacherUnavailable
 from miniverl.common.manifest import record_teacher
 from miniverl.common.teacher_routes import (
     SINGLE,
@@ -142,10 +142,14 @@ class RoutedLink:
                     by_route[name] = self.sides[name].link.collect(timeout_s=POLL_S)
                 except ScoreTimeout:
                     continue  # not answered yet: look at the others, then again
-                except TeacherUnavailable:
+                except TeacherUnavailable as exc:
                     if not self._others_have(name):
                         raise
-                    self._hold(name, "its teacher stopped answering")
+                    # A teacher refusing SCOREs (TeacherRefusing) is unavailable to its
+                    # route, not a protocol error that ends the run (issue 53).
+                    self._hold(name, f"its teacher refused its SCOREs ({exc})"
+                               if isinstance(exc, TeacherRefusing)
+                               else "its teacher stopped answering")
                 waiting.remove(name)
             down = [name for name in waiting if not self.sides[name].client.connected]
             if waiting and len(down) == len(waiting) and any(by_route.values()):
