@@ -145,6 +145,56 @@ def resolve_dtype(dtype: str, device: Any):
     return getattr(torch, dtype)
 
 
+def autocast_dtype(resolved: Any, device_type: str):
+    """The dtype a model computes in under autocast, or None for no autocast.
+
+    It is the recipe's *resolved* ``dtype`` (:func:`resolve_dtype`), not the dtype of the
+    model's first parameter: after ``prepare_model_for_kbit_training`` a 4-bit model's
+    embedding is float32 while its layers compute in bfloat16, and reading the first
+    parameter left a 4-bit student running attention, LoRA and the V-wide head in float32
+    (twice the activations). Autocast is a CUDA matter here: on the CPU every model runs
+    in the dtype it was loaded in.
+    """
+    import torch
+
+    if device_type != "cuda" or resolved == torch.float32:
+        return None
+    return resolved
+
+
+def fp32_head_forward(head: Any, hidden: Any) -> Any:
+    """The output layer in float32: ``hidden @ W.T (+ b)`` with hidden and weight widened
+    first and autocast off, so a bfloat16 model's logits carry no bf16 rounding (up to
+    ~0.06 at logits near 20-30). On a float32 model it is the layer's own computation."""
+    import torch
+
+    with torch.autocast(hidden.device.type, enabled=False):
+        bias = None if head.bias is None else head.bias.float()
+        return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+
+def use_fp32_head(model: Any) -> None:
+    """Make ``model``'s output layer compute in float32 wherever it is called (the loss's
+    chunks, the rollout's ``logits_to_keep`` forward, the teacher's scoring head).
+
+    The layer keeps its weights, parameters and state-dict keys; only its ``forward`` is
+    replaced (a bound method, so a deep copy binds it to the copy). Raises
+    :class:`ConfigError` for an output layer that is not a plain linear map.
+    """
+    import types
+
+    import torch
+
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not hasattr(head, "bias"):
+        raise ConfigError(
+            f"loss.fp32_head needs a linear output layer; this model's is "
+            f"{type(head).__name__}; set loss.fp32_head: false"
+        )
+    head.forward = types.MethodType(fp32_head_forward, head)
+
+
 def load_causal_lm(
     model_dir: str | Path,
     dtype: str = "auto",

@@ -46,7 +46,7 @@ from .teacher_routes import is_routed, routing_issues
 
 TEACHER_MODES: frozenset[str] = frozenset({"offline_kd", "opd", "replay", "dpo"})
 # Modes whose cycles draw fresh episodes through the one cycle draw (student/train/state.py
-# cycle_episodes), which is where a mixture of environments is drawn from.
+# TrainTasks.episodes), which is where a mixture of environments is drawn from.
 MIXTURE_MODES: frozenset[str] = frozenset({"opd", "rl", "replay", "dpo", "sft"})
 # Marks a mixture given beside a single environment (Recipe._one_way_to_name_environments).
 BOTH_ENVIRONMENT_FIELDS = "environment and environments"
@@ -322,6 +322,33 @@ class Recipe(BaseModel):
                 "with environment: and one environment"))])
         return rollout
 
+    @field_validator("rollout")
+    @classmethod
+    def _engine_samples_the_student(cls, rollout: RolloutConfig, info: ValidationInfo):
+        student = info.data.get("student")
+        issues: list[tuple] = []
+        if rollout.engine != "vllm":
+            for knob in ("engine_memory", "engine_check"):
+                if getattr(rollout, knob) is not None:
+                    issues.append(((knob,), f"rollout.{knob} sets up the vllm engine; remove "
+                                   "it or set rollout.engine: vllm"))
+            raise_issues(issues)
+            return rollout
+        if student is None:
+            return rollout
+        if student.quantization != "none":
+            issues.append((("engine",), (
+                f"rollout.engine vllm loads the student's weights into vLLM, which does not "
+                f"take a {student.quantization} student's LoRA merge; set rollout.engine: hf "
+                "or student.quantization: none")))
+        if student.device.startswith("cuda:") and student.device != "cuda:0":
+            issues.append((("engine",), (
+                f"rollout.engine vllm runs on the first CUDA device or the CPU, not "
+                f"student.device {student.device}; set student.device: cuda (or cpu), or "
+                "rollout.engine: hf")))
+        raise_issues(issues)
+        return rollout
+
     @field_validator("loss")
     @classmethod
     def _loss_reads_the_rollout(cls, loss: LossConfig, info: ValidationInfo):
@@ -552,6 +579,11 @@ class Recipe(BaseModel):
     def needs_teacher(self) -> bool:
         return self.run.mode in TEACHER_MODES
 
+    @property
+    def fp32_head(self) -> bool:
+        """``loss.fp32_head`` resolved: null is on for the modes that distil from a teacher."""
+        return self.needs_teacher if self.loss.fp32_head is None else self.loss.fp32_head
+
 
 # -- rules of the batch-side variants (train.fixed_set teacher, on_policy_fraction,
 # rollout.group_size), read by Recipe._mode_rules ------------------------------------
@@ -670,6 +702,8 @@ HASHED_ONLY_WHEN_SET = (
     "train.on_policy_fraction", "rollout.group_size", "eval.samples", "eval.temperature",
     "train.oracle_tasks", "train.score_fixed_set", "eval.before", "teacher.tokenizer",
     "loss.cross_vocab", "environments", "teachers", "teacher.adapters",
+    "loss.fp32_head", "train.micro_batch_tokens", "train.gradient_checkpointing",
+    "rollout.engine", "rollout.engine_memory", "rollout.engine_check",
 )
 
 

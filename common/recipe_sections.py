@@ -128,6 +128,28 @@ class RolloutConfig(Section):
         "group_size tasks, each played group_size times with distinct episode seeds. Unset: "
         "1 (dpo: dpo.group_size).",
     )
+    # Added after recipes were hashed: null is left out of the digest (HASHED_ONLY_WHEN_SET).
+    engine: Literal["hf", "vllm"] | None = Field(
+        None,
+        description="Who samples the training episodes: hf (the student's own decode loop "
+        "over its transformers model) or vllm (vLLM's engine inside the student process, "
+        "the trainer's weights synced into it before every rollout batch; needs vLLM "
+        "installed, docs/rollouts.md \"Sampling engines\"). null = hf. Eval always plays "
+        "with hf.",
+    )
+    engine_memory: float | None = Field(
+        None, gt=0.0, lt=1.0,
+        description="engine vllm on CUDA: the share of the GPU's memory the engine takes "
+        "(weights and KV cache) while it samples; it sleeps during the update. null = 0.3. "
+        "On the CPU the KV cache holds batch_size episodes of max_total_tokens.",
+    )
+    engine_check: bool | None = Field(
+        None,
+        description="engine vllm: after every sync, compare the engine's log-probs of the "
+        "sampled tokens with the trainer's forward on the same tokens (one no-grad forward "
+        "of the batch; metrics engine_logprob_gap_max/mean). null = on; false saves the "
+        "forward.",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> RolloutConfig:
@@ -215,6 +237,15 @@ class LossConfig(Section):
         "hybrid: exact matching on one-token groups whose tokens are a vocabulary-map "
         "pair, ULD on the rest; uld: ULD on every group (both estimator: full); null = "
         "sampled_token (docs/cross-tokenizer.md).",
+    )
+    # Added after recipes were hashed: null is left out of the digest (HASHED_ONLY_WHEN_SET).
+    fp32_head: bool | None = Field(
+        None,
+        description="Compute the output layer (the V-wide logits) in float32 from a "
+        "bfloat16/float16 model's hidden states, in the student's loss and rollouts and the "
+        "teacher's scoring: a bf16 head is off by up to ~0.06 at logits near 20-30, the "
+        "order of the sampled-token signal (docs/gpu.md, \"Precision\"); null = on for the "
+        "modes with a teacher, off for sft and rl. No effect on a float32 model.",
     )
     allow_temperature_mismatch: bool | None = Field(
         None,

@@ -34,3 +34,25 @@ def apply_cpu_threads(n: int) -> int:
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(n)
     return n
+
+
+# cuBLAS refuses deterministic algorithms without a fixed workspace (torch raises at
+# the first matmul of a run with run.deterministic: true); ":4096:8" is the setting
+# torch's documentation names (8 workspaces of 4 MiB).
+CUBLAS_WORKSPACE = ":4096:8"
+# Lets the caching allocator grow and shrink segments, so memory one phase frees (the
+# student's update, a parked teacher) is whole again for the next (teacher.memory: swap).
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+def cuda_process_env(*, deterministic: bool) -> dict[str, str]:
+    """Set the CUDA environment of a miniverl process, where the user left it unset; call
+    it at process start, before CUDA is first used (both are read when CUDA starts). Returns
+    what it set. ``PYTORCH_CUDA_ALLOC_CONF`` always; ``CUBLAS_WORKSPACE_CONFIG`` with
+    ``run.deterministic``. Touches nothing else and imports nothing."""
+    wanted = {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF}
+    if deterministic:
+        wanted["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    applied = {k: v for k, v in wanted.items() if not os.environ.get(k)}
+    os.environ.update(applied)
+    return applied

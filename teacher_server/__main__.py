@@ -37,7 +37,7 @@ from miniverl.common.errors import ConfigError, MiniverlError
 from miniverl.common.os_errors import os_error_line
 from miniverl.common.qualification import require_qualified
 from miniverl.common.recipe import load_recipe
-from miniverl.common.runtime import THREAD_ENV_VARS
+from miniverl.common.runtime import THREAD_ENV_VARS, cuda_process_env
 from miniverl.protocol.endpoints import DEFAULT_TCP_ENDPOINT, admin_token_path
 from miniverl.protocol.limits import Limits
 from miniverl.teacher_server.jsonlog import JsonLog
@@ -165,6 +165,9 @@ def serve(args: argparse.Namespace) -> int:
                           f"{' '.join(args.adapters)}: --adapter merges one adapter into the "
                           "weights, --adapters serves several by name; pass one of them")
     recipe = load_recipe(args.recipe) if args.recipe else None
+    # Before CUDA's first use here: the allocator setting (a parked teacher's memory is
+    # whole again for the student) and, for a deterministic recipe, cuBLAS's workspace.
+    cuda_process_env(deterministic=recipe is not None and recipe.run.deterministic)
     if args.recipe_teacher and recipe is None:
         raise ConfigError(f"--recipe-teacher {args.recipe_teacher} goes with --recipe (the "
                           "recipe whose teachers: names it)")

@@ -30,7 +30,7 @@ from miniverl.protocol.checks import nonfinite_report
 from miniverl.protocol.codec import encode
 from miniverl.protocol.messages import ErrorCode, TeacherState
 from miniverl.teacher_server.backend import BackendError, ScoreJob
-from miniverl.teacher_server.lifecycle import wake_locked
+from miniverl.teacher_server.lifecycle import WAKE_TRIES, implicit_wake
 from miniverl.teacher_server.server_state import (
     ServerState,
     close_job,
@@ -55,7 +55,10 @@ async def dispatch_loop(srv: ServerState) -> None:
                         break
                     if srv.state == TeacherState.PARKED:
                         log(srv, "info", "implicit_wake", reason="SCORE while parked")
-                        await wake_locked(srv)
+                        error = await implicit_wake(srv)
+                        if error is not None:
+                            await _refuse_queued(srv, error)
+                            break
                     await run_batch(srv, take_batch(srv))
             except asyncio.CancelledError:
                 raise
@@ -67,6 +70,21 @@ async def dispatch_loop(srv: ServerState) -> None:
                     error=describe(exc),
                     trace=traceback.format_exc(limit=6),
                 )
+
+
+async def _refuse_queued(srv: ServerState, error: Exception) -> None:
+    """Answer every queued job ``ERROR`` after an implicit wake failed its tries; the
+    teacher stays PARKED (a later SCORE or WAKE tries again)."""
+    jobs = list(srv.queue)
+    srv.queue.clear()
+    for job in jobs:
+        close_job(srv, job)
+        await send_error(
+            srv, job.client, job.id, ErrorCode.INTERNAL,
+            f"the parked teacher could not be woken ({WAKE_TRIES} tries): {describe(error)}; "
+            "resend to try again, or restart the teacher",
+            retryable=True,
+        )
 
 
 def take_batch(srv: ServerState) -> list[ScoreJob]:

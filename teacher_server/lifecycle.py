@@ -8,7 +8,9 @@
   was started with, if any), then closes the old one and bumps ``gen``; on any
   failure or refusal the old teacher wakes and keeps serving;
 - ``PARK``/``WAKE`` move the weights through the backend (a ``SCORE`` while parked is
-  woken by the batcher);
+  woken by the batcher, :func:`implicit_wake`: tried ``WAKE_TRIES`` times with backoff,
+  then its requests are answered ``ERROR``); a ``PARK`` or ``WAKE`` that raises is
+  answered ``ERROR`` at once;
 - ``SHUTDOWN`` drain|abort (SIGTERM means drain) answers or aborts what is open, then
   stops the server.
 
@@ -18,6 +20,7 @@ the next message is read. This module does not read the socket or score.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from typing import Any
@@ -111,18 +114,61 @@ def request_shutdown(srv: ServerState, mode: str = "drain") -> None:
 
 
 async def _park(srv: ServerState, ident: bytes, msg: m.Park) -> None:
-    async with srv.compute:
-        await run_compute(srv, srv.backend.park)
-        if srv.state == TeacherState.READY:
-            srv.state = TeacherState.PARKED
+    try:
+        async with srv.compute:
+            await run_compute(srv, srv.backend.park)
+            if srv.state == TeacherState.READY:
+                srv.state = TeacherState.PARKED
+    except Exception as exc:
+        # Answer at once: without a reply the student waited out its whole timeout.
+        await _refuse_swap(srv, ident, msg, exc)
+        return
     log(srv, "info", "parked")
     await send(srv, ident, encode(m.ParkOk(id=msg.id, state=srv.state)))
 
 
 async def _wake(srv: ServerState, ident: bytes, msg: m.Wake) -> None:
-    async with srv.compute:
-        await wake_locked(srv)
+    try:
+        async with srv.compute:
+            await wake_locked(srv)
+    except Exception as exc:
+        await _refuse_swap(srv, ident, msg, exc)
+        return
     await send(srv, ident, encode(m.WakeOk(id=msg.id, state=srv.state)))
+
+
+async def _refuse_swap(srv: ServerState, ident: bytes, msg: m.Message, exc: Exception) -> None:
+    """A PARK or WAKE that raised: log it and answer ``ERROR`` (INTERNAL) naming the state
+    the teacher is left in."""
+    log(srv, "error", f"{msg.t.lower()}_failed", error=describe(exc), state=srv.state.value)
+    await send_error(
+        srv, ident, msg.id, ErrorCode.INTERNAL,
+        f"{msg.t} failed: {describe(exc)}; the teacher is {srv.state.value}",
+        retryable=True,
+    )
+
+
+# An implicit wake (a SCORE while parked) that fails is tried WAKE_TRIES times, waiting
+# WAKE_BACKOFF_S, then twice that, between tries; it was retried at once, forever.
+WAKE_TRIES = 3
+WAKE_BACKOFF_S = 0.5
+
+
+async def implicit_wake(srv: ServerState) -> Exception | None:
+    """Wake for a queued ``SCORE`` (the caller holds ``srv.compute``); None once awake,
+    else the last error after :data:`WAKE_TRIES` tries with backoff."""
+    error: Exception | None = None
+    for attempt in range(WAKE_TRIES):
+        try:
+            await wake_locked(srv)
+            return None
+        except Exception as exc:
+            error = exc
+            log(srv, "error", "wake_failed", attempt=attempt + 1, tries=WAKE_TRIES,
+                error=describe(exc))
+            if attempt + 1 < WAKE_TRIES:
+                await asyncio.sleep(WAKE_BACKOFF_S * 2**attempt)
+    return error
 
 
 async def wake_locked(srv: ServerState) -> None:

@@ -30,7 +30,7 @@ from miniverl.common.adapters import (
     resolve_dir,
 )
 from miniverl.common.errors import ConfigError
-from miniverl.common.modeling import load_causal_lm, resolve_model_dir
+from miniverl.common.modeling import load_causal_lm, resolve_model_dir, use_fp32_head
 from miniverl.common.names import name_problem
 from miniverl.common.recipe import load_recipe
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
@@ -58,6 +58,9 @@ class TeacherSpec:
     offline: bool = False
     name: str | None = None
     adapters: dict[str, str] | None = None
+    # The output layer in float32 (loss.fp32_head, common/modeling.py use_fp32_head): the
+    # teacher serves distillation targets, so it is on unless the recipe turns it off.
+    fp32_head: bool = True
 
     def with_model(
         self, model: str, revision: str | None, adapter: str | None,
@@ -127,6 +130,7 @@ def spec_from_recipe(path: str | Path, *, offline: bool = False,
         adapter_revision=teacher.adapter_revision, device=teacher.device, dtype=teacher.dtype,
         quantization=teacher.quantization, offline=offline, name=name,
         adapters=dict(teacher.adapters) if teacher.adapters else None,
+        fp32_head=recipe.loss.fp32_head is not False,
     )
 
 
@@ -226,6 +230,8 @@ def load_teacher(spec: TeacherSpec) -> LoadedTeacher:
         model, digests = _load_named_adapters(model, spec.adapters, spec.offline)
     model.requires_grad_(False)
     model.eval()
+    if spec.fp32_head:
+        use_fp32_head(model)
     weight = model.get_output_embeddings().weight
     is_hub = not Path(spec.model).expanduser().is_dir()
     name = spec.name or (spec.model if is_hub else Path(spec.model).expanduser().name)

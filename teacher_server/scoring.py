@@ -185,7 +185,8 @@ def gather_hidden(
 
 
 def _logprobs_fp32(model, hidden_R_H, temperature: float):
-    """LM head on the given rows only, in fp32 from the logits on."""
+    """LM head on the given rows only; the logits in fp32 (computed in fp32 when the
+    loader installed the fp32 head, ``TeacherSpec.fp32_head``; widened after otherwise)."""
     import torch
 
     logits = model.get_output_embeddings()(hidden_R_H).float()

@@ -27,6 +27,31 @@ from miniverl.teacher_server.prefix_cache import PrefixCache
 from miniverl.teacher_server.scoring import score_requests
 
 
+def pinned_host_copy(tensor: Any) -> Any:
+    """A page-locked host copy of an accelerator tensor (copies from pinned memory run at
+    full bus speed and asynchronously; pageable memory is staged through a bounce buffer)."""
+    import torch
+
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+def park_to_host(model: Any) -> None:
+    """Move ``model``'s parameters and buffers to pinned host memory (``wake``'s
+    ``model.to(device)`` then copies back from it). A quantized model's parameters carry
+    their own quantization state: those go through ``model.to("cpu")``."""
+    import torch
+
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(type(p) not in (torch.nn.Parameter, torch.Tensor) for p in tensors):
+        model.to("cpu")
+        return
+    for t in tensors:
+        t.data = pinned_host_copy(t.data)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # every non-blocking copy has landed before the free
+
 class TorchTeacher:
     """A frozen causal LM that scores coalesced jobs (runs on the server's worker thread)."""
 
@@ -102,7 +127,7 @@ class TorchTeacher:
         if self._on_accelerator():
             import torch
 
-            self.model.to("cpu")
+            park_to_host(self.model)
             torch.cuda.empty_cache()
         self.parked = True
 

@@ -135,3 +135,66 @@ def test_shutdown_drains_open_requests(harness):
     assert (first.t, second.t) == ("SCORE_OK", "SHUTDOWN_OK")
     assert h.wait_stopped(5) == 0
     assert "close" in backend.calls
+
+
+class WakeFails(FakeBackend):
+    """A backend whose wake raises (a device out of memory) ``failures`` times."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def wake(self) -> None:
+        self.calls.append("wake")
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("CUDA out of memory (fake)")
+        self.parked = False
+
+
+class ParkFails(FakeBackend):
+    def park(self) -> None:
+        self.calls.append("park")
+        raise RuntimeError("host memory exhausted (fake)")
+
+
+def test_failed_park_and_wake_answer_error_at_once(harness):
+    # A student sending PARK/WAKE waited out its whole timeout when the call raised.
+    h, backend = harness(backend=ParkFails())
+    sock = h.raw()
+    hello(sock)
+    err, _ = call(sock, {"v": 1, "t": "PARK", "id": 2}, timeout_s=2.0)
+    assert err.t == "ERROR" and err.code.value == "INTERNAL" and "PARK failed" in err.message
+    assert "host memory exhausted" in err.message and "READY" in err.message
+    h2, backend2 = harness(backend=WakeFails(failures=1))
+    sock2 = h2.raw()
+    hello(sock2)
+    assert call(sock2, {"v": 1, "t": "PARK", "id": 2})[0].t == "PARK_OK"
+    err, _ = call(sock2, {"v": 1, "t": "WAKE", "id": 3}, timeout_s=2.0)
+    assert err.t == "ERROR" and "WAKE failed" in err.message and "PARKED" in err.message
+    ok, _ = call(sock2, {"v": 1, "t": "WAKE", "id": 4})  # the next WAKE may succeed
+    assert ok.t == "WAKE_OK" and ok.state == TeacherState.READY
+
+
+def test_implicit_wake_retries_with_backoff_then_answers_error(harness, monkeypatch):
+    # An implicit wake that failed was retried at once, forever: the SCORE never got an
+    # answer and the loop spun. Now: WAKE_TRIES tries with backoff, then ERROR.
+    from miniverl.teacher_server import lifecycle
+
+    monkeypatch.setattr(lifecycle, "WAKE_BACKOFF_S", 0.01)
+    h, backend = harness(backend=WakeFails(failures=10))
+    sock = h.raw()
+    hello(sock)
+    call(sock, {"v": 1, "t": "PARK", "id": 2})
+    err, _ = call(sock, score_header(3), score_arrays(), timeout_s=5.0)
+    assert err.t == "ERROR" and err.code.value == "INTERNAL" and err.retryable
+    assert f"could not be woken ({lifecycle.WAKE_TRIES} tries)" in err.message
+    assert backend.calls.count("wake") == lifecycle.WAKE_TRIES
+    assert call(sock, {"v": 1, "t": "PING", "id": 4})[0].state == TeacherState.PARKED
+    # A wake that fails once, then works, serves the SCORE.
+    h2, backend2 = harness(backend=WakeFails(failures=1))
+    sock2 = h2.raw()
+    hello(sock2)
+    call(sock2, {"v": 1, "t": "PARK", "id": 2})
+    msg, _ = call(sock2, score_header(3), score_arrays(), timeout_s=5.0)
+    assert msg.t == "SCORE_OK" and backend2.calls.count("wake") == 2
