@@ -13,7 +13,7 @@ over one connection. It is made of three parts, each with its own job:
 
 The staleness rule: a SCORE_OK is accepted only if its id is pending, its echoed
 ``student_version`` equals the pending one, the current version minus it is within
-``allowed_lag`` and, once :meth:`TeacherClient.bind` tied the update to a teacher, it
+``lag`` and, once :meth:`TeacherClient.bind` tied the update to a teacher, it
 comes from that ``(instance, gen)``. Everything else is dropped and counted in
 ``stale_dropped``. A new ``instance``/``gen`` seen while bound means the update cannot
 complete: :meth:`TeacherClient.wait` raises :class:`TeacherChanged`.
@@ -129,13 +129,13 @@ class TeacherClient:
         """
         return await self._link.connect(timeout_s)
 
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+    def set_version(self, version: int, lag: int = 0) -> None:
         """Set the student's current parameter version and the lag replies may have.
 
         Pending requests that fall outside the lag can never be accepted and are
         failed with :class:`StaleTargetError` (their late replies count as stale).
         """
-        self._table.set_version(version, allowed_lag)
+        self._table.set_version(version, lag)
 
     async def bind(self) -> Identity:
         """Tie the current update to the teacher ``(instance, gen)`` now connected.

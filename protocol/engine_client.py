@@ -411,8 +411,8 @@ class EngineTeacherClient:
     def connect_soon(self, timeout_s: float | None = None) -> Future:
         return self._calls.soon(self._start(), self._connect, timeout_s)
 
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
-        self._run(as_async(self._start_table().set_version), version, allowed_lag)
+    def set_version(self, version: int, lag: int = 0) -> None:
+        self._run(as_async(self._start_table().set_version), version, lag)
 
     def _start_table(self) -> PendingTable:
         self._start()

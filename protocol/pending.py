@@ -133,10 +133,10 @@ class Request:
         self.done.set()
 
 
-def within_lag(current_version: int, sent_version: int, max_lag: int) -> bool:
+def within_lag(current_version: int, sent_version: int, lag: int) -> bool:
     """True when targets for ``sent_version`` may train version ``current_version``:
-    ``0 <= current - sent <= max_lag`` (0 for strict OPD, ``max_lag`` for replay)."""
-    return 0 <= current_version - sent_version <= max_lag
+    ``0 <= current - sent <= lag`` (0 for strict OPD, ``lag`` for replay)."""
+    return 0 <= current_version - sent_version <= lag
 
 
 def accept_reply(
@@ -144,7 +144,7 @@ def accept_reply(
     reply: ScoredReply,
     *,
     current_version: int,
-    max_lag: int,
+    lag: int,
     bound_teacher: Identity | None,
 ) -> StaleReason | None:
     """None when ``reply`` may be trained on, else why it must be dropped (docs/protocol.md,
@@ -152,7 +152,7 @@ def accept_reply(
 
     A SCORE_OK is accepted only if its id is pending (``pending`` is the entry for the
     reply's id, None when there is none), its echoed ``student_version`` equals the pending one,
-    ``current_version`` minus that version is within ``max_lag``, and — when the
+    ``current_version`` minus that version is within ``lag``, and — when the
     request was sent bound to a teacher — it comes from that ``(instance, gen)``, which
     is still the one the current update is bound to (``bound_teacher``).
     """
@@ -160,7 +160,7 @@ def accept_reply(
         return "not_pending"
     if reply.student_version != pending.student_version:
         return "version"
-    if not within_lag(current_version, pending.student_version, max_lag):
+    if not within_lag(current_version, pending.student_version, lag):
         return "lag"
     binding = pending.binding
     if binding is not None and (binding != bound_teacher or (reply.instance, reply.gen) != binding):
@@ -178,7 +178,7 @@ class PendingTable:
         self._progress = anyio.Event()
         self._next_id = 1
         self.version = 0
-        self.allowed_lag = 0
+        self.lag = 0
         self.bound: Identity | None = None
         self._changed: TeacherChanged | None = None
 
@@ -241,16 +241,16 @@ class PendingTable:
                 req.sent_at, req.resent = None, req.resent or req.sent_at is not None
 
     # ----------------------------------------------------------------- version and binding
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+    def set_version(self, version: int, lag: int = 0) -> None:
         """The student's version now; SCOREs outside the lag fail with StaleTargetError."""
-        if version < 0 or allowed_lag < 0:
-            raise ValueError(f"version={version}, allowed_lag={allowed_lag} must be >= 0")
-        self.version, self.allowed_lag = version, allowed_lag
+        if version < 0 or lag < 0:
+            raise ValueError(f"version={version}, lag={lag} must be >= 0")
+        self.version, self.lag = version, lag
         for req in list(self._rows.values()):
-            if req.t == "SCORE" and not within_lag(version, req.student_version, allowed_lag):
+            if req.t == "SCORE" and not within_lag(version, req.student_version, lag):
                 self._drop(req, StaleTargetError(
                     f"request {req.id} was sent for student version {req.student_version}, "
-                    f"now {version} with allowed lag {allowed_lag}; re-submit it"))
+                    f"now {version} with allowed lag {lag}; re-submit it"))
         self.notify()
 
     def bind(self, identity: Identity, *, retargeting: bool) -> None:
@@ -314,7 +314,7 @@ class PendingTable:
         vocabulary ``teacher_vocab_size``) or drop it."""
         req = self._rows.get(msg.id)
         reason = accept_reply(req.pending if req is not None else None, msg,
-                              current_version=self.version, max_lag=self.allowed_lag,
+                              current_version=self.version, lag=self.lag,
                               bound_teacher=self.bound)
         if reason is not None:
             self._counts["stale_dropped"] += 1

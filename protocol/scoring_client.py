@@ -114,7 +114,7 @@ class ScoringClient(Protocol):
     def connect_soon(self, timeout_s: float | None = None) -> Future:
         """Start :meth:`connect` without waiting; the future holds its result or error."""
 
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+    def set_version(self, version: int, lag: int = 0) -> None:
         """The student's parameter version now and how far behind a reply may be."""
 
     def bind(self) -> Identity:

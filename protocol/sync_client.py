@@ -82,11 +82,11 @@ class SyncTeacherClient:
         error (:meth:`close` ends a handshake still waiting)."""
         return self._calls.soon(self._start(), self._core.connect, timeout_s)
 
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
+    def set_version(self, version: int, lag: int = 0) -> None:
         if self._portal is None:
-            self._core.set_version(version, allowed_lag)
+            self._core.set_version(version, lag)
         else:
-            self._run(as_async(self._core.set_version), version, allowed_lag)
+            self._run(as_async(self._core.set_version), version, lag)
 
     def bind(self) -> Identity:
         return self._run(self._core.bind)

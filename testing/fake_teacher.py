@@ -455,8 +455,8 @@ class FakeTeacherClient:
         future.set_result(self.connect(timeout_s))
         return future
 
-    def set_version(self, version: int, allowed_lag: int = 0) -> None:
-        self._version, self._lag = version, allowed_lag
+    def set_version(self, version: int, lag: int = 0) -> None:
+        self._version, self._lag = version, lag
 
     def bind(self) -> Identity:
         if not self.connected:
@@ -510,7 +510,7 @@ class FakeTeacherClient:
         """The real client's rule, applied to this fake's pending requests."""
         version, identity, _ = self._pending.get(rid, (None, None, None))
         entry = None if version is None else Pending(version, identity)
-        return accept_reply(entry, result, current_version=self._version, max_lag=self._lag,
+        return accept_reply(entry, result, current_version=self._version, lag=self._lag,
                             bound_teacher=self._bound) is None
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:

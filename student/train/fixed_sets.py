@@ -38,7 +38,7 @@ from miniverl.common.teacher_routes import environment_view, routes, teacher_of_
 from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
 from miniverl.student.teacher_play import TeacherEpisodes, play_as_teacher, success_rate
 from miniverl.student.train.optim import planned_cycles
-from miniverl.student.train.state import TrainState, episode_seed, fixed_draw, tasks_for
+from miniverl.student.train.state import TrainState, TrainTasks, episode_seed, fixed_draw
 
 # The teacher set's episode seeds come from this cycle number, far past any real cycle,
 # so they never equal the seeds of the student's own episodes.
@@ -72,7 +72,7 @@ def teacher_set(state: TrainState,
                         success=success_rate(recorded), time_load_s=0.0, time_play_s=seconds)
         return recorded, seconds, True
     recipe = state.recipe
-    tasks = state.train_tasks
+    tasks = state.tasks.all
     seeds = [episode_seed(recipe.run.seed, TEACHER_SET_CYCLE, i) for i in range(len(tasks))]
     if needed is not None:
         tasks, seeds = [tasks[i] for i in needed], [seeds[i] for i in needed]
@@ -93,7 +93,7 @@ def play_set(state: TrainState, tasks: list[Any], seeds: list[int], *,
     several teachers: SeqKD from several specialists, docs/several-teachers.md; a route
     to a named adapter plays with that adapter merged)."""
     recipe, policy = state.recipe, state.policy
-    if state.mixture is None:
+    if state.tasks.mixture is None:
         return play_as_teacher(recipe, tasks, seeds, policy.tokenizer, policy.tokenizer_fp,
                                offline=state.offline, gate=gate)
     teacher_of = teacher_of_environment(recipe)
@@ -101,7 +101,7 @@ def play_set(state: TrainState, tasks: list[Any], seeds: list[int], *,
                   for env in route.environments}
     where: dict[str, list[int]] = {}
     for i, task in enumerate(tasks):
-        where.setdefault(state.mixture.environment_of[task.id], []).append(i)
+        where.setdefault(state.tasks.mixture.environment_of[task.id], []).append(i)
     out: list[Trajectory | None] = [None] * len(tasks)
     total = TeacherEpisodes([], 0.0, 0.0)
     for env, positions in where.items():
@@ -123,9 +123,9 @@ def seqkd_positions(state: TrainState) -> list[int]:
     """The positions (in the training tasks) of every task SeqKD's planned cycles train
     on: the only ones whose teacher episode it needs."""
     n = state.recipe.train.rollouts_per_cycle
-    where = {task.id: i for i, task in enumerate(state.train_tasks)}
+    where = {task.id: i for i, task in enumerate(state.tasks.all)}
     return sorted({where[task.id] for c in range(planned_cycles(state.recipe))
-                   for task in tasks_for(state, c, n)})
+                   for task in state.tasks.of_cycle(c, n)})
 
 
 def drawn_positions(state: TrainState, size: int, count: int) -> list[int]:
@@ -151,7 +151,6 @@ class TeacherBatches:
             write_trajectories(state.run.trajectories_path, trajs, append=True)
         self.by_task = {t.task_id: t for t in trajs}
 
-    def batch(self, state: TrainState, cycle: int) -> list[Trajectory]:
-        """The teacher's episodes of ``cycle``'s training tasks."""
-        tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle)
-        return [self.by_task[t.id] for t in tasks]
+    def batch(self, cycle: int, *, tasks: TrainTasks, n: int) -> list[Trajectory]:
+        """The teacher's episodes of ``cycle``'s ``n`` training tasks."""
+        return [self.by_task[t.id] for t in tasks.of_cycle(cycle, n)]

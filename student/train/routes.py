@@ -32,6 +32,7 @@ import numpy as np
 
 from miniverl.common.errors import ConfigError, TeacherRefusing, TeacherUnavailable
 from miniverl.common.manifest import record_teacher
+from miniverl.common.recipe import Recipe
 from miniverl.common.teacher_routes import (
     SINGLE,
     Route,
@@ -41,6 +42,7 @@ from miniverl.common.teacher_routes import (
 )
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import ScoreTimeout, ScoringClient
+from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher_link import Scored, TeacherLink, TeacherSide, teacher_identity
 
 # Counters summed over routes into the run's own (the metrics row reads these).
@@ -100,18 +102,24 @@ class RoutedLink:
     _order: list[str] = field(default_factory=list)
     # This update's routes held since it began: their episodes, kept unsent.
     _held: dict[str, list[tuple[Trajectory, np.ndarray]]] = field(default_factory=dict)
-    _bound_to: tuple[int, int] = (0, 0)  # this update's (version, allowed lag)
+    _bound_to: tuple[int, int] = (0, 0)  # this update's (version, lag)
 
-    def begin_update(self, version: int, allowed_lag: int = 0) -> None:
+    @property
+    def keeps_positions(self) -> bool:
+        """Every route's link keeps its episodes' positions (a route held back in an
+        update still returns none of its episodes: ``updates.EarlyForward.covers``)."""
+        return all(side.link.keeps_positions for side in self.sides.values())
+
+    def begin_update(self, version: int, lag: int = 0) -> None:
         """Bind every route whose teacher is connected to ``version`` and its live
         teacher; a route whose teacher is not (while some other route's is) keeps its
         episodes unsent. With no teacher connected, every route binds (and waits)."""
         up = {name for name, side in self.sides.items() if side.client.connected}
         self._held = {name: [] for name in self.sides if up and name not in up}
-        self._bound_to = (version, allowed_lag)
+        self._bound_to = (version, lag)
         for name, side in self.sides.items():
             if name not in self._held:
-                side.link.begin_update(version, allowed_lag)
+                side.link.begin_update(version, lag)
         self._order = []
         self.wait_s = 0.0
 
@@ -211,7 +219,7 @@ class RoutedLink:
             name: dict(side.identity) for name, side in self.sides.items()}}
 
 
-def route_sides(recipe: Any, endpoints: dict[str, str] | None,
+def route_sides(recipe: Recipe, endpoints: dict[str, str] | None,
                 clients: dict[str, ScoringClient] | None) -> dict[str, RouteSide]:
     """A :class:`RouteSide` per route of ``recipe``: its endpoint (``endpoints`` by
     teacher name, given by ``up`` or ``--teacher NAME=ENDPOINT``, else the teacher
@@ -223,7 +231,7 @@ def route_sides(recipe: Any, endpoints: dict[str, str] | None,
     return out
 
 
-def routed_side(recipe: Any, endpoint: str | None, endpoints: dict[str, str] | None,
+def routed_side(recipe: Recipe, endpoint: str | None, endpoints: dict[str, str] | None,
                 clients: dict[str, ScoringClient] | None,
                 curve: tuple[str, str] | None) -> TeacherSide:
     """The run's :class:`TeacherSide` when it routes: no client of its own, one
@@ -252,7 +260,7 @@ def routed_side(recipe: Any, endpoint: str | None, endpoints: dict[str, str] | N
     return TeacherSide(curve=curve, routes=sides)
 
 
-def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
+def connect_routes(state: TrainState, make_client: Callable[..., ScoringClient],
                    make_link: Callable[[ScoringClient, Callable, Route], TeacherLink]
                    ) -> RoutedLink:
     """Connect every route's teacher (``make_client(route_side)`` builds a client;
@@ -277,7 +285,7 @@ def connect_routes(state: Any, make_client: Callable[..., ScoringClient],
     return RoutedLink(sides, route_of_environment(state.recipe), on_held=held)
 
 
-def gate_route(state: Any, side: RouteSide, identity: dict[str, Any]) -> None:
+def gate_route(state: TrainState, side: RouteSide, identity: dict[str, Any]) -> None:
     """The route's competence gate (its teacher's ``min_success`` / ``min_recovery``, on
     each of its environments): raises ``TeacherNotQualified``; records what passed."""
     for record in require_route_qualified(state.recipe, side.route, identity):
@@ -291,7 +299,7 @@ def gate_route(state: Any, side: RouteSide, identity: dict[str, Any]) -> None:
                            if config.min_recovery is not None else {}))
 
 
-def _on_changed(state: Any, side: RouteSide) -> Callable[[dict, int, str], None]:
+def _on_changed(state: TrainState, side: RouteSide) -> Callable[[dict, int, str], None]:
     def changed(new: dict, version: int, how: str) -> None:
         if new == side.identity:
             return
@@ -303,7 +311,7 @@ def _on_changed(state: Any, side: RouteSide) -> Callable[[dict, int, str], None]
     return changed
 
 
-def apply_route_retarget(state: Any, side: RouteSide, vet: Callable[[RouteSide, str], None],
+def apply_route_retarget(state: TrainState, side: RouteSide, vet: Callable[[RouteSide, str], None],
                          ) -> None:
     """``teacher use NAME ENDPOINT``: move one route to another teacher at this update
     boundary; ``vet(side, endpoint)`` raises for a teacher the run would refuse, and a

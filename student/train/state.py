@@ -9,22 +9,22 @@ that) nor what one mode keeps (its own :class:`Mode` object holds that).
 one fixed order); :func:`save_checkpoint` and :func:`restore` write and read it back, so
 a resumed run continues exactly where the uninterrupted one would be.
 
-Which episodes a cycle samples is here too, two batch rules, both pure functions of the
-recipe, the run seed and the cycle, so a resumed run builds exactly the batches the
-uninterrupted one would have built:
+Which episodes a cycle samples is here too (:class:`TrainTasks`, :func:`fixed_draw`),
+three batch rules, each a pure function of the recipe, the run seed and the cycle, so a
+resumed run builds exactly the batches the uninterrupted one would have built:
 
 - **Groups** (``rollout.group_size`` G; dpo's ``dpo.group_size`` when that is unset):
   a cycle of ``n`` fresh episodes plays ``n // G`` tasks (the cycle's first ``n // G``
-  of :func:`tasks_for`), each ``G`` times in a row, and episode ``i`` of the cycle has
+  of :meth:`TrainTasks.of_cycle`), each ``G`` times in a row, and episode ``i`` of the cycle has
   seed ``episode_seed(run.seed, cycle, i)``, so the ``G`` episodes of one task differ in
-  their seed only (:func:`cycle_episodes`). G = 1 is the ungrouped batch: task ``i``
+  their seed only (:meth:`TrainTasks.episodes`). G = 1 is the ungrouped batch: task ``i``
   with seed ``i``.
 - **The fixed-set draw** (:func:`fixed_draw`): ``count`` episodes of the fixed set, a
   draw without replacement seeded by ``(run.seed, cycle)``, in set order. With
   ``count = rollouts_per_cycle`` it is offline KD's batch; GKD mixing
   (``train.on_policy_fraction``, ``modes/offline_kd.py``) draws the part of the batch the fresh
   episodes leave.
-- **A mixture** (``environments:``): :func:`tasks_for` draws each of the cycle's tasks
+- **A mixture** (``environments:``): :meth:`TrainTasks.of_cycle` draws each of the cycle's tasks
   from the mixture (``environments/mixture.py``, ``draw``): its environment by weight,
   then one of its tasks, both a function of ``(run.seed, cycle, episode)``; a single
   ``environment:`` keeps the seeded permutations above.
@@ -35,10 +35,12 @@ This module does not run cycles (``loop.py``, ``modes/``), talk to the teacher
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -58,6 +60,7 @@ from miniverl.student.checkpoint import save as write_checkpoint
 from miniverl.student.environments import make_tasks
 from miniverl.student.environments.mixture import Mixture, draw, mixture_tasks
 from miniverl.student.rollout.runner import RolloutRunner
+from miniverl.student.rollout.vllm_engine import logprob_gap, start_engine
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train.cached_targets import open_cache
 from miniverl.student.train.objectives import StepObjective
@@ -78,7 +81,7 @@ class TrainState:
     optimizer: Any
     scheduler: Any
     runner: RolloutRunner
-    train_tasks: list[Any]
+    tasks: TrainTasks
     # The objective the recipe's loss section picks for the targets the run asks for
     # (its ``kind``: topk, exact, xvocab, or mixed for routes of both), made once when
     # the run starts; None for a mode without a teacher.
@@ -102,8 +105,9 @@ class TrainState:
     # The latest evaluation and the version it measured: the final eval of a run whose
     # train.eval_every divides its cycles reuses the periodic one made at that version.
     last_eval: tuple[int, Any] | None = None
-    # The training split of the recipe's environments (None: one environment).
-    mixture: Mixture | None = None
+    # rollout.engine vllm with its check on: the engine's log-probs of a batch's sampled
+    # tokens against the policy's forward on them (vllm_engine.logprob_gap); None: off.
+    engine_check: Callable[[list[Trajectory]], Any] | None = None
 
     def wall(self) -> float:
         """Seconds since the trainer was made."""
@@ -152,31 +156,42 @@ def episode_seed(run_seed: int, cycle: int, index: int) -> int:
     return (run_seed * 1_000_003 + cycle * 10_007 + index) % (2**31 - 1)
 
 
-def tasks_for(state: TrainState, cycle: int, n: int,
-              tasks: list[Any] | None = None) -> list[Any]:
-    """The ``n`` training tasks of ``cycle``: epochs of seeded permutations of the tasks
-    (``tasks``, default every training task; :func:`oracle_tasks` for oracle batches).
-    A mixture's draws its tasks from its environments by weight (the module docstring)."""
-    if tasks is None and state.mixture is not None:
-        return draw(state.mixture, state.recipe.run.seed, cycle, n)
-    tasks = state.train_tasks if tasks is None else tasks
-    epoch_len = len(tasks)
-    out = []
-    for i in range(n):
-        flat = cycle * n + i
-        epoch, idx = divmod(flat, epoch_len)
-        order = np.random.default_rng(state.recipe.run.seed * 7919 + epoch).permutation(
-            epoch_len
-        )
-        out.append(tasks[int(order[idx])])
-    return out
+@dataclass(frozen=True)
+class TrainTasks:
+    """The run's training tasks (``all``) and how a cycle draws them, a pure function of
+    the run seed and the cycle (the module docstring); ``mixture`` the training split
+    of the recipe's ``environments:`` (None: one environment)."""
 
+    all: list[Any]
+    seed: int  # run.seed
+    mixture: Mixture | None = None
 
-def oracle_tasks(state: TrainState) -> list[Any]:
-    """The training tasks that have an oracle trace: the first ``train.oracle_tasks``
-    (demonstrations are scarce, prompts are not), or every one when it is null."""
-    n = state.recipe.train.oracle_tasks
-    return state.train_tasks if n is None else state.train_tasks[:n]
+    def of_cycle(self, cycle: int, n: int, tasks: list[Any] | None = None) -> list[Any]:
+        """The ``n`` training tasks of ``cycle``: epochs of seeded permutations of the
+        tasks (``tasks``, default every training task; :meth:`oracle` for oracle
+        batches). A mixture draws its tasks from its environments by weight."""
+        if tasks is None and self.mixture is not None:
+            return draw(self.mixture, self.seed, cycle, n)
+        tasks = self.all if tasks is None else tasks
+        epoch_len = len(tasks)
+        out = []
+        for i in range(n):
+            epoch, idx = divmod(cycle * n + i, epoch_len)
+            order = np.random.default_rng(self.seed * 7919 + epoch).permutation(epoch_len)
+            out.append(tasks[int(order[idx])])
+        return out
+
+    def episodes(self, cycle: int, n: int, group: int = 1) -> tuple[list[Any], list[int]]:
+        """``(tasks, seeds)`` of the ``n // group * group`` fresh episodes of ``cycle``:
+        each of the cycle's first ``n // group`` tasks ``group`` times in a row."""
+        grouped = [task for task in self.of_cycle(cycle, n // group) for _ in range(group)]
+        return grouped, [episode_seed(self.seed, cycle, i) for i in range(len(grouped))]
+
+    def oracle(self, count: int | None) -> list[Any]:
+        """The training tasks that have an oracle trace: the first ``count``
+        (``train.oracle_tasks``: demonstrations are scarce, prompts are not), or every
+        one when it is None."""
+        return self.all if count is None else self.all[:count]
 
 
 # Salts the fixed-set draw's seed apart from the episodes' seeds of the same cycle.
@@ -191,15 +206,6 @@ def group_size(recipe: Recipe) -> int:
     if recipe.rollout.group_size is not None:
         return recipe.rollout.group_size
     return recipe.dpo.group_size if recipe.run.mode == "dpo" else 1
-
-
-def cycle_episodes(state: TrainState, cycle: int, n: int,
-                   group: int = 1) -> tuple[list[Any], list[int]]:
-    """``(tasks, seeds)`` of the ``n // group * group`` fresh episodes of ``cycle``."""
-    tasks = tasks_for(state, cycle, n // group)
-    grouped = [task for task in tasks for _ in range(group)]
-    seeds = [episode_seed(state.recipe.run.seed, cycle, i) for i in range(len(grouped))]
-    return grouped, seeds
 
 
 def fixed_draw(recipe: Recipe, fixed: list[Item], cycle: int, count: int) -> list[Item]:
@@ -252,10 +258,20 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     else:
         mixture = mixture_tasks(recipe.environments, "train")
         env, train_tasks = recipe.environments[0], mixture.all_tasks()
+    # rollout.engine vllm: vLLM samples the episodes in this process, its weights synced
+    # from the policy at every run (docs/rollouts.md, "Sampling engines"); it computes
+    # in the policy's dtype itself, so the runner sets up no autocast for it.
+    engine, engine_check = None, None
+    if recipe.rollout.engine == "vllm":
+        engine = start_engine(policy, recipe.rollout)
+        if recipe.rollout.engine_check is not False:
+            engine_check = functools.partial(
+                logprob_gap, policy.model, temperature=recipe.rollout.temperature,
+                top_p=recipe.rollout.top_p, autocast=autocast)
     runner = RolloutRunner(
         policy.model, policy.tokenizer, env_name=env.name, env_params=env.params,
         rollout=recipe.rollout, tokenizer_fp=policy.tokenizer_fp, mixture=mixture,
-        autocast=autocast,
+        autocast=autocast if engine is None else None, engine=engine,
     )
     update_manifest(run, tokenizer_fp=policy.tokenizer_fp, tokenizer_dir=str(policy.model_dir),
                     vocab_size=policy.vocab_size)
@@ -263,10 +279,11 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     # teachers of both tokenizers for both ("mixed", docs/several-teachers.md).
     state = TrainState(
         recipe=recipe, run=run, policy=policy, optimizer=optimizer, scheduler=None,
-        runner=runner, train_tasks=train_tasks, objective=run_objective(recipe),
+        runner=runner, tasks=TrainTasks(train_tasks, recipe.run.seed, mixture),
+        objective=run_objective(recipe),
         cache=open_cache(recipe, run, policy, run_kind(recipe)), teacher=teacher,
         stop_event=stop_event,
-        started=started, checkpoints=checkpoints, offline=offline, mixture=mixture,
+        started=started, checkpoints=checkpoints, offline=offline, engine_check=engine_check,
     )
     # The schedule reads where the warm-up ended from the state it belongs to (it draws
     # no random numbers, so building it after the tasks and runner changes nothing).

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -219,6 +220,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
                     endpoint=side.endpoint)
     record_teacher(state.run, state.version, identity, how="connect")
     side.memory = choose_memory(state)
+    side.park, side.wake = partial(park, state), partial(wake, state)
 
 
 def connect_routed(state: TrainState) -> None:
@@ -398,7 +400,7 @@ def teacher_view(state: TrainState) -> PrivilegedViews | None:
         policy.tokenizer, tokenizer_fp=policy.tokenizer_fp, env_name=env.name,
         env_params=env.params,
         task_of=task_lookup(env.name, env.params, env.difficulty, env.split_seed, sizes,
-                            known=state.train_tasks),
+                            known=state.tasks.all),
     )
 
 
@@ -408,14 +410,14 @@ def route_views(state: TrainState, route: Any) -> Callable | None:
     trajectory's environment; None for a standard teacher."""
     if route.config is None or route.config.mode != "privileged_context":
         return None
-    policy, mixture = state.policy, state.mixture
+    policy, mixture = state.policy, state.tasks.mixture
     views = {}
     for member in state.recipe.environments:
         if member.name not in route.environments:
             continue
         sizes = {"train": member.train_tasks, "eval": member.eval_tasks,
                  "test": member.test_tasks}
-        mine = [t for t in state.train_tasks if mixture.environment_of[t.id] == member.name]
+        mine = [t for t in state.tasks.all if mixture.environment_of[t.id] == member.name]
         views[member.name] = PrivilegedViews(
             policy.tokenizer, tokenizer_fp=policy.tokenizer_fp, env_name=member.name,
             env_params=member.params,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -65,6 +65,35 @@ class _Job:
     request_id: int | None = None
 
 
+class Link(Protocol):
+    """What one update asks of its teacher link, whichever the run picked when it
+    connected: the plain :class:`TeacherLink`, :class:`PrivilegedLink`,
+    ``xvocab_targets.XvocabLink`` (a teacher with another tokenizer) or
+    ``routes.RoutedLink`` (several teachers, each route with one of the other three).
+
+    :meth:`begin_update` binds the update to one student version (replies up to ``lag``
+    versions older accepted) and the teacher now live; :meth:`submit` sends one episode
+    with the positions it trains on; :meth:`collect` waits for the update's targets,
+    one :class:`Scored` per episode it trains on, in the order they were submitted;
+    ``wait_s`` is the seconds the last collect waited; :meth:`counters` the link's own
+    counters beside its client's. ``keeps_positions``: every submitted episode comes
+    back, with exactly the positions it was submitted with (a link that re-aligns
+    positions, or may hold episodes back, says False; the early forward then waits)."""
+
+    wait_s: float
+
+    @property
+    def keeps_positions(self) -> bool: ...
+
+    def begin_update(self, version: int, lag: int = 0) -> None: ...
+
+    def submit(self, traj: Trajectory, positions_P: np.ndarray) -> None: ...
+
+    def collect(self) -> list[Scored]: ...
+
+    def counters(self) -> dict[str, Any]: ...
+
+
 def teacher_identity(client: ScoringClient) -> dict[str, Any]:
     """``{name, model, revision, adapter_sha256, instance, gen}`` of the client's teacher."""
     hello = client.hello
@@ -80,9 +109,14 @@ class TeacherSide:
 
     client: ScoringClient | None = None
     endpoint: str | None = None
-    link: TeacherLink | None = None  # bound by teacher.connect
+    link: Link | None = None  # bound by teacher.connect
     identity: dict[str, Any] = field(default_factory=dict)
     memory: str = "resident"
+    # memory swap: move the teacher's weights off the device once an update's targets
+    # are in, and back before the next update's scoring (teacher.py park / wake, bound
+    # to the run when it connects).
+    park: Callable[[], None] | None = None
+    wake: Callable[[], None] | None = None
     # How to prove who we are: (CURVE secret key file, server public key file) for a
     # remote teacher (else the recipe's teacher.curve_*), and the admin token file that
     # lets swap PARK/WAKE (else the default beside the teacher's socket; teacher.py).
@@ -111,6 +145,7 @@ class TeacherLink:
     trajectory, :meth:`collect`."""
 
     mode: ClassVar[str] = "standard"  # what the teacher is shown: the episode's own tokens
+    keeps_positions: ClassVar[bool] = True
     client: ScoringClient
     kind: str
     k: int
@@ -128,10 +163,10 @@ class TeacherLink:
         # What every SCORE of this run adds to its request (the default is omitted).
         self._flags = {"deterministic": True} if self.deterministic else {}
 
-    def begin_update(self, version: int, allowed_lag: int = 0) -> None:
+    def begin_update(self, version: int, lag: int = 0) -> None:
         """Bind the next update to ``version`` and the teacher ``(instance, gen)`` now live."""
         self.version = version
-        self.client.set_version(version, allowed_lag)
+        self.client.set_version(version, lag)
         previous, self.binding = self.binding, tuple(self.client.bind())
         if previous is not None and self.binding != previous and self.on_teacher_changed:
             # A reload or restart that lands between updates (while the student updates

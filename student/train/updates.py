@@ -167,17 +167,19 @@ def finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> t
 @dataclass
 class EarlyForward:
     """The student's forward over an update's first micro-batch, computed (with autograd)
-    while the teacher still scores it. It is used only for exactly these trajectories
-    and positions, so the update equals one that waited for every reply first."""
+    while the teacher still scores it, at the positions the episodes were sent with. The
+    cycle makes it only when its link gives every episode back with exactly those
+    positions (``Link.keeps_positions``), so the update equals one that waited for
+    every reply first."""
 
-    traj_ids: list[str]
-    positions: list[np.ndarray]
+    trajs: list[Trajectory]
     hidden_P_H: torch.Tensor
 
-    def matches(self, trajs: list[Trajectory], positions: list[np.ndarray]) -> bool:
-        if self.traj_ids != [t.id for t in trajs] or len(positions) != len(self.positions):
-            return False
-        return all(np.array_equal(a, b) for a, b in zip(positions, self.positions, strict=True))
+    def covers(self, batch: list[Scored]) -> bool:
+        """``batch`` holds exactly these episodes (a routed run's update may hold a
+        route's episodes back, which moves the micro-batches)."""
+        return len(batch) == len(self.trajs) and all(
+            s.traj is traj for s, traj in zip(batch, self.trajs, strict=True))
 
 
 def first_micro_batch(n: int, grad_accum: int) -> range:
@@ -190,8 +192,8 @@ def early_forward(
     policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray]
 ) -> EarlyForward:
     """Run the student's forward for a micro-batch before its targets have arrived."""
-    pos = [p.astype(np.int64) for p in positions]
-    return EarlyForward([t.id for t in trajs], pos, hidden_at_positions(policy, trajs, pos))
+    return EarlyForward(trajs, hidden_at_positions(policy, trajs, [p.astype(np.int64)
+                                                                   for p in positions]))
 
 
 def distill_step(
@@ -220,7 +222,7 @@ def distill_step(
         batch = [scored[i] for i in part]
         trajs = [s.traj for s in batch]
         positions = [s.positions_P.astype(np.int64) for s in batch]
-        if early is not None and early.matches(trajs, positions):
+        if early is not None and early.covers(batch):
             hidden_P_H, early = early.hidden_P_H, None
         else:
             hidden_P_H = hidden_at_positions(policy, trajs, positions)

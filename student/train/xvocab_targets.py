@@ -34,7 +34,7 @@ This module does not compute a loss or align.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -203,6 +203,8 @@ class XvocabLink(TeacherLink):
     with ``cross_vocab`` and, for hybrid, the ``vocab_map`` of the two tokenizers);
     ``exact_groups`` / ``uld_groups`` count the groups each hybrid target trained."""
 
+    # Its targets are over the aligned positions only (:func:`student_targets`).
+    keeps_positions: ClassVar[bool] = False
     xvocab: XvocabRequests | None = None
     cross_vocab: str = "sampled_token"
     vocab_map: VocabMap | None = None

@@ -170,9 +170,10 @@ def test_auto_dtype_on_cpu_is_float32():
 
 
 def test_common_toy_and_modeling_import_without_torch():
+    # shared_prefix runs both processes' decoder passes and imports torch inside them.
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
-        "import miniverl.common.toy, miniverl.common.modeling\n"
+        "import miniverl.common.toy, miniverl.common.modeling, miniverl.common.shared_prefix\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -96,7 +96,7 @@ def test_reply_outside_allowed_lag_is_refused():
         teacher.default = answer()
         client.set_version(1)
         rid = await client.submit(TOKENS, CU, POS, k=4)
-        client.set_version(2, allowed_lag=1)
+        client.set_version(2, lag=1)
         assert (await client.wait([rid]))[rid].student_version == 1
 
     run(body)

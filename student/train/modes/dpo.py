@@ -1,6 +1,6 @@
 """DPO from the student's own rollouts, with a teacher server as the reference scorer.
 
-One ``dpo`` cycle, read top to bottom in :func:`dpo_cycle`:
+One ``dpo`` cycle, read top to bottom in :meth:`DpoMode.cycle`:
 
 1. **Group sampling**: ``rollouts_per_cycle`` episodes as ``rollouts_per_cycle //
    group_size`` tasks, each played ``group_size`` times with distinct seeds by the
@@ -42,7 +42,8 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.train.objectives.objective import next_tokens
 from miniverl.student.train.policy import Policy
-from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
+from miniverl.student.train.state import CycleResult, TrainState, group_size
+from miniverl.student.train.teacher_link import TeacherLink
 from miniverl.student.train.updates import (
     StepStats,
     finish_step,
@@ -164,7 +165,7 @@ def sequence_logprobs(
     )
 
 
-def score_reference(link: Any, pairs: list[PreferencePair], version: int) -> None:
+def score_reference(link: TeacherLink, pairs: list[PreferencePair], version: int) -> None:
     """Fill ``ref_chosen`` / ``ref_rejected`` from the reference teacher's ``target_logprobs``.
 
     One ``SCORE`` per response; ``k`` is 1 (the top-k rows are not used, only the
@@ -254,53 +255,6 @@ def dpo_group_size(recipe: Any) -> int:
     return size
 
 
-def dpo_cycle(state: TrainState) -> CycleResult | None:
-    """One DPO cycle (mode ``dpo``); None when no task gave a pair (no update)."""
-    recipe = state.recipe
-    grouped, seeds = cycle_episodes(state, state.cycle, recipe.train.rollouts_per_cycle,
-                                    dpo_group_size(recipe))
-    policy = state.policy
-    t0 = time.perf_counter()
-    policy.model.eval()
-    with torch.no_grad():
-        trajs = state.runner.run(grouped, policy_version=state.version, seeds=seeds)
-    policy.model.train()
-    t_rollout = time.perf_counter() - t0
-    write_trajectories(state.run.trajectories_path, trajs, append=True)
-    pairs, skipped, n_groups = build_pairs(trajs)
-    extra = {
-        "dpo_pairs": len(pairs),
-        "dpo_tasks": n_groups,
-        "dpo_tasks_without_pair": skipped,
-        "dpo_beta": recipe.dpo.beta,
-    }
-    if not pairs:
-        # Nothing to prefer: no update, the version stays; the skip is on record.
-        state.run.event("dpo_no_pairs", cycle=state.cycle, version=state.version,
-                        tasks=n_groups, train_success=_success(trajs))
-        return None
-    t1 = time.perf_counter()
-    score_reference(state.teacher.link, pairs, state.version)
-    t_wait = time.perf_counter() - t1
-    t2 = time.perf_counter()
-    stats = None
-    for _ in range(recipe.train.updates_per_batch):
-        stats = dpo_step(
-            policy, state.optimizer, state.scheduler, pairs, beta=recipe.dpo.beta,
-            grad_accum=recipe.train.grad_accum, max_grad_norm=recipe.train.max_grad_norm,
-            chunk_size=recipe.loss.chunk_size,
-        )
-        state.advance()
-    extra.update(
-        dpo_loss=stats.loss, dpo_chosen_reward=stats.chosen_reward,
-        dpo_rejected_reward=stats.rejected_reward, dpo_margin=stats.margin,
-        dpo_accuracy=stats.accuracy,
-    )
-    step = StepStats(loss=stats.loss, divergence=stats.loss, positions=stats.positions,
-                     tokens=stats.tokens, grad_norm=stats.grad_norm, lr=stats.lr)
-    return CycleResult(step, trajs, t_rollout, t_wait, time.perf_counter() - t2, extra=extra)
-
-
 def _success(trajs: list[Trajectory]) -> float:
     return sum(bool(t.verifier and t.verifier.success) for t in trajs) / max(1, len(trajs))
 
@@ -315,5 +269,47 @@ class DpoMode:
         """Nothing to rebuild: the checkpoint holds everything a cycle reads."""
 
     def cycle(self, state: TrainState) -> CycleResult | None:
-        """One DPO cycle (:func:`dpo_cycle`)."""
-        return dpo_cycle(state)
+        """One DPO cycle; None when no task gave a pair (no update)."""
+        recipe = state.recipe
+        grouped, seeds = state.tasks.episodes(state.cycle, recipe.train.rollouts_per_cycle,
+                                              dpo_group_size(recipe))
+        policy = state.policy
+        t0 = time.perf_counter()
+        policy.model.eval()
+        with torch.no_grad():
+            trajs = state.runner.run(grouped, policy_version=state.version, seeds=seeds)
+        policy.model.train()
+        t_rollout = time.perf_counter() - t0
+        write_trajectories(state.run.trajectories_path, trajs, append=True)
+        pairs, skipped, n_groups = build_pairs(trajs)
+        extra = {
+            "dpo_pairs": len(pairs),
+            "dpo_tasks": n_groups,
+            "dpo_tasks_without_pair": skipped,
+            "dpo_beta": recipe.dpo.beta,
+        }
+        if not pairs:
+            # Nothing to prefer: no update, the version stays; the skip is on record.
+            state.run.event("dpo_no_pairs", cycle=state.cycle, version=state.version,
+                            tasks=n_groups, train_success=_success(trajs))
+            return None
+        t1 = time.perf_counter()
+        score_reference(state.teacher.link, pairs, state.version)
+        t_wait = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        stats = None
+        for _ in range(recipe.train.updates_per_batch):
+            stats = dpo_step(
+                policy, state.optimizer, state.scheduler, pairs, beta=recipe.dpo.beta,
+                grad_accum=recipe.train.grad_accum, max_grad_norm=recipe.train.max_grad_norm,
+                chunk_size=recipe.loss.chunk_size,
+            )
+            state.advance()
+        extra.update(
+            dpo_loss=stats.loss, dpo_chosen_reward=stats.chosen_reward,
+            dpo_rejected_reward=stats.rejected_reward, dpo_margin=stats.margin,
+            dpo_accuracy=stats.accuracy,
+        )
+        step = StepStats(loss=stats.loss, divergence=stats.loss, positions=stats.positions,
+                         tokens=stats.tokens, grad_norm=stats.grad_norm, lr=stats.lr)
+        return CycleResult(step, trajs, t_rollout, t_wait, time.perf_counter() - t2, extra=extra)

@@ -15,7 +15,7 @@ version; a resume finds them in the cache (and the frozen student set in
 
 Each update draws ``rollouts_per_cycle`` trajectories: a seeded draw from the set
 (``state.fixed_draw``; with ``train.on_policy_fraction`` part of the batch is sampled
-fresh instead, "GKD-style mixing" below), or,
+fresh instead, "GKD-style mixing" below, :meth:`OfflineKdMode.mixed_cycle`), or,
 for frozen student states, cycle ``c``'s own episodes, so update ``c`` sees the tasks
 OPD's update ``c`` sees, sampled by the starting policy instead of the current one.
 
@@ -41,9 +41,15 @@ import time
 from dataclasses import dataclass, field
 
 from miniverl.common.errors import ConfigError
-from miniverl.common.recipe import on_policy_episodes
-from miniverl.common.trajectory import Trajectory, read_trajectories, write_trajectories
+from miniverl.common.recipe import Recipe, on_policy_episodes
+from miniverl.common.trajectory import (
+    Trajectory,
+    read_trajectories,
+    select_positions_for,
+    write_trajectories,
+)
 from miniverl.student.rollout.oracle import oracle_trajectories
+from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.train import updates
 from miniverl.student.train.cached_targets import latest_for_teacher, put_scored
 from miniverl.student.train.fixed_sets import drawn_positions, teacher_set
@@ -53,11 +59,10 @@ from miniverl.student.train.state import (
     TrainState,
     episode_seed,
     fixed_draw,
-    oracle_tasks,
-    tasks_for,
+    group_size,
 )
-from miniverl.student.train.steps import positions_of, rollout_and_score, sample
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.steps import collect, sample
+from miniverl.student.train.teacher_link import Scored, TeacherSide
 
 
 @dataclass
@@ -73,27 +78,27 @@ class LazyScoredSet:
     def __len__(self) -> int:
         return len(self.trajs)
 
-    def draw(self, state: TrainState, cycle: int,
-             count: int) -> tuple[list[Scored], list[Scored], float]:
+    def draw(self, cycle: int, count: int, *, teacher: TeacherSide, cache: TargetsCache | None,
+             recipe: Recipe) -> tuple[list[Scored], list[Scored], float]:
         """``count`` trajectories drawn for ``cycle`` (``state.fixed_draw``) with their
-        targets; those scored now; and the seconds spent waiting for the teacher."""
-        picked = fixed_draw(state.recipe, self.trajs, cycle, count)
+        targets (from ``cache``, else scored by ``teacher`` now); those scored now; and
+        the seconds spent waiting for the teacher."""
+        picked = fixed_draw(recipe, self.trajs, cycle, count)
         if any(t is None for t in picked):
             raise RuntimeError(f"cycle {cycle} drew a fixed-set position the run did not "
                                "plan to draw; the set was built for other cycles")
         missing = [t for t in picked if t.id not in self.scored]
         if missing:
-            self.scored.update(
-                latest_for_teacher(state.cache, state.recipe, state.teacher.identity, missing))
+            self.scored.update(latest_for_teacher(cache, recipe, teacher.identity, missing))
         fresh = [t for t in missing if t.id not in self.scored]
         if not fresh:
             return [self.scored[t.id] for t in picked], [], 0.0
-        link = state.teacher.link
+        link = teacher.link
         link.begin_update(self.version, 0)
         for traj in fresh:
-            link.submit(traj, positions_of(state, traj))
+            link.submit(traj, select_positions_for(traj, recipe.loss, seed=recipe.run.seed))
         replies = link.collect()
-        put_scored(state.cache, replies)
+        put_scored(cache, replies)
         self.scored.update((s.traj.id, s) for s in replies)
         return [self.scored[t.id] for t in picked], replies, link.wait_s
 
@@ -116,12 +121,13 @@ class OfflineKdMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """One update on a seeded draw from the fixed set (with
-        ``train.on_policy_fraction``, part of the batch fresh: :func:`mixed_cycle`)."""
-        if state.recipe.train.on_policy_fraction is not None:
-            return mixed_cycle(state, self.fixed)
-        scored, replies, t_wait = fixed_batch(state, self.fixed, state.cycle)
+        ``train.on_policy_fraction``, part of the batch fresh: "GKD-style mixing" below)."""
+        recipe, train = state.recipe, state.recipe.train
+        if train.on_policy_fraction is not None:
+            return self.mixed_cycle(state)
+        scored, replies, t_wait = fixed_batch(self.fixed, state.cycle, teacher=state.teacher,
+                                              cache=state.cache, recipe=recipe)
         t1 = time.perf_counter()
-        train = state.recipe.train
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, scored,
             objective=state.objective, train=train,
@@ -130,6 +136,42 @@ class OfflineKdMode:
         # The row's positions_scored are what the teacher scored for this cycle.
         return CycleResult(stats, [s.traj for s in scored], 0.0, t_wait,
                            time.perf_counter() - t1, scored=replies or None)
+
+    def mixed_cycle(self, state: TrainState) -> CycleResult:
+        """The cycle with ``train.on_policy_fraction`` (GKD-style mixing, below): fresh
+        episodes of version v (scored for v) and a fixed-set draw (a lazy set scores its
+        first draws here, before the fresh part binds version v), one optimizer step on
+        both."""
+        recipe, train, fixed = state.recipe, state.recipe.train, self.fixed
+        fresh_n, fixed_n = split(train.rollouts_per_cycle, train.on_policy_fraction)
+        if isinstance(fixed, list):
+            drawn, fixed_scored, t_fixed = fixed_draw(recipe, fixed, state.cycle, fixed_n), [], 0.0
+        else:
+            drawn, fixed_scored, t_fixed = fixed.draw(state.cycle, fixed_n, teacher=state.teacher,
+                                                      cache=state.cache, recipe=recipe)
+        trajs, fresh, t_rollout, t_wait = [], [], 0.0, 0.0
+        if fresh_n:
+            # The first fresh_n episodes strict OPD would sample in this cycle.
+            tasks, seeds = state.tasks.episodes(state.cycle, fresh_n, group_size(recipe))
+            sampled = sample(state.runner, state.teacher, tasks, seeds, version=state.version,
+                             lag=0, pipelined=train.pipelining, loss=recipe.loss,
+                             seed=recipe.run.seed)
+            fresh, t_wait = collect(state.teacher, state.run, state.cache, sampled.trajs)
+            trajs, t_rollout = sampled.trajs, sampled.t_rollout
+        t_wait += t_fixed
+        t1 = time.perf_counter()
+        stats = updates.distill_step(
+            state.policy, state.optimizer, state.scheduler, [*fresh, *drawn],
+            objective=state.objective, train=train,
+        )
+        state.advance()
+        # The row's train_success is the fresh episodes' (the fixed set's are not the
+        # policy's), and its positions_scored what the teacher scored in this cycle.
+        return CycleResult(
+            stats, trajs or [s.traj for s in drawn], t_rollout, t_wait,
+            time.perf_counter() - t1, scored=[*fresh, *fixed_scored],
+            extra={"on_policy_episodes": len(fresh), "fixed_set_episodes": len(drawn)},
+        )
 
 
 def prepare_fixed_set(state: TrainState) -> list[Scored] | LazyScoredSet:
@@ -145,12 +187,12 @@ def prepare_fixed_set(state: TrainState) -> list[Scored] | LazyScoredSet:
         # traces; their playing time is the set's sampling time.
         if recipe.train.score_fixed_set == "drawn":
             # Only the tasks the planned draws hold are played, each at its position.
-            size, train = len(state.train_tasks), recipe.train
+            size, train = len(state.tasks.all), recipe.train
             count = (split(train.rollouts_per_cycle, train.on_policy_fraction)[1]
                      if train.on_policy_fraction is not None else train.rollouts_per_cycle)
             played, t_play, recorded = teacher_set(
                 state, needed=drawn_positions(state, size, count))
-            where = {task.id: i for i, task in enumerate(state.train_tasks)}
+            where = {task.id: i for i, task in enumerate(state.tasks.all)}
             slots: list[Trajectory | None] = [None] * size
             for traj in played:
                 slots[where[traj.task_id]] = traj
@@ -170,7 +212,8 @@ def prepare_fixed_set(state: TrainState) -> list[Scored] | LazyScoredSet:
     else:
         env = recipe.environment
         fixed_set = oracle_trajectories(
-            env.name, oracle_tasks(state), policy.tokenizer, policy.tokenizer_fp, env.params,
+            env.name, state.tasks.oracle(recipe.train.oracle_tasks), policy.tokenizer,
+            policy.tokenizer_fp, env.params,
         )
     t_build = time.perf_counter() - t0
     # The fixed set was sampled by another policy; its targets are bound to the
@@ -206,7 +249,8 @@ def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int
     link.begin_update(version, 0)
     for traj in fixed_set:
         if traj.id not in reused:
-            link.submit(traj, positions_of(state, traj))
+            link.submit(traj, select_positions_for(traj, state.recipe.loss,
+                                                   seed=state.recipe.run.seed))
     return _finish(state, fixed_set, link.collect(), reused, source=source, t_sample=t_sample)
 
 
@@ -221,10 +265,12 @@ def _prepare_student_set(state: TrainState) -> list[Scored]:
         return _score_uncached(state, recorded, recorded[0].policy_version, source="student",
                                t_sample=time.perf_counter() - t0)
     cycles = planned_cycles(recipe)
-    tasks = [task for c in range(cycles) for task in tasks_for(state, c, n)]
+    tasks = [task for c in range(cycles) for task in state.tasks.of_cycle(c, n)]
     seeds = [episode_seed(recipe.run.seed, c, i) for c in range(cycles) for i in range(n)]
     # The targets are bound to the version that samples the set: the starting one.
-    fixed_set, _ = sample(state, tasks, seeds, lag=0)
+    fixed_set = sample(state.runner, state.teacher, tasks, seeds, version=state.version, lag=0,
+                       pipelined=recipe.train.pipelining, loss=recipe.loss,
+                       seed=recipe.run.seed).trajs
     t_sample = time.perf_counter() - t0
     return _finish(state, fixed_set, link.collect(), {}, source="student", t_sample=t_sample)
 
@@ -254,18 +300,19 @@ def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored]
     return ordered
 
 
-def fixed_batch(state: TrainState, fixed: list[Scored] | LazyScoredSet,
-                cycle: int) -> tuple[list[Scored], list[Scored], float]:
+def fixed_batch(fixed: list[Scored] | LazyScoredSet, cycle: int, *, teacher: TeacherSide,
+                cache: TargetsCache | None, recipe: Recipe,
+                ) -> tuple[list[Scored], list[Scored], float]:
     """Cycle ``cycle``'s batch from the fixed set with its targets; those the teacher
     scored for this cycle (a lazy set's first draws); the seconds it waited for them."""
-    n = state.recipe.train.rollouts_per_cycle
+    n = recipe.train.rollouts_per_cycle
     if isinstance(fixed, LazyScoredSet):
-        return fixed.draw(state, cycle, n)
-    if state.recipe.train.fixed_set == "student":
+        return fixed.draw(cycle, n, teacher=teacher, cache=cache, recipe=recipe)
+    if recipe.train.fixed_set == "student":
         # Cycle c trains on the episodes sampled for cycle c (OPD's tasks and seeds).
         start = (cycle * n) % len(fixed)
         return fixed[start:start + n], [], 0.0
-    return fixed_draw(state.recipe, fixed, cycle, n), [], 0.0
+    return fixed_draw(recipe, fixed, cycle, n), [], 0.0
 
 
 # -- GKD-style mixing ------------------------------------------------------------------
@@ -292,32 +339,3 @@ def split(n: int, fraction: float) -> tuple[int, int]:
     return fresh, n - fresh
 
 
-def mixed_cycle(state: TrainState, fixed: list[Scored] | LazyScoredSet) -> CycleResult:
-    """One GKD cycle: fresh episodes of version v (scored for v) and a fixed-set draw
-    (a lazy set scores its first draws here, before the fresh part binds version v),
-    one optimizer step on both."""
-    recipe = state.recipe
-    fresh_n, fixed_n = split(recipe.train.rollouts_per_cycle, recipe.train.on_policy_fraction)
-    if isinstance(fixed, list):
-        drawn, fixed_scored, t_fixed = fixed_draw(recipe, fixed, state.cycle, fixed_n), [], 0.0
-    else:
-        drawn, fixed_scored, t_fixed = fixed.draw(state, state.cycle, fixed_n)
-    trajs, fresh, t_rollout, t_wait = [], [], 0.0, 0.0
-    if fresh_n:
-        batch = rollout_and_score(state, lag=0, count=fresh_n)
-        trajs, fresh, t_rollout, t_wait = batch.trajs, batch.scored, batch.t_rollout, batch.t_wait
-    t_wait += t_fixed
-    t1 = time.perf_counter()
-    train = recipe.train
-    stats = updates.distill_step(
-        state.policy, state.optimizer, state.scheduler, [*fresh, *drawn],
-        objective=state.objective, train=train,
-    )
-    state.advance()
-    # The row's train_success is the fresh episodes' (the fixed set's are not the
-    # policy's), and its positions_scored what the teacher scored in this cycle.
-    return CycleResult(
-        stats, trajs or [s.traj for s in drawn], t_rollout, t_wait,
-        time.perf_counter() - t1, scored=[*fresh, *fixed_scored],
-        extra={"on_policy_episodes": len(fresh), "fixed_set_episodes": len(drawn)},
-    )

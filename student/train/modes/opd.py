@@ -6,7 +6,9 @@
    episode seeded by ``(run.seed, cycle, episode)``, so a resumed run draws the same;
 2. sample with version ``v``; each finished episode's SCORE, tagged ``v``, leaves at
    once (``train.pipelining``), while the other episodes still sample
-   (``steps.sample``, ``rollout/runner.py``, ``teacher_link.py``);
+   (``steps.sample``, ``rollout/runner.py``, ``teacher_link.py``); with
+   ``rollout.engine: vllm``, the engine's log-probs of the sampled tokens are checked
+   against the trainer's (``rollout/vllm_engine.py``);
 3. with pipelining and a resident teacher, the update's first forward pass, which needs
    no targets, while the teacher scores the last episodes (``updates.early_forward``);
 4. collect the teacher's targets for ``v``: the client drops any reply not for ``v`` or
@@ -17,7 +19,9 @@
 6. ``v -> v + 1``;
 7. what the cycle did goes back to the loop, which logs it (``loop.py``).
 
-This module keeps no state between cycles and does not checkpoint (``loop.py``).
+The cycle is the one place that reads the run's state: each stage it calls takes the
+objects it uses (the runner, the teacher side, the policy, the settings). This module
+keeps no state between cycles and does not checkpoint (``loop.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ from __future__ import annotations
 import time
 
 from miniverl.student.train import updates
-from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
-from miniverl.student.train.steps import collect, positions_of, sample
+from miniverl.student.train.state import CycleResult, TrainState, group_size
+from miniverl.student.train.steps import collect, sample
 
 
 class OpdMode:
@@ -40,36 +44,41 @@ class OpdMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """One strict on-policy update: fresh rollouts of v, scored for v, one step."""
-        train = state.recipe.train
+        recipe, train, teacher, v = state.recipe, state.recipe.train, state.teacher, state.version
         # 1. Draw the tasks.
-        tasks, seeds = cycle_episodes(state, state.cycle, train.rollouts_per_cycle,
-                                      group_size(state.recipe))
+        tasks, seeds = state.tasks.episodes(state.cycle, train.rollouts_per_cycle,
+                                            group_size(recipe))
 
         # 2. Sample with version v, each finished episode sent to the teacher.
-        trajs, t_rollout = sample(state, tasks, seeds, lag=0)
+        sampled = sample(state.runner, teacher, tasks, seeds, version=v, lag=0,
+                         pipelined=train.pipelining, loss=recipe.loss, seed=recipe.run.seed)
+
+        #    rollout.engine vllm: the engine's log-probs of the sampled tokens against the
+        #    trainer's forward on them, before the step changes the trainer.
+        gap = state.engine_check(sampled.trajs) if state.engine_check is not None else None
 
         # 3. The first micro-batch's forward while the teacher scores (swap keeps it
         #    after PARK, when the teacher's memory is free).
         early, t_early = None, 0.0
-        if train.pipelining and state.teacher.memory != "swap":
+        if train.pipelining and teacher.memory != "swap" and teacher.link.keeps_positions:
             t0 = time.perf_counter()
-            first = [trajs[i] for i in updates.first_micro_batch(len(trajs), train.grad_accum)]
-            early = updates.early_forward(state.policy, first, [positions_of(state, t) for t in first])
+            first = updates.first_micro_batch(len(sampled.trajs), train.grad_accum)
+            early = updates.early_forward(state.policy, [sampled.trajs[i] for i in first],
+                                          [sampled.positions[i] for i in first])
             t_early = time.perf_counter() - t0
 
         # 4. Collect the teacher's targets for v.
-        scored, t_wait = collect(state, trajs)
+        scored, t_wait = collect(teacher, state.run, state.cache, sampled.trajs)
 
         # 5. The loss and one optimizer step.
         t1 = time.perf_counter()
-        stats = updates.distill_step(
-            state.policy, state.optimizer, state.scheduler, scored,
-            objective=state.objective, train=train, early=early,
-        )
+        stats = updates.distill_step(state.policy, state.optimizer, state.scheduler, scored,
+                                     objective=state.objective, train=train, early=early)
 
         # 6. v -> v + 1.
         state.advance()
 
         # 7. To the loop, which logs it.
         t_update = time.perf_counter() - t1 + t_early
-        return CycleResult(stats, trajs, t_rollout, t_wait, t_update, scored=scored)
+        return CycleResult(stats, sampled.trajs, sampled.t_rollout, t_wait, t_update,
+                           scored=scored, extra=gap.metrics() if gap is not None else None)

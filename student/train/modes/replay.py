@@ -6,7 +6,8 @@ update because each update advances the version. A seeded draw picks the batch, 
 resumed run draws what the uninterrupted one would have drawn. The buffer is this
 mode's own state (:class:`ReplayMode`); a resume rebuilds it.
 
-This module does not sample or score (``steps.rollout_and_score``) and does not log.
+This module does not sample or score (``steps.sample``, ``steps.collect``) and does not
+log.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from miniverl.common.trajectory import read_trajectories
+from miniverl.common.trajectory import read_trajectories, select_positions_for
 from miniverl.protocol.pending import within_lag
 from miniverl.student.train import updates
 from miniverl.student.train.cached_targets import scored_for_version
-from miniverl.student.train.state import CycleResult, TrainState, episode_seed
-from miniverl.student.train.steps import positions_of, rollout_and_score
+from miniverl.student.train.state import CycleResult, TrainState, episode_seed, group_size
+from miniverl.student.train.steps import collect, sample
 from miniverl.student.train.teacher_link import Scored, empty_arrays
 from miniverl.student.train.updates import StepStats
 
@@ -41,10 +42,15 @@ class ReplayMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """Fresh rollouts into the buffer, then updates on a draw of young-enough entries."""
-        train = state.recipe.train
+        recipe, train = state.recipe, state.recipe.train
         lag = train.max_lag
-        fresh = rollout_and_score(state, lag)
-        self.buffer.extend(fresh.scored)
+        tasks, seeds = state.tasks.episodes(state.cycle, train.rollouts_per_cycle,
+                                            group_size(recipe))
+        fresh = sample(state.runner, state.teacher, tasks, seeds, version=state.version,
+                       lag=lag, pipelined=train.pipelining, loss=recipe.loss,
+                       seed=recipe.run.seed)
+        fresh_scored, t_wait = collect(state.teacher, state.run, state.cache, fresh.trajs)
+        self.buffer.extend(fresh_scored)
         self.buffer = [s for s in self.buffer if within_lag(state.version, s.student_version, lag)]
         rng = np.random.default_rng(episode_seed(state.recipe.run.seed, state.cycle, DRAW_SALT))
         n = min(len(self.buffer), train.rollouts_per_cycle)
@@ -61,7 +67,7 @@ class ReplayMode:
                 objective=state.objective, train=train,
             )
             state.advance()
-        return CycleResult(stats, fresh.trajs, fresh.t_rollout, fresh.t_wait,
+        return CycleResult(stats, fresh.trajs, fresh.t_rollout, t_wait,
                            time.perf_counter() - t1, scored=scored)
 
     def resume(self, state: TrainState) -> None:
@@ -84,7 +90,8 @@ class ReplayMode:
                     or traj.id in seen):
                 continue
             seen.add(traj.id)
-            positions = positions_of(state, traj).astype(np.int32)
+            positions = select_positions_for(traj, state.recipe.loss,
+                                             seed=state.recipe.run.seed).astype(np.int32)
             if len(positions) == 0:
                 arrays = empty_arrays(state.objective.kind, state.recipe.loss.top_k)
                 self.buffer.append(Scored(traj, positions, arrays, traj.policy_version, {}))

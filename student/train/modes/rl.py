@@ -19,10 +19,9 @@ import time
 
 import torch
 
-from miniverl.common.trajectory import write_trajectories
+from miniverl.common.trajectory import select_positions_for, write_trajectories
 from miniverl.student.train import updates
-from miniverl.student.train.state import CycleResult, TrainState, cycle_episodes, group_size
-from miniverl.student.train.steps import positions_of
+from miniverl.student.train.state import CycleResult, TrainState, group_size
 from miniverl.student.train.teacher_link import Scored
 
 
@@ -31,10 +30,10 @@ class RlMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """One update: fresh episodes of v, their rewards, one policy-gradient step."""
-        train = state.recipe.train
+        recipe, train = state.recipe, state.recipe.train
         # 1. Draw the tasks, each played group_size times.
-        tasks, seeds = cycle_episodes(state, state.cycle, train.rollouts_per_cycle,
-                                      group_size(state.recipe))
+        tasks, seeds = state.tasks.episodes(state.cycle, train.rollouts_per_cycle,
+                                            group_size(recipe))
 
         # 2. Sample with version v (no teacher: nothing is sent).
         t0 = time.perf_counter()
@@ -45,7 +44,8 @@ class RlMode:
 
         # 3. The policy gradient on the task reward and one optimizer step.
         t1 = time.perf_counter()
-        episodes = [Scored(t, positions_of(state, t), {}, state.version, {}) for t in trajs]
+        episodes = [Scored(t, select_positions_for(t, recipe.loss, seed=recipe.run.seed), {},
+                           state.version, {}) for t in trajs]
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, episodes,
             objective=state.objective, train=train,

@@ -19,11 +19,13 @@ import time
 from dataclasses import dataclass, field
 
 from miniverl.common.qualification import PRIVILEGED
+from miniverl.common.recipe import Recipe
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.rollout.oracle import oracle_trajectories
 from miniverl.student.train.fixed_sets import TeacherBatches
-from miniverl.student.train.state import CycleResult, TrainState, oracle_tasks, tasks_for
-from miniverl.student.train.updates import Schedule, StepStats, sft_step
+from miniverl.student.train.policy import Policy
+from miniverl.student.train.state import CycleResult, TrainState, TrainTasks
+from miniverl.student.train.updates import Schedule, sft_step
 
 # train.sft_warmup_until_loss compares the mean of this many last warm-up losses.
 WARMUP_LOSS_WINDOW = 10
@@ -38,19 +40,20 @@ class OracleBatches:
 
     by_task: dict[str, Trajectory] = field(default_factory=dict)
 
-    def batch(self, state: TrainState, cycle: int) -> list[Trajectory]:
+    def batch(self, cycle: int, *, tasks: TrainTasks, recipe: Recipe,
+              policy: Policy) -> list[Trajectory]:
         """The oracle traces of ``cycle``'s training tasks (of those that have one,
-        ``train.oracle_tasks``); a mixture's tasks are drawn by weight and each trace is
-        played in its own environment."""
-        mixture = state.mixture
-        tasks = tasks_for(state, cycle, state.recipe.train.rollouts_per_cycle,
-                          None if mixture is not None else oracle_tasks(state))
-        missing = [t for t in tasks if t.id not in self.by_task]
-        policy = state.policy
+        ``train.oracle_tasks``), rendered by ``policy``'s tokenizer; a mixture's tasks are
+        drawn by weight and each trace is played in its own environment."""
+        mixture = tasks.mixture
+        drawn = tasks.of_cycle(cycle, recipe.train.rollouts_per_cycle,
+                               None if mixture is not None else
+                               tasks.oracle(recipe.train.oracle_tasks))
+        missing = [t for t in drawn if t.id not in self.by_task]
         # rollout.view: a privileged teacher's preparation trains on the view it will
         # score in.
-        privileged = state.recipe.rollout.view == PRIVILEGED
-        env = state.recipe.environment
+        privileged = recipe.rollout.view == PRIVILEGED
+        env = recipe.environment
         by_env = ({env.name: (env.params, missing)} if mixture is None else
                   {name: (mixture.params[name],
                           [t for t in missing if mixture.environment_of[t.id] == name])
@@ -61,7 +64,7 @@ class OracleBatches:
                 privileged=privileged,
             ), strict=True):
                 self.by_task[task.id] = traj
-        return [self.by_task[t.id] for t in tasks]
+        return [self.by_task[t.id] for t in drawn]
 
 
 @dataclass
@@ -83,28 +86,32 @@ class SftMode:
 
     def cycle(self, state: TrainState) -> CycleResult:
         """One ``sft`` cycle: an oracle batch, one optimizer step."""
+        recipe = state.recipe
         t0 = time.perf_counter()
-        seqkd = state.recipe.train.fixed_set == "teacher"
-        trajs = (self.teacher if seqkd else self.oracle).batch(state, state.cycle)
+        if recipe.train.fixed_set == "teacher":
+            trajs = self.teacher.batch(state.cycle, tasks=state.tasks,
+                                       n=recipe.train.rollouts_per_cycle)
+        else:
+            trajs = self.oracle.batch(state.cycle, tasks=state.tasks, recipe=recipe,
+                                      policy=state.policy)
         t_rollout = time.perf_counter() - t0
         t1 = time.perf_counter()
-        stats = sft_update(state, trajs)
+        stats = sft_step(state.policy, state.optimizer, state.scheduler, trajs,
+                         loss=recipe.loss, train=recipe.train)
+        state.advance()
         return CycleResult(stats, trajs, t_rollout, 0.0, time.perf_counter() - t1)
 
 
-def sft_update(state: TrainState, trajs: list[Trajectory]) -> StepStats:
-    """One SFT optimizer step on ``trajs``; the version advances."""
-    stats = sft_step(state.policy, state.optimizer, state.scheduler, trajs,
-                     loss=state.recipe.loss, train=state.recipe.train)
-    state.advance()
-    return stats
-
-
 def warmup_step(state: TrainState, oracle: OracleBatches) -> CycleResult:
-    """One SFT warm-up step (phase ``sft_warmup``) on ``oracle``'s traces."""
+    """One SFT warm-up step (phase ``sft_warmup``) on ``oracle``'s traces: the warm-up's
+    cycle, the one place of it that reads the run's state."""
+    recipe = state.recipe
     t0 = time.perf_counter()
-    trajs = oracle.batch(state, WARMUP_CYCLE_OFFSET + state.step)
-    stats = sft_update(state, trajs)
+    trajs = oracle.batch(WARMUP_CYCLE_OFFSET + state.step, tasks=state.tasks, recipe=recipe,
+                         policy=state.policy)
+    stats = sft_step(state.policy, state.optimizer, state.scheduler, trajs,
+                     loss=recipe.loss, train=recipe.train)
+    state.advance()
     state.warmup_losses = [*state.warmup_losses, stats.loss][-WARMUP_LOSS_WINDOW:]
     return CycleResult(stats, trajs, 0.0, 0.0, time.perf_counter() - t0, phase="sft_warmup")
 

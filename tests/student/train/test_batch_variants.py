@@ -55,25 +55,23 @@ def test_the_mixing_split_and_the_fixed_draw():
 
 
 def test_group_size_and_the_episodes_of_a_cycle():
-    from types import SimpleNamespace
 
-    from miniverl.student.train.state import cycle_episodes, group_size, tasks_for
+    from miniverl.student.train.state import TrainTasks, group_size
 
     assert group_size(make_recipe("opd", "runs")) == 1
     assert group_size(make_recipe("opd", "runs", sections={"rollout": {"group_size": 2}})) == 2
     # dpo keeps dpo.group_size, unless rollout.group_size sizes its groups instead.
     assert group_size(make_recipe("dpo", "runs", sections={"dpo": {"group_size": 4}})) == 4
     assert group_size(make_recipe("dpo", "runs", sections={"rollout": {"group_size": 2}})) == 2
-    state = SimpleNamespace(recipe=make_recipe("opd", "runs"), train_tasks=list("abcdefgh"),
-                            mixture=None)
+    draw = TrainTasks(list("abcdefgh"), make_recipe("opd", "runs").run.seed)
     # One environment (no mixture): the seeded permutation of epoch (cycle * n + i) // len.
     order = np.random.default_rng(0 * 7919 + 1).permutation(8)
-    assert tasks_for(state, 3, 4) == ["abcdefgh"[order[i]] for i in range(4, 8)]
+    assert draw.of_cycle(3, 4) == ["abcdefgh"[order[i]] for i in range(4, 8)]
     # G = 1 is the batch a cycle sampled before groups: task i with seed (seed, cycle, i).
-    assert cycle_episodes(state, 3, 4) == (tasks_for(state, 3, 4),
-                                           [episode_seed(0, 3, i) for i in range(4)])
-    tasks, seeds = cycle_episodes(state, 3, 4, group=2)
-    first_two = tasks_for(state, 3, 2)
+    assert draw.episodes(3, 4) == (draw.of_cycle(3, 4),
+                                   [episode_seed(0, 3, i) for i in range(4)])
+    tasks, seeds = draw.episodes(3, 4, group=2)
+    first_two = draw.of_cycle(3, 2)
     assert tasks == [first_two[0]] * 2 + [first_two[1]] * 2
     assert seeds == [episode_seed(0, 3, i) for i in range(4)]
 

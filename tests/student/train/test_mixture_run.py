@@ -113,13 +113,13 @@ def test_sft_and_the_warm_up_train_on_each_environments_oracle_traces(tmp_path, 
     from miniverl.student.train.trainer import Trainer
 
     trained = []
-    update = sft.sft_update
+    update = sft.sft_step
 
-    def recording(state, trajs):
+    def recording(policy, optimizer, scheduler, trajs, **kw):
         trained.extend(trajs)
-        return update(state, trajs)
+        return update(policy, optimizer, scheduler, trajs, **kw)
 
-    monkeypatch.setattr(sft, "sft_update", recording)
+    monkeypatch.setattr(sft, "sft_step", recording)
     data = recipe_dict("sft", tmp_path, cycles=3, rollouts_per_cycle=8)
     data.pop("teacher", None)
     del data["environment"]

@@ -496,7 +496,7 @@ class _StubLink:
     def counters(self):
         return {}
 
-    def begin_update(self, version, allowed_lag=0):
+    def begin_update(self, version, lag=0):
         self.client.connected = True  # bind() waits until the teacher is back
         self.begun.append(version)
         self.jobs = []
@@ -646,8 +646,8 @@ def test_a_privileged_route_sees_its_own_environments_privileged_view(tmp_path, 
     with Trainer(recipe, route_clients=clients, show_progress=False, write_report=False,
                  checkpoints=False) as trainer:
         result = trainer.train()
-        policy, of = trainer.state.policy, trainer.state.mixture.environment_of
-        tasks = [t for t in trainer.state.train_tasks if of[t.id] == "jsonnav"]
+        policy, of = trainer.state.policy, trainer.state.tasks.mixture.environment_of
+        tasks = [t for t in trainer.state.tasks.all if of[t.id] == "jsonnav"]
         entries = trainer.state.cache.keys()  # sorted EntryKeys (a cache is not a mapping)
         keyed = {key.teacher for key in entries}
     # Each route's targets are on record under what its teacher was shown: nav's

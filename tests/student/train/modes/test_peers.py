@@ -52,7 +52,7 @@ def test_no_mode_module_imports_another_mode_module():
 
 def test_steps_and_modes_leave_no_product_on_the_train_state():
     # Only the checkpointed warm-up cursors are assigned; everything else a step makes
-    # is returned (Fresh, CycleResult) or kept in the mode's own object.
+    # is returned (Sampled, CycleResult) or kept in the mode's own object.
     fields = set(TrainState.__dataclass_fields__)
     for path in [TRAIN / "steps.py", *sorted(MODES_DIR.glob("*.py"))]:
         written = _state_writes(path)
