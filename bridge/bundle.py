@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from miniverl.bridge import artifacts, parquet, profile, teacher_source
+from miniverl.bridge import artifacts, mixture_bundle, parquet, profile, teacher_source
 from miniverl.bridge.model_card import write_model_card
 from miniverl.common.atomic import atomic_write_json, publishing
 from miniverl.common.errors import ConfigError
@@ -45,7 +45,7 @@ from miniverl.common.hashing import write_sums
 from miniverl.common.manifest import load_manifest
 from miniverl.common.recipe_sections import LOSS_VARIANT_FIELDS
 from miniverl.common.redact import redact
-from miniverl.common.teacher_routes import routes
+from miniverl.common.teacher_routes import SINGLE, routes
 from miniverl.common.tokenizer_id import tokenizer_fingerprint
 from miniverl.student.environments import make_tasks
 
@@ -100,9 +100,13 @@ def _prompt_budget(tokenizer_dir: Path, tables: list, tool_specs: list, recipe) 
 
 
 def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str,
-                    target: profile.VerlTarget | None = None) -> dict:
+                    target: profile.VerlTarget | None = None,
+                    entries: list | None = None, teacher_gpus: int | None = None) -> dict:
     """The nested overrides mapping (without the Hydra header) for ``target`` (None: the
-    default verl release)."""
+    default verl release). ``entries``: several teachers
+    (``mixture_bundle.teacher_entries``), each its own ``teacher_models`` entry;
+    ``teacher_gpus``: the one teacher's pool (unset: verl's default pool, as one
+    environment's bundle has always been written)."""
     files = profile.BUNDLE_FILES
     flat = profile.fixed_values(target or profile.verl_target(None))
     max_response = max(
@@ -142,6 +146,14 @@ def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str
             "trainer.test_freq": recipe.train.eval_every or -1,
         }
     )
+    if entries:
+        for key in ("model_path", "inference.tensor_model_parallel_size"):
+            del flat[f"distillation.teacher_models.teacher_model.{key}"]
+        flat.update(mixture_bundle.teacher_overrides(
+            entries, max_prompt=max_prompt, max_response=max_response,
+            temperature=recipe.rollout.temperature))
+    elif teacher_gpus is not None:
+        flat.update(mixture_bundle.single_pool(teacher_gpus))
     if lora is not None:
         flat["actor_rollout_ref.model.lora_rank"] = lora["r"]
         flat["actor_rollout_ref.model.lora_alpha"] = lora["alpha"]
@@ -194,9 +206,27 @@ def _say(text: str) -> str:
     return f"    printf '%s\\n' {shlex.quote(text)} >&2\n"
 
 
+def _teacher_check(var: str, identity: dict, what: str = "teacher model") -> str:
+    """The launch script's check that ``$var`` points at weights, with the fetch command."""
+    lines = _say(f"  fetch them with: {identity['download']}")
+    if identity.get("prepare"):
+        lines += _say(f"  ({identity['prepare']})")
+    return (
+        f'if [ -z "${{{var}:-}}" ] || [ ! -f "${{{var}:-}}/config.json" ]; then\n'
+        f'    echo "error: {what} weights are not present (set {var} to a directory with '
+        'config.json)." >&2\n'
+        f"{lines}    missing=1\n"
+        "fi\n"
+    )
+
+
 def launch_script(identity: dict, teacher_identity: dict, lora: bool,
-                  target: profile.VerlTarget | None = None) -> str:
-    """Bash entry point: checks weights and verl, then runs verl's main_ppo."""
+                  target: profile.VerlTarget | None = None,
+                  routes: list[tuple[str, str, dict, list[str]]] | None = None) -> str:
+    """Bash entry point: checks weights and verl, then runs verl's main_ppo. ``routes``:
+    several teachers, each ``(route, variable, identity, entry names)``."""
+    if routes:
+        return _routed_launch(launch_script(identity, {"download": ""}, lora, target), routes)
     target = target or profile.verl_target(None)
     version = target.version
     modules = "".join(
@@ -267,6 +297,24 @@ exec python -m verl.trainer.main_ppo \\
 """
 
 
+def _routed_launch(single: str, routes: list[tuple[str, str, dict, list[str]]]) -> str:
+    """The one-teacher launch script with one weights check and one ``model_path`` per
+    route instead of ``TEACHER_MODEL_DIR``'s."""
+    start = single.index('if [ -z "${TEACHER_MODEL_DIR:-}" ]')
+    end = single.index("fi\n", start) + len("fi\n")
+    checks = "".join(_teacher_check(var, ident, f"teacher {route}'s model")
+                     for route, var, ident, _ in routes)
+    text = single[:start] + checks + single[end:]
+    paths = "".join(f'    distillation.teacher_models.{entry}.model_path="${var}" \\\n'
+                    for _, var, _, entries in routes for entry in entries)
+    old = '    distillation.teacher_models.teacher_model.model_path="$TEACHER_MODEL_DIR" \\\n'
+    assert old in text
+    usage = " ".join(f"{var}=teacher-{route.replace('/', '-')}" for route, var, _, _ in routes)
+    return (text.replace(old, paths)
+            .replace("TEACHER_MODEL_DIR=teacher-model", usage)
+            .replace("until the base and teacher weights", "until the base and every teacher's weights"))
+
+
 def _source_run(run: Path) -> dict:
     out: dict = {"run_id": run.name}
     if (run / "manifest.json").is_file():
@@ -290,33 +338,33 @@ def _source_run(run: Path) -> dict:
     return redact(out)
 
 
-def export_verl(run: Path, out: Path, verl_version: str | None = None) -> dict:
+def export_verl(run: Path, out: Path, verl_version: str | None = None,
+                teacher_gpus: list[str] | None = None) -> dict:
     """Write the bundle for ``run`` at ``out`` for verl ``verl_version`` (None: the
-    default release); returns provenance/manifest.json's content."""
+    default release); returns provenance/manifest.json's content. A run of a mixture, or
+    of several teachers, gives one bundle of every environment (``mixture_bundle.py``);
+    ``teacher_gpus``: the ``--teacher-gpus`` values (``N`` or ``ROUTE=N``)."""
     target = profile.verl_target(verl_version)
     run, out = Path(run), Path(out)
     if out.exists():
         raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
     recipe = artifacts.load_run_recipe(run)
     routed = routes(recipe)
-    if routed:
-        raise ConfigError(
-            f"run {run.name} was scored by several teachers ({', '.join(routed)}), and a "
-            f"bundle for verl {target.version} names one teacher for every example; export "
-            "the mixture's tasks, each row tagged with its environment, with `miniverl "
-            "convert-dataset RECIPE OUT.parquet --to verl` and route them on the verl side")
-    if recipe.environments is not None:
-        names = ", ".join(env.name for env in recipe.environments)
-        raise ConfigError(
-            f"run {run.name} trained on a mixture of environments ({names}), but a bundle "
-            "holds one environment's tools and reward function; export the mixture's tasks, "
-            "each row tagged with its environment, with `miniverl convert-dataset "
-            "RECIPE OUT.parquet --to verl`")
+    mixture_bundle.refuse_other_tokenizers(routed)
+    _loss_mode(recipe)  # a loss verl cannot carry is refused before anything is made
+    gpus = mixture_bundle.parse_teacher_gpus(
+        teacher_gpus, list(routed) or [SINGLE])
+    entries = mixture_bundle.teacher_entries(routed, gpus) if routed else None
     ckpt = artifacts.latest_checkpoint(run)
     identity = artifacts.base_identity(recipe.student.model)
-    teacher_identity = teacher_source.teacher_identity(run, recipe)
-    env_cfg = recipe.environment
-    env = parquet.env_facts(env_cfg.name, env_cfg.params)
+    teacher_identity = None if routed else teacher_source.teacher_identity(run, recipe)
+    route_identities = {name: mixture_bundle.route_identity(run, recipe, route)
+                        for name, route in routed.items()}
+    mixture = recipe.environments is not None
+    members = recipe.environments or [recipe.environment]
+    facts = [parquet.env_facts(m.name, m.params) for m in members]
+    env, env_cfg = facts[0], members[0]
+    tool_specs = mixture_bundle.tool_union(facts) if mixture else env.tool_specs
     files = profile.BUNDLE_FILES
 
     with publishing(out, folder=True) as tmp:
@@ -333,38 +381,57 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None) -> dict:
             artifacts.tokenizer_source(run, ckpt, recipe), tok_dir, artifacts.TOKENIZER_FILES
         )
         tokenizer_fp = tokenizer_fingerprint(tok_dir)
-        base = {**identity, "kind": ckpt.kind, "teacher": teacher_identity}
+        base = ({**identity, "kind": ckpt.kind, "teachers": route_identities} if routed
+                else {**identity, "kind": ckpt.kind, "teacher": teacher_identity})
         atomic_write_json(tmp / files["base_model"], base, default=str, allow_nan=True, shared=True)
 
         # data/
         (tmp / "data").mkdir()
-        tables = []
-        for split, count, key in (
-            ("train", env_cfg.train_tasks, "train"),
-            ("eval", env_cfg.eval_tasks, "val"),
-        ):
-            tasks = make_tasks(
-                env_cfg.name, split, count, env_cfg.difficulty, env_cfg.split_seed, env_cfg.params
-            )
-            table = parquet.tasks_to_table(tasks, env)
-            import pyarrow.parquet as pq
+        import pyarrow.parquet as pq
 
+        tables, environments = [], []
+        made = {}
+        for member, facts_m in zip(members, facts, strict=True):
+            made[member.name] = {
+                key: make_tasks(member.name, split, count, member.difficulty,
+                                member.split_seed, member.params)
+                for split, count, key in (("train", member.train_tasks, "train"),
+                                          ("eval", member.eval_tasks, "val"))}
+            environments.append(mixture_bundle.split_provenance(
+                member, facts_m, getattr(member, "weight", 1.0), made[member.name]))
+        for key in ("train", "val"):
+            if mixture:
+                tasks = [t for m in members for t in made[m.name][key]]
+                per_task = [f for m, f in zip(members, facts, strict=True)
+                            for _ in made[m.name][key]]
+                table = parquet.tasks_to_table(tasks, per_task, tool_selection=True)
+            else:
+                table = parquet.tasks_to_table(made[env_cfg.name][key], env)
             pq.write_table(table, tmp / files[key])
             tables.append(table)
-        max_prompt, prompt_rule = _prompt_budget(tok_dir, tables, env.tool_specs, recipe)
+        max_prompt, prompt_rule = _prompt_budget(tok_dir, tables, tool_specs, recipe)
+        if mixture:
+            prompt_rule += " (every environment's tools, as verl's dataset renders each row)"
 
         # recipe/
         (tmp / "recipe").mkdir()
-        overrides = build_overrides(recipe, lora, max_prompt=max_prompt, run_name=recipe.run.name,
-                                    target=target)
+        overrides = build_overrides(
+            recipe, lora, max_prompt=max_prompt, run_name=recipe.run.name, target=target,
+            entries=entries,
+            teacher_gpus=(gpus[SINGLE]
+                          if not routed and (mixture or teacher_gpus) else None))
         (tmp / files["overrides"]).write_text(overrides_text(overrides, target), encoding="utf-8")
         (tmp / files["tool_config"]).write_text(
-            yaml.safe_dump(tool_config(env.tool_specs), sort_keys=False), encoding="utf-8"
+            yaml.safe_dump(tool_config(tool_specs), sort_keys=False), encoding="utf-8"
         )
         launch = tmp / files["launch"]
         launch.write_text(
-            launch_script(identity, teacher_identity, lora is not None, target), encoding="utf-8"
-        )
+            launch_script(identity, teacher_identity or {}, lora is not None, target,
+                          routes=[(name, mixture_bundle.route_sentinel(name),
+                                   route_identities[name],
+                                   [e.entry for e in entries or [] if e.route == name])
+                                  for name in routed] if routed else None),
+            encoding="utf-8")
         launch.chmod(0o755)
         (tmp / files["required_verl"]).write_text(profile.required_verl_text(target),
                                                        encoding="utf-8")
@@ -399,11 +466,69 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None) -> dict:
             "max_prompt_length": {"value": max_prompt, "rule": prompt_rule},
             "distributed_execution": "not tested",
         }
+        lines = mixture_bundle.not_moved(recipe, routed=routed, entries=entries or [],
+                                         shares=None)
+        if mixture:
+            shares = mixture_bundle.weight_shares(environments)
+            lines = mixture_bundle.not_moved(recipe, routed=routed, entries=entries or [],
+                                             shares=shares)
+            del manifest["environment"]
+            manifest["tools"] = [spec.get("function", spec).get("name", "")
+                                 for spec in tool_specs]
+            manifest["environments"] = environments
+            manifest["weights"] = {
+                "shares": shares,
+                "rule": "verl draws train.parquet's rows uniformly (data.shuffle: "
+                        "RandomSampler), so an environment's share of verl's episodes is its "
+                        "share of the rows; miniverl draws environment k with weight_k / sum"}
+            manifest["teachers"] = _teachers_manifest(routed, entries, gpus)
+            manifest["not_moved"] = lines
         atomic_write_json(tmp / files["manifest"], manifest, default=str, allow_nan=True, shared=True)
         source_run = _source_run(run)
         atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
-        write_model_card(run, tmp, recipe, kind=ckpt.kind, step=ckpt.step, base=identity,
-                         bundle=True, teacher_source=teacher_identity,
-                         verl_version=target.version)
+        card = write_model_card(run, tmp, recipe, kind=ckpt.kind, step=ckpt.step, base=identity,
+                                bundle=True, teacher_source=teacher_identity,
+                                verl_version=target.version)
+        if mixture:
+            with open(card, "a", encoding="utf-8") as fh:
+                fh.write(_mixture_card(manifest))
         write_sums(tmp)
-    return manifest
+    # A one-environment bundle's files are as they always were; its lines come back only.
+    return manifest if mixture else {**manifest, "not_moved": lines}
+
+
+def _teachers_manifest(routed, entries, gpus) -> dict:
+    """The manifest's teachers: each route's entries, keys, GPUs and model variable."""
+    if not routed:
+        return {"teacher_key": None, "routes": {}, "pool_gpus": gpus[SINGLE]}
+    return {
+        "teacher_key": mixture_bundle.TEACHER_KEY,
+        "routes": {name: {"teacher": route.teacher, "adapter": route.adapter,
+                          "environments": list(route.environments),
+                          "entries": {e.entry: e.key for e in entries if e.route == name},
+                          "gpus": gpus[name],
+                          "model_dir_variable": mixture_bundle.route_sentinel(name)}
+                   for name, route in routed.items()},
+        "pool_gpus": sum(e.gpus for e in entries),
+    }
+
+
+def _mixture_card(manifest: dict) -> str:
+    """The README section of a mixture's bundle: environments, teachers, what stays behind."""
+    rows = "\n".join(
+        f"| {e['data_source']} | {e['rows']['train']} / {e['rows']['val']} | "
+        f"{manifest['weights']['shares'][e['name']]['miniverl']:.0%} | "
+        f"{manifest['weights']['shares'][e['name']]['verl']:.0%} | "
+        + next((f"{name} (`{entry}`)" for name, r in manifest["teachers"]["routes"].items()
+                for entry, key in r["entries"].items() if key == e["data_source"]), "teacher")
+        + " |" for e in manifest["environments"])
+    moved = "\n".join(f"- {line}" for line in manifest["not_moved"]) or "- nothing"
+    return (
+        "\n## Environments and teachers in verl\n\n"
+        "| data_source | train / val rows | miniverl share | verl share | teacher (entry) |\n"
+        "| --- | --- | --- | --- | --- |\n"
+        f"{rows}\n\n"
+        f"{manifest['weights']['rule']}.\n\n"
+        "## What does not move to verl\n\n"
+        f"{moved}\n"
+    )

@@ -147,9 +147,20 @@ def _check_overrides(bundle: Path):
             continue
         if flat.get(key) != expected:
             problems.append(f"{key} is {flat.get(key)!r}, profile needs {expected!r}")
+    routes = ((manifest.get("teachers") or {}).get("routes") or {})
+    single_path = "distillation.teacher_models.teacher_model.model_path"
     for key in profile.PROFILE_FROM_RUN:
-        if key not in flat:
+        if key not in flat and not (routes and key == single_path):
             problems.append(f"{key} missing")
+    # Several teachers: every route's entries, each keyed by its environment's data_source
+    # and loading the route's model variable.
+    for name, route in routes.items():
+        for entry, key in (route.get("entries") or {}).items():
+            prefix = f"distillation.teacher_models.{entry}"
+            if flat.get(f"{prefix}.key") != key or flat.get(
+                    f"{prefix}.model_path") != route.get("model_dir_variable"):
+                problems.append(f"{prefix} must have key {key!r} and model_path "
+                                f"{route.get('model_dir_variable')!r} (route {name})")
     for key, value in flat.items():
         if isinstance(value, str) and "${" in value:
             problems.append(f"{key} uses interpolation")
@@ -213,7 +224,9 @@ def _check_parquet(bundle: Path):
     details = []
     for key in ("train", "val"):
         table = _parquet_rows(bundle, key)
-        expected = parquet.verl_schema(_tools_of(table))
+        # A mixture's rows also name their own tools (extra_info.tool_selection).
+        selection = "tool_selection" in [f.name for f in table.schema.field("extra_info").type]
+        expected = parquet.verl_schema(_tools_of(table), selection)
         if not table.schema.remove_metadata().equals(expected):
             return "fail", f"{key}: schema differs from the converter's explicit schema"
         if table.num_rows == 0:
@@ -376,6 +389,18 @@ def _manifest_kind(manifest_path: Path) -> str:
     return kind if kind in ("lora", "full") else "lora"
 
 
+def _teacher_variables(manifest_path: Path) -> list[str]:
+    """The launch script's teacher weight variables: one per route of several teachers,
+    else ``TEACHER_MODEL_DIR``."""
+    try:
+        routes = (json.loads(manifest_path.read_bytes()).get("teachers") or {}).get("routes")
+    except (OSError, ValueError, AttributeError):
+        routes = None
+    if isinstance(routes, dict) and routes:
+        return [str(r.get("model_dir_variable")) for r in routes.values()]
+    return ["TEACHER_MODEL_DIR"]
+
+
 def doctor(bundle: Path) -> dict:
     """All checks on ``bundle``; the dict documented as the doctor JSON schema."""
     bundle = Path(bundle)
@@ -405,8 +430,9 @@ def doctor(bundle: Path) -> dict:
     kind = _manifest_kind(manifest_path)
     if kind == "lora" and not _weights_present("BASE_MODEL_DIR"):
         blockers.append("base model weights absent (BASE_MODEL_DIR)")
-    if not _weights_present("TEACHER_MODEL_DIR"):
-        blockers.append("teacher model weights absent (TEACHER_MODEL_DIR)")
+    for var in _teacher_variables(manifest_path):
+        if not _weights_present(var):
+            blockers.append(f"teacher model weights absent ({var})")
     ok = all(c["status"] != "fail" for c in checks.items)
     return {
         "schema_version": DOCTOR_SCHEMA_VERSION,

@@ -185,8 +185,12 @@ def env_facts(name: str, params: dict | None = None) -> EnvFacts:
 # ------------------------------------------------------------------------------ rows
 
 
-def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> dict:
-    """One verl row for one task dict; ``all_tools`` is the tool-key union of the file."""
+def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str],
+                tool_selection: bool = False) -> dict:
+    """One verl row for one task dict; ``all_tools`` is the tool-key union of the file.
+    ``tool_selection``: the row also names its own environment's tools, in order
+    (``extra_info.tool_selection``), which verl's tool agent shows it instead of every
+    tool of ``tool_config.yaml`` (a bundle of a mixture)."""
     task = task_to_dict(task)
     # Key order kept (not canonical_json): converting back writes the same bytes.
     task_json = json.dumps(task, ensure_ascii=False, separators=(",", ":"))
@@ -210,6 +214,8 @@ def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> 
             }
             for tool in all_tools
         }
+    if tool_selection:
+        extra["tool_selection"] = list(env.tool_names)
     messages = [
         {"role": "system", "content": env.system_prompt},
         {"role": "user", "content": str(task["prompt"])},
@@ -234,8 +240,9 @@ def task_to_row(task: dict, index: int, env: EnvFacts, all_tools: list[str]) -> 
     }
 
 
-def verl_schema(all_tools: list[str]):
-    """The explicit Arrow schema of a verl file whose rows know ``all_tools``."""
+def verl_schema(all_tools: list[str], tool_selection: bool = False):
+    """The explicit Arrow schema of a verl file whose rows know ``all_tools`` (and, with
+    ``tool_selection``, name their own tools)."""
     pa = _pa()
     miniverl = pa.struct(
         [
@@ -261,6 +268,8 @@ def verl_schema(all_tools: list[str]):
         )
         tool_struct = pa.struct([("create_kwargs", create)])
         extra_fields.append(("tools_kwargs", pa.struct([(t, tool_struct) for t in all_tools])))
+    if tool_selection:
+        extra_fields.append(("tool_selection", pa.list_(pa.string())))
     extra_fields.append(("miniverl", miniverl))
     return pa.schema(
         [
@@ -273,20 +282,24 @@ def verl_schema(all_tools: list[str]):
     )
 
 
-def tasks_to_table(tasks: Iterable[dict], envs: list[EnvFacts] | EnvFacts):
-    """An Arrow table of verl rows. ``envs`` is one environment, or one per task."""
+def tasks_to_table(tasks: Iterable[dict], envs: list[EnvFacts] | EnvFacts,
+                   all_tools: list[str] | None = None, tool_selection: bool = False):
+    """An Arrow table of verl rows. ``envs`` is one environment, or one per task;
+    ``all_tools`` the file's tool keys in order (default: the sorted union);
+    ``tool_selection`` as in :func:`task_to_row`."""
     tasks = [task_to_dict(t) for t in tasks]
     per_task = envs if isinstance(envs, list) else [envs] * len(tasks)
     if len(per_task) != len(tasks):
         raise ConfigError(
             f"got {len(per_task)} environments for {len(tasks)} tasks; pass one per task"
         )
-    all_tools = sorted({name for env in per_task for name in env.tool_names})
+    if all_tools is None:
+        all_tools = sorted({name for env in per_task for name in env.tool_names})
     rows = [
-        task_to_row(t, i, env, all_tools)
+        task_to_row(t, i, env, all_tools, tool_selection)
         for i, (t, env) in enumerate(zip(tasks, per_task, strict=True))
     ]
-    return _pa().Table.from_pylist(rows, schema=verl_schema(all_tools))
+    return _pa().Table.from_pylist(rows, schema=verl_schema(all_tools, tool_selection))
 
 
 def write_verl_parquet(path: Path, tasks: Iterable[dict], envs: list[EnvFacts] | EnvFacts) -> int:

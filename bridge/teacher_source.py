@@ -71,20 +71,25 @@ def _events(run: Path, name: str) -> list[dict]:
     return out
 
 
-def _served_model(run: Path) -> str | None:
-    """The model string of the last teacher the run was bound to (its manifest)."""
+def _served_model(run: Path, route: str | None = None) -> str | None:
+    """The model string of the last teacher the run was bound to (its manifest); with
+    ``route``, the last teacher of that route (several teachers)."""
     if not (run / "manifest.json").is_file():
         return None
-    teachers = load_manifest(run / "manifest.json").get("teachers") or []
+    teachers = [t for t in load_manifest(run / "manifest.json").get("teachers") or []
+                if t.get("route") == route]
     if not teachers:
         return None
     return str(teachers[-1].get("model") or "") or None
 
 
-def _prepared_dir(run: Path) -> Path | None:
-    """The prepared teacher directory the run trained against, if it trained against one."""
-    served = _served_model(run)
-    prepared_events = [e.get("model_dir") for e in _events(run, "teacher_prepared")]
+def _prepared_dir(run: Path, route: str | None = None,
+                  teacher: str | None = None) -> Path | None:
+    """The prepared teacher directory the run trained against, if it trained against one;
+    ``route`` and ``teacher``: that route's, prepared for that teacher of ``teachers:``."""
+    served = _served_model(run, route)
+    prepared_events = [e.get("model_dir") for e in _events(run, "teacher_prepared")
+                       if e.get("teacher") == teacher]
     if served is not None:
         path = Path(served)
         if (path / PREPARED_FILE).is_file() or served in prepared_events:
@@ -95,8 +100,11 @@ def _prepared_dir(run: Path) -> Path | None:
     return Path(prepared_events[-1]) if prepared_events and prepared_events[-1] else None
 
 
-def teacher_identity(run: Path, recipe) -> dict:
-    """The teacher entry of ``model/base_model.json`` for ``run`` (see the module doc)."""
+def teacher_identity(run: Path, recipe, route: str | None = None,
+                     teacher: str | None = None) -> dict:
+    """The teacher entry of ``model/base_model.json`` for ``run`` (see the module doc);
+    ``route`` / ``teacher``: one route of several teachers, ``recipe.teacher`` its section
+    (the manifest's ranges and the ``teacher_prepared`` events of that route)."""
     if recipe.teacher is None:
         raise ConfigError(
             "the run has no teacher; the distillation profile needs one (export a run with "
@@ -108,7 +116,7 @@ def teacher_identity(run: Path, recipe) -> dict:
             "name": Path(recipe.teacher.adapter).name,
             "revision": recipe.teacher.adapter_revision,
         }
-    model_dir = _prepared_dir(run)
+    model_dir = _prepared_dir(run, route, teacher)
     if model_dir is None:
         return raw
     record = _read_json(model_dir / PREPARED_FILE)

@@ -38,17 +38,29 @@ def export_verl(
     verl_version: str = typer.Option(
         "0.8.0", "--verl-version", help="The verl release the bundle is for: 0.8.0 or 0.9.1."
     ),
+    teacher_gpus: list[str] = typer.Option(
+        None, "--teacher-gpus",
+        help="GPUs of each teacher in verl's teacher pool: N for every teacher, or ROUTE=N "
+        "(repeatable). Default 1 each for a mixture's bundle; unset, a one-environment "
+        "bundle leaves verl's pool as it was.",
+    ),
 ) -> None:
     """Write a checksummed verl bundle (profile single-gpu-online-distillation-v1)."""
     from miniverl.bridge.bundle import export_verl as _export
 
-    manifest = _export(run, out, verl_version=verl_version)
+    manifest = _export(run, out, verl_version=verl_version, teacher_gpus=teacher_gpus)
+    envs = manifest.get("environments")
+    what = (f", {len(envs)} environments" if envs else "") + (
+        f", {len(manifest['teachers']['routes'])} teachers"
+        if envs and manifest["teachers"]["routes"] else "")
     typer.echo(
         f"bundle {out} (verl {manifest['verl']['version']}, "
-        f"{manifest['kind']}, step {manifest['checkpoint_step']}, "
+        f"{manifest['kind']}, step {manifest['checkpoint_step']}{what}, "
         f"{manifest['rows']['train']} train / {manifest['rows']['val']} val rows); "
         f"check it with: miniverl bridge doctor {out}"
     )
+    for line in manifest["not_moved"]:
+        typer.echo(f"does not move: {line}")
 
 
 def convert_dataset(

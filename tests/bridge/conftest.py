@@ -134,3 +134,54 @@ def prepared_run(toy_run, tmp_path) -> tuple[Path, Path]:
     record_teacher(run, 0, {"name": prepared.name, "model": str(prepared), "revision": None,
                             "adapter_sha256": None}, "hello")
     return run.path, prepared
+
+
+# A mixture of two environments (weights 2:1, rows 1:1), for bundles of several
+# environments; TEACHERS routes each to its own toy teacher (seeds 1 and 2).
+MIXTURE = [
+    {"name": "calculator", "weight": 2, "difficulty": "easy", "train_tasks": 6,
+     "eval_tasks": 3, "test_tasks": 2},
+    {"name": "jsonnav", "weight": 1, "difficulty": "easy", "train_tasks": 6,
+     "eval_tasks": 3, "test_tasks": 2},
+]
+TEACHERS = {"calc": {**RECIPE["teacher"], "model": {"toy": {**TOY, "seed": 1}}},
+            "nav": {**RECIPE["teacher"], "model": {"toy": {**TOY, "seed": 2}}}}
+
+
+def mixture_recipe(teachers: bool, mixture: list[dict] | None = None) -> dict:
+    """RECIPE with MIXTURE instead of one environment; ``teachers``: each environment
+    routed to its own teacher of TEACHERS (calculator -> calc, jsonnav -> nav)."""
+    data = {k: v for k, v in RECIPE.items() if k != "environment"}
+    members = [dict(m) for m in (mixture or MIXTURE)]
+    if teachers:
+        del data["teacher"]
+        data["teachers"] = TEACHERS
+        for member, name in zip(members, ("calc", "nav"), strict=False):
+            member.setdefault("teacher", name)
+    return {**data, "environments": members}
+
+
+def make_run(toy_run: Path, root: Path, recipe_data: dict, run_id: str) -> Path:
+    """A run of ``recipe_data`` holding toy_run's checkpoints (and its last eval)."""
+    from miniverl.common.recipe import Recipe
+    from miniverl.common.rundir import RunDir
+
+    run = RunDir.create(root, Recipe.model_validate(recipe_data), run_id=run_id)
+    shutil.copytree(toy_run / "checkpoints", run.checkpoints_dir, dirs_exist_ok=True)
+    run.set_status("running")
+    run.set_status("completed")
+    return run.path
+
+
+@pytest.fixture(scope="session")
+def mixture_run(toy_run, tmp_path_factory) -> Path:
+    """toy_run's weights in a run of a mixture with one teacher."""
+    return make_run(toy_run, tmp_path_factory.mktemp("mix-runs"), mixture_recipe(False),
+                    "mixture-run")
+
+
+@pytest.fixture(scope="session")
+def two_teacher_run(toy_run, tmp_path_factory) -> Path:
+    """toy_run's weights in a run of a mixture routed to two teachers (calc, nav)."""
+    return make_run(toy_run, tmp_path_factory.mktemp("two-runs"), mixture_recipe(True),
+                    "two-teacher-run")

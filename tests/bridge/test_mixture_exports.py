@@ -1,7 +1,7 @@
 """What leaves a mixture run: its model card names every environment with its weight and
-its eval results one per environment; ``export-verl`` (a bundle holds one environment's
-tools and reward) and ``qualify`` (a record is one environment's success) refuse a
-mixture with one line saying what to run instead."""
+its eval results one per environment; ``qualify`` (a record is one environment's success)
+refuses a mixture with one line saying what to run instead. ``export-verl`` of a mixture
+writes one bundle (test_mixture_bundle.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from miniverl.common.errors import ConfigError
-from miniverl.common.recipe import Recipe, dump_resolved
+from miniverl.common.recipe import Recipe
 from tests.bridge.conftest import RECIPE
 
 MIX = [{"name": "calculator", "weight": 2, "train_tasks": 4, "eval_tasks": 2},
@@ -45,18 +45,6 @@ def test_the_card_names_each_environment_and_its_success(tmp_path):
     assert [(r["dataset"]["type"], r["metrics"][0]["value"]) for r in results] == [
         ("miniverl/calculator", 0.5), ("miniverl/sqlite", 1.0)]
     assert {"calculator", "sqlite"} <= set(meta["tags"])
-
-
-def test_export_verl_refuses_a_mixture_run(tmp_path):
-    from miniverl.bridge.bundle import export_verl
-
-    run = tmp_path / "mix-run"
-    run.mkdir()
-    (run / "recipe.resolved.yaml").write_text(dump_resolved(_mixture()))
-    with pytest.raises(ConfigError, match=r"mixture of environments \(calculator, sqlite\).*"
-                                          "miniverl convert-dataset RECIPE OUT.parquet"):
-        export_verl(run, tmp_path / "bundle")
-    assert not (tmp_path / "bundle").exists()
 
 
 def test_qualify_refuses_a_mixture_recipe_before_playing():

@@ -560,7 +560,9 @@ def test_every_failed_teacher_is_held_back_while_one_answers():
     assert link.counters()["held_back"] == 3
 
 
-def test_export_verl_refuses_a_run_of_several_teachers(tmp_path):
+def test_export_verl_takes_a_run_of_several_teachers(tmp_path):
+    # A run of several teachers exports (tests/bridge/test_mixture_bundle.py); this one has
+    # no checkpoint yet, which is what the export asks for first.
     from miniverl.bridge.bundle import export_verl
     from miniverl.common.recipe import dump_resolved
 
@@ -568,8 +570,7 @@ def test_export_verl_refuses_a_run_of_several_teachers(tmp_path):
     run.mkdir()
     (run / "recipe.resolved.yaml").write_text(dump_resolved(Recipe.model_validate(
         _data(tmp_path))))
-    with pytest.raises(ConfigError, match=r"scored by several teachers \(calc, nav\), and a "
-                                          r"bundle for verl .* names one teacher"):
+    with pytest.raises(ConfigError, match=r"has no checkpoints/step_N/"):
         export_verl(run, tmp_path / "bundle")
     assert not (tmp_path / "bundle").exists()
 
