@@ -364,9 +364,6 @@ class Recipe(BaseModel):
     @field_validator("loss")
     @classmethod
     def _cross_tokenizer_loss(cls, loss: LossConfig, info: ValidationInfo):
-        run = info.data.get("run")
-        if run is None:
-            return loss
         # Every teacher section: teacher:, or each of teachers: (several teachers).
         sections = ({f"teachers.{name}": t for name, t in info.data["teachers"].items()}
                     if info.data.get("teachers") else {"teacher": info.data.get("teacher")})
@@ -376,7 +373,8 @@ class Recipe(BaseModel):
             raise_issues([(("cross_vocab",), f"loss.cross_vocab: {loss.cross_vocab} is the "
                            "target of a teacher with another tokenizer; set "
                            "teacher.tokenizer: other or drop loss.cross_vocab")])
-        if not other:
+        run = info.data.get("run")
+        if not other or run is None:
             return loss
         if run.mode != "opd":
             raise_issues([((), f"{other[0]}.tokenizer: other trains by on-policy "

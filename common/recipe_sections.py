@@ -27,6 +27,14 @@ Logger = Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 LOGGERS: tuple[str, ...] = ("jsonl", "tensorboard", "wandb", "mlflow", "trackio")
 
 
+def unset(description: str, **bounds: Any) -> Any:
+    """A field that stays null until a recipe sets it, with its ``bounds`` (``ge``, ``le``,
+    ...): a null field is left out of the recipe's digest (``LOSS_VARIANT_FIELDS``,
+    ``HASHED_ONLY_WHEN_SET`` in ``common/recipe.py``), so recipes written before it keep
+    their digests; ``description`` says what null means."""
+    return Field(None, description=description, **bounds)
+
+
 def raise_issues(issues: list[tuple], involves: dict[str, tuple[str, ...]] | None = None) -> None:
     """Raise one pydantic error carrying several ``(sub-location, message)`` issues.
 
@@ -196,63 +204,45 @@ class LossConfig(Section):
     )
     # The standard variants (docs/losses.md), LOSS_VARIANT_FIELDS: null while unset, so
     # recipes that do not use them keep their digests.
-    importance_ratio_cap: float | None = Field(
-        None, ge=1.0, le=1000.0,
-        description="sampled_token, task rewards: weight each token by min(S(y)/q(y), cap), "
+    importance_ratio_cap: float | None = unset(
+        "sampled_token, task rewards: weight each token by min(S(y)/q(y), cap), "
         "q(y) the probability it was sampled with (truncated importance sampling); null = "
-        "no ratio.",
-    )
-    log_ratio_clamp: float | None = Field(
-        None, gt=0.0, le=100.0,
-        description="sampled_token: clamp each token's log-ratio log S(y) - log T(y) to "
-        "[-c, c] before it weighs the gradient; null = no clamp.",
-    )
-    aggregation: Literal["token", "sequence"] | None = Field(
-        None,
-        description="token: every trained position weighs the same; sequence: every "
+        "no ratio.", ge=1.0, le=1000.0)
+    log_ratio_clamp: float | None = unset(
+        "sampled_token: clamp each token's log-ratio log S(y) - log T(y) to "
+        "[-c, c] before it weighs the gradient; null = no clamp.", gt=0.0, le=100.0)
+    aggregation: Literal["token", "sequence"] | None = unset(
+        "token: every trained position weighs the same; sequence: every "
         "episode weighs the same (the mean over its positions, then over episodes); null = "
-        "token.",
-    )
-    use_task_rewards: bool | None = Field(
-        None,
-        description="Add the REINFORCE term -(r - b) log S(y) on the trained positions "
+        "token.")
+    use_task_rewards: bool | None = unset(
+        "Add the REINFORCE term -(r - b) log S(y) on the trained positions "
         "(r: the verifier's score, b: reward_baseline) beside the distillation term; "
-        "opd and replay; null = false.",
-    )
-    distillation_loss_coef: float | None = Field(
-        None, ge=0.0, le=1000.0,
-        description="use_task_rewards: weight of the distillation term beside the reward "
-        "term; null = 1.0.",
-    )
-    reward_baseline: Literal["group", "batch"] | None = Field(
-        None,
-        description="use_task_rewards: b = the mean score of the other episodes of the same "
-        "task in the update (group) or of every other episode of it (batch); null = group.",
-    )
+        "opd and replay; null = false.")
+    distillation_loss_coef: float | None = unset(
+        "use_task_rewards: weight of the distillation term beside the reward "
+        "term; null = 1.0.", ge=0.0, le=1000.0)
+    reward_baseline: Literal["group", "batch"] | None = unset(
+        "use_task_rewards: b = the mean score of the other episodes of the same "
+        "task in the update (group) or of every other episode of it (batch); null = group.")
     # Added after recipes were hashed: null is left out of the digest (HASHED_ONLY_WHEN_SET).
-    cross_vocab: Literal["sampled_token", "hybrid", "uld"] | None = Field(
-        None,
-        description="teacher.tokenizer: other: the target across vocabularies. "
+    cross_vocab: Literal["sampled_token", "hybrid", "uld"] | None = unset(
+        "teacher.tokenizer: other: the target across vocabularies. "
         "sampled_token: the group sampled-token estimator (estimator: sampled_token); "
         "hybrid: exact matching on one-token groups whose tokens are a vocabulary-map "
         "pair, ULD on the rest; uld: ULD on every group (both estimator: full); null = "
-        "sampled_token (docs/cross-tokenizer.md).",
-    )
+        "sampled_token (docs/cross-tokenizer.md).")
     # Added after recipes were hashed: null is left out of the digest (HASHED_ONLY_WHEN_SET).
-    fp32_head: bool | None = Field(
-        None,
-        description="Compute the output layer (the V-wide logits) in float32 from a "
+    fp32_head: bool | None = unset(
+        "Compute the output layer (the V-wide logits) in float32 from a "
         "bfloat16/float16 model's hidden states, in the student's loss and rollouts and the "
         "teacher's scoring: a bf16 head is off by up to ~0.06 at logits near 20-30, the "
         "order of the sampled-token signal (docs/gpu.md, \"Precision\"); null = on for the "
-        "modes with a teacher, off for sft and rl. No effect on a float32 model.",
-    )
-    allow_temperature_mismatch: bool | None = Field(
-        None,
-        description="true: a full-distribution loss at a temperature other than "
+        "modes with a teacher, off for sft and rl. No effect on a float32 model.")
+    allow_temperature_mismatch: bool | None = unset(
+        "true: a full-distribution loss at a temperature other than "
         "rollout.temperature is on purpose; null = refused where the student's samples are "
-        "trained on.",
-    )
+        "trained on.")
 
     @model_validator(mode="after")
     def _combinations(self) -> LossConfig:
