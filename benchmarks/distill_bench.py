@@ -143,6 +143,12 @@ class DistillSettings(GridSettings):
                                     "an edge after them is reported at_edge)")
     lr_bounds: tuple[float, float] = Field(
         (1e-6, 1e-1), description="no extension goes below the first or above the second")
+    charge_set: str = Field(
+        "up_front", pattern="^(up_front|as_used)$",
+        description="how a fixed set's preparation (the teacher's playing) is charged to "
+                    "the training seconds: up_front, all of it from the first update on "
+                    "(versions 1-4); as_used, at each update the share of its episodes "
+                    "trained on by then (version 5: readings at equal seconds)")
     budget_s: float | None = Field(
         None, gt=0.0,
         description="the training seconds every arm must reach (the teacher's work "
@@ -190,6 +196,28 @@ def load_config(path: Path) -> tuple[dict[str, Any], DistillSettings]:
     """The benchmark config's own fields and its validated ``distill:`` section."""
     return load_section_config(path, "distill", DistillSettings, "distillation benchmark",
                                "benchmarks/distill/config.yaml")
+
+
+def own_teacher_arms(raw: dict[str, Any], warm_dir: str) -> dict[str, Any]:
+    """``raw`` with each arm that says ``teacher_from: warm`` given the warm student itself
+    as its teacher (the field's control, version 5): its teacher section is the base
+    recipe's with ``model.path`` at the warm student's prepared directory, no
+    ``prepare`` and no ``min_success`` (the gate is for the teacher of the question). A
+    SeqKD arm so made (``sft`` with ``train.fixed_set: teacher``) is continued SFT on the
+    student's own samples of the drawn prompts; an OPD arm so made distils the student
+    into its own start. The key is distill_bench's: the derived configs never hold it."""
+    out = copy.deepcopy(raw)
+    for arm in out["arms"]:
+        source = arm.pop("teacher_from", None)
+        if source is None:
+            continue
+        if source != "warm":
+            raise fail(f"arm {arm['name']} has teacher_from {source!r}; the only source is "
+                       "'warm' (the warm student as its own teacher), or leave it out")
+        arm["overrides"] = merge_overrides(arm.get("overrides") or {}, {"teacher": {
+            "model": {"path": str(warm_dir), "toy": None}, "prepare": None,
+            "min_success": None}})
+    return out
 
 
 def _arm_overrides(arm: dict[str, Any], lr: float, split: str,
@@ -301,7 +329,28 @@ def oracle_coverage(run_dir: Path, update: int, split: str | None) -> float | No
     return state_coverage(episodes, reference)["unseen_share"]
 
 
-def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def set_share_used(run_dir: Path, events: list[dict[str, Any]], update: int) -> float:
+    """The share of a run's fixed set (the teacher's episodes, ``teacher_set_played``)
+    its first ``update`` updates trained on: ``update`` x the fixed-set episodes of a
+    batch (``train.rollouts_per_cycle``, less the fresh part of
+    ``train.on_policy_fraction``) over the episodes played, at most 1; 1 for a run
+    without a set or a resolved recipe."""
+    played = sum(int(e.get("episodes") or 0) for e in events
+                 if e.get("event") == "teacher_set_played")
+    resolved = Path(run_dir) / "recipe.resolved.yaml"
+    if played <= 0 or not resolved.is_file():
+        return 1.0
+    from miniverl.student.train.modes.offline_kd import split
+
+    train = (yaml.safe_load(resolved.read_text(encoding="utf-8")) or {}).get("train") or {}
+    n = int(train.get("rollouts_per_cycle") or 0)
+    fraction = train.get("on_policy_fraction")
+    per_update = split(n, float(fraction))[1] if fraction is not None else n
+    return min(1.0, update * per_update / played)
+
+
+def read_curve(run_dir: Path, start: dict[str, Any] | None = None,
+               charge_set: str = "up_front") -> list[dict[str, Any]]:
     """Every evaluation of a run, by update: greedy and T=1 success, the unseen-state
     share of the T=1 episodes (``unseen_states``; greedy's beside it), the training
     seconds spent up to that update (the fixed set's preparation, then rollout + teacher
@@ -309,7 +358,11 @@ def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[
     version evaluated twice keeps its last. A run that did not evaluate its start
     (``eval.before: false``) starts from ``start``, the warm student's eval on the same
     split (:func:`start_evals`), at 0 s. An arm without a fixed-set source (OPD) has its
-    T=1 coverage read against the oracle traces (:func:`oracle_coverage`)."""
+    T=1 coverage read against the oracle traces (:func:`oracle_coverage`).
+    ``charge_set``: ``up_front`` (versions 1-4) charges the whole preparation from the
+    first update on; ``as_used`` (version 5) charges, at each update, the share of the
+    teacher's episodes trained on by then (:func:`set_share_used`): what a teacher that
+    played each episode when it was needed would have cost by then."""
     run = RunDir(run_dir)
     events, rows = run.read_jsonl("events.jsonl"), run.read_jsonl("metrics.jsonl")
     prep = preparation_s(events)
@@ -330,14 +383,17 @@ def read_curve(run_dir: Path, start: dict[str, Any] | None = None) -> list[dict[
         unseen = (sampled.get("coverage") or {}).get("unseen_share")
         if unseen is None and sampled and e.get("coverage") is None:
             unseen = oracle_coverage(run_dir, update, e.get("split"))
+        charged = prep if update > 0 else 0.0
+        if charge_set == "as_used" and update > 0:
+            charged = prep * set_share_used(run_dir, events, update)
         curve.append({
             "update": update,
-            "train_s": round((prep if update > 0 else 0.0) + sum(split.values()), 3),
+            "train_s": round(charged + sum(split.values()), 3),
             "greedy": e.get("success"),
             "t1": sampled.get("success"),
             "unseen_states": unseen,
             "unseen_states_greedy": (e.get("coverage") or {}).get("unseen_share"),
-            "time_split": {**split, "preparation_s": round(prep if update > 0 else 0.0, 3)},
+            "time_split": {**split, "preparation_s": round(charged, 3)},
             "n": e.get("n"),
         })
     return curve
@@ -355,14 +411,15 @@ def at_seconds(curve: list[dict[str, Any]], seconds: float) -> dict[str, Any] | 
 
 
 def analyze_cell(cell: dict[str, Any], results_dir: Path,
-                 start: dict[str, Any] | None = None) -> dict[str, Any]:
+                 start: dict[str, Any] | None = None,
+                 charge_set: str = "up_front") -> dict[str, Any]:
     result = cell["result"]
     out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
            **{k: result.get(k) for k in ("error", "updates", "wall_s", "run_dir")}}
     if out["status"] != "ok" or not out["run_dir"]:
         return out
     run_dir = run_path(results_dir, out["run_dir"])
-    out["curve"] = read_curve(run_dir, start)
+    out["curve"] = read_curve(run_dir, start, charge_set)
     out["preparation_s"] = round(preparation_s(RunDir(run_dir).read_jsonl("events.jsonl")), 3)
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
     out["time_split"] = {**time_split(RunDir(run_dir).read_jsonl("metrics.jsonl")),
@@ -661,21 +718,24 @@ def start_summary(warm: dict[str, Any], teacher: dict[str, Any] | None,
 
 
 def choose_rates(cells: list[dict[str, Any]], arms: list[str],
-                 grid: list[float] | dict[str, list[float]]
+                 grid: list[float] | dict[str, list[float]], seconds: float | None = None
                  ) -> tuple[dict[str, float], dict[str, Any]]:
     """Each arm's rate: the highest T=1 success after the budget, ties to the higher
     greedy success, then the lower rate; and the whole grid as read. ``grid`` is every
     arm's rates, or each arm's own (the config's grid and its extensions,
     :func:`grid_extension`): cell ``<arm>-lr<i>`` ran the arm's ``i``-th rate. Each
     arm's row says whether its choice is the lowest or highest rate it tried
-    (``at_edge``: ``low``, ``high`` or None, inside; one rate: ``both``)."""
+    (``at_edge``: ``low``, ``high`` or None, inside; one rate: ``both``). With
+    ``seconds`` (a seconds budget, ``distill.budget_s``) each cell is read at its last
+    evaluation within that many training seconds instead of its last."""
     chosen, table = {}, {}
     for arm in arms:
         rates = grid[arm] if isinstance(grid, dict) else grid
         rows = []
         for i, lr in enumerate(rates):
             cell = next((c for c in cells if c["arm"] == f"{arm}-lr{i}"), None)
-            last = cell["curve"][-1] if cell and cell.get("curve") else None
+            last = ((at_seconds(cell["curve"], seconds) if seconds is not None
+                     else cell["curve"][-1]) if cell and cell.get("curve") else None)
             rows.append({"lr": lr, "status": cell["status"] if cell else "missing",
                          "t1": last["t1"] if last else None,
                          "greedy": last["greedy"] if last else None,
@@ -717,12 +777,17 @@ def arm_rates(out_dir: Path, names: list[str], lr_grid: list[float]) -> dict[str
     return rates
 
 
-def grid_cells(out_dir: Path, start: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every grid cell: the grid folder's and its extensions'."""
+def grid_cells(out_dir: Path, split: str, charge_set: str = "up_front") -> list[dict[str, Any]]:
+    """Every grid cell: the grid folder's and its extensions', each curve starting from
+    the warm student's evaluation on ``split`` (:func:`start_evals`; a cell read at a
+    seconds budget before its first evaluation stands there)."""
+    starts = Path(out_dir) / START_EVALS
+    known = json.loads(starts.read_text(encoding="utf-8")) if starts.is_file() else {}
     cells = []
     for folder in [Path(out_dir) / "grid", *extension_dirs(out_dir)]:
         data = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-        cells += [analyze_cell(c, folder, start) for c in data["cells"]]
+        cells += [analyze_cell(c, folder, known.get(f"warm:{split}"), charge_set)
+                  for c in data["cells"]]
     return cells
 
 
@@ -962,11 +1027,13 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
         data = json.loads(results.read_text(encoding="utf-8"))
         split = settings.grid_split if phase == "grid" else settings.main_split
         start0 = known_starts.get(f"warm:{split}")
-        cells = [analyze_cell(c, results.parent, start0) for c in data["cells"]]
+        cells = [analyze_cell(c, results.parent, start0, settings.charge_set)
+                 for c in data["cells"]]
         extensions = extension_dirs(out_dir) if phase == "grid" else []
         for folder in extensions:  # the grid's extensions (grid_extension_factor)
             more = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-            cells += [analyze_cell(c, folder, start0) for c in more["cells"]]
+            cells += [analyze_cell(c, folder, start0, settings.charge_set)
+                      for c in more["cells"]]
         if settings.budget_s is not None:
             for c in cells:
                 if c.get("training_s") is not None:
@@ -981,7 +1048,8 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
             block["extensions"] = [f.name for f in extensions]
             try:
                 block["choice"] = choose_rates(cells, names,
-                                               arm_rates(out_dir, names, settings.lr_grid))[1]
+                                               arm_rates(out_dir, names, settings.lr_grid),
+                                               settings.budget_s)[1]
             except SystemExit as exc:
                 block["choice"] = None
                 block["choice_error"] = str(exc)
@@ -1135,7 +1203,7 @@ def extend_grid(raw: dict[str, Any], settings: DistillSettings, config_dir: Path
         folder = out_dir / f"grid_ext{k}"
         if not (folder / "results.json").is_file():
             rates = arm_rates(out_dir, names, settings.lr_grid)
-            _, table = choose_rates(grid_cells(out_dir), names, rates)
+            _, table = choose_rates(grid_cells(out_dir, settings.grid_split, settings.charge_set), names, rates, settings.budget_s)
             new = grid_extension(table, settings.grid_extension_factor, settings.lr_bounds)
             if not new:
                 return
@@ -1185,7 +1253,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reread-record", action="store_true",
                     help="add the comparisons to the analysis the record holds, from its "
                          "cells' curves (no kept runs needed); other figures unchanged")
+    ap.add_argument("--version", type=int, default=None, metavar="N",
+                    help="run version N's committed config, benchmarks/distill/v<N>.yaml "
+                         "(3 and later; in place of --config)")
     args = ap.parse_args(argv)
+    if args.version is not None:
+        versioned = CONFIG.parent / f"v{args.version}.yaml"
+        if not versioned.is_file():
+            raise fail(f"--version {args.version} names {versioned.relative_to(ROOT)}, which "
+                       "does not exist; give a version with a committed config (3, 4, 5) or "
+                       "pass --config")
+        args.config = versioned
     if args.part_minutes is not None and not args.part_minutes > 0:
         raise fail(f"--part-minutes {args.part_minutes:g} must be positive; give the minutes "
                    "after which no new cell starts")
@@ -1228,6 +1306,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{list(settings.warm_start)}); teacher margin {start['teacher_margin']}",
               flush=True)
         models = {"warm": warm["model_dir"]}
+        raw = own_teacher_arms(raw, warm["model_dir"])
         start_evals(raw, config_dir, models, settings.grid_split, out_dir / START_EVALS)
         if teacher is not None:
             models["teacher"] = teacher["model_dir"]
@@ -1239,8 +1318,9 @@ def main(argv: list[str] | None = None) -> int:
                 if not grid_results.is_file():
                     raise fail(f"--phase main runs at the rates the grid chose, and "
                                f"{grid_results} does not exist; run --phase grid first")
-                chosen, _ = choose_rates(grid_cells(out_dir), names,
-                                         arm_rates(out_dir, names, settings.lr_grid))
+                chosen, _ = choose_rates(grid_cells(out_dir, settings.grid_split, settings.charge_set), names,
+                                         arm_rates(out_dir, names, settings.lr_grid),
+                                         settings.budget_s)
             path = write_phase_config(raw, settings, phase, config_dir, out_dir / phase, chosen)
             try:
                 run_phase(path, out_dir / phase, args, deadline)

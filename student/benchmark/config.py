@@ -252,7 +252,10 @@ def cell_recipe(
         train["cycles"] = config.budget.updates
         train.pop("max_wall_s", None)
     else:
-        train["cycles"] = config.budget.max_updates
+        # An arm's own train.cycles caps its updates under a wall-time budget (a fixed
+        # set is played for the planned cycles: SeqKD's teacher plays no more than it needs).
+        own = (arm.overrides.get("train") or {}).get("cycles")
+        train["cycles"] = min(int(own), config.budget.max_updates) if own else config.budget.max_updates
         train["max_wall_s"] = config.budget.wall_s
     return recipe
 

@@ -108,6 +108,27 @@ def test_wall_time_budget_sets_max_wall_s(tmp_path: Path) -> None:
     assert all(c.budget_matched is None for c in results.cells)
 
 
+def test_an_arms_own_cycles_cap_it_under_a_wall_time_budget(tmp_path: Path) -> None:
+    # A SeqKD arm's teacher plays the set of its planned cycles up front: its own
+    # train.cycles keeps that set to what it can reach (at most max_updates).
+    from miniverl.student.benchmark.config import cell_recipe, load_benchmark_config
+
+    path = write_config(tmp_path, budget={"kind": "wall_time", "wall_s": 30, "max_updates": 999})
+    data = yaml.safe_load(path.read_text())
+    data["arms"][1]["overrides"] = {"train": {"cycles": 40}}
+    data["arms"][2]["overrides"] = {"train": {"cycles": 5000}}
+    path.write_text(yaml.safe_dump(data))
+    config, base = load_benchmark_config(path)
+    cycles = {arm.name: cell_recipe(config, base, arm, 1, tmp_path)["train"]["cycles"]
+              for arm in config.arms}
+    assert list(cycles.values()) == [999, 40, 999]
+    data["budget"] = {"kind": "updates", "updates": 7}  # an update budget: the same for all
+    path.write_text(yaml.safe_dump(data))
+    config, base = load_benchmark_config(path)
+    assert {cell_recipe(config, base, arm, 1, tmp_path)["train"]["cycles"]
+            for arm in config.arms} == {7}
+
+
 def test_results_are_schema_valid_with_paired_intervals(tmp_path: Path) -> None:
     results, out = run_benchmark(write_config(tmp_path), run_cell=FakeCells())
     on_disk = BenchmarkResults.model_validate_json((out / "results.json").read_text())

@@ -27,6 +27,7 @@ import distill_bench as bench  # noqa: E402
 SMOKE = "benchmarks/smoke/distill.yaml"
 SMOKE_V3 = "benchmarks/smoke/distill_v3.yaml"
 SMOKE_V4 = "benchmarks/smoke/distill_v4.yaml"
+SMOKE_V5 = "benchmarks/smoke/distill_v5.yaml"
 # Documented command (docs/distillbench.md) -> its smoke form, in this order.
 DISTILL_SMOKE = {
     "python benchmarks/distill_bench.py --phase grid":
@@ -55,6 +56,13 @@ DISTILL_SMOKE = {
     "--resume --part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V4} "
                                   "--output-dir runs/benchmarks/distill-v4-doc --resume "
                                   "--part-minutes 45",
+    # Version 5 (--version 5 names benchmarks/distill/v5.yaml; in parts, then --resume).
+    "python benchmarks/distill_bench.py --version 5 --update-committed --part-minutes 45":
+        f"python benchmarks/distill_bench.py --config {SMOKE_V5} "
+        "--output-dir runs/benchmarks/distill-v5-doc --part-minutes 45",
+    "python benchmarks/distill_bench.py --version 5 --update-committed --resume "
+    "--part-minutes 45": f"python benchmarks/distill_bench.py --config {SMOKE_V5} "
+                         "--output-dir runs/benchmarks/distill-v5-doc --resume --part-minutes 45",
 }
 
 
@@ -578,3 +586,30 @@ def test_the_grid_is_extended_until_every_choice_is_inside_it(tmp_path):
     rates = bench.arm_rates(tmp_path, names, settings.lr_grid)
     assert rates["seqkd"] == [*settings.lr_grid, pytest.approx(new["seqkd"])]
     assert rates["opd_rkl"][3] == pytest.approx(new["opd"]) and rates["rl"] == settings.lr_grid
+
+
+def test_a_fixed_set_is_charged_up_front_or_as_it_is_used(tmp_path):
+    # Version 5 reads every arm at equal seconds: SeqKD's teacher plays the set of its
+    # planned cycles before the first update, and "as_used" charges by each update the
+    # share of those episodes trained on by then; versions 1-4 charged all of it at once.
+    events = [{"event": "teacher_set_played", "episodes": 64, "time_load_s": 1.0,
+               "time_play_s": 63.0}, _eval(4, 0.5, 0.5), _eval(8, 0.6, 0.6),
+              _eval(16, 0.7, 0.7)]
+    rows = [_row(step, 0.0, 0.0, 0.5) for step in range(1, 17)]
+    run = _write(tmp_path / "seqkd", events, rows)
+    (run / "recipe.resolved.yaml").write_text("train: {rollouts_per_cycle: 8}\n")
+    assert bench.set_share_used(run, events, 4) == 0.5 and bench.set_share_used(run, events, 16) == 1
+    up_front = bench.read_curve(run)
+    as_used = bench.read_curve(run, charge_set="as_used")
+    assert [p["train_s"] for p in up_front] == [66.0, 68.0, 72.0]
+    assert [p["train_s"] for p in as_used] == [34.0, 68.0, 72.0]  # 64 s x 4/8, then all
+    assert as_used[0]["time_split"]["preparation_s"] == 32.0
+    # A mixing arm (GKD) draws only its fixed part of each batch from the set.
+    (run / "recipe.resolved.yaml").write_text(
+        "train: {rollouts_per_cycle: 8, on_policy_fraction: 0.5}\n")
+    assert bench.set_share_used(run, events, 4) == 0.25
+    # No set (OPD) or no resolved recipe: nothing to share out.
+    assert bench.set_share_used(run, [], 4) == 1.0
+    (run / "recipe.resolved.yaml").unlink()
+    assert bench.set_share_used(run, events, 4) == 1.0
+
