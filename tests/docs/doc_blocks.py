@@ -5,6 +5,8 @@ source sees how the block is checked, and a rendered page hides it:
 
     <!-- run -->                           run it (bash or python), 30 s limit
     <!-- run: timeout=20 expect="10 passed" -->   options: limit (s), text the output shows
+    <!-- run: needs=httpx -->               runs where that optional module imports, else
+                                            the page's test skips naming its extra
     <!-- check-only: needs a GPU -->        commands and options parse, recipes validate,
                                             Python compiles and its imports resolve
     <!-- skip: why -->                      not checked at all (the reason is required)
@@ -29,6 +31,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.extras import OPTIONAL
 
 SHELL_LANGS = frozenset({"bash", "sh", "shell", "zsh"})
 PYTHON_LANGS = frozenset({"python", "py", "python3"})
@@ -62,6 +66,7 @@ class Marker:
     reason: str = ""
     timeout_s: float = DEFAULT_TIMEOUT_S
     expect: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()  # run: optional modules (tests/extras.OPTIONAL) it imports
     base: str = ""  # recipe-fragment: the recipe the block is merged into
 
 
@@ -144,8 +149,9 @@ def parse_marker(body: str) -> tuple[Marker | None, str | None]:
 
 
 def _run_marker(rest: str) -> tuple[Marker | None, str | None]:
-    """``run`` with optional ``timeout=S`` (at most 60) and ``expect=TEXT`` (repeatable)."""
-    timeout, expect = DEFAULT_TIMEOUT_S, []
+    """``run`` with optional ``timeout=S`` (at most 60), ``expect=TEXT`` and ``needs=MODULE``
+    (both repeatable)."""
+    timeout, expect, needs = DEFAULT_TIMEOUT_S, [], []
     try:
         words = shlex.split(rest)
     except ValueError as exc:
@@ -164,12 +170,18 @@ def _run_marker(rest: str) -> tuple[Marker | None, str | None]:
                 )
         elif key == "expect" and value:
             expect.append(value)
+        elif key == "needs" and value in OPTIONAL:
+            needs.append(value)
+        elif key == "needs":
+            return None, (f"<!-- run: {rest} -->: needs={value} is not an optional module; "
+                          f"use one of {', '.join(OPTIONAL)} (tests/extras.py)")
         else:
             return (
                 None,
-                f"<!-- run: {rest} -->: unknown option {word!r}; use timeout=S or expect=TEXT",
+                f"<!-- run: {rest} -->: unknown option {word!r}; use timeout=S, expect=TEXT "
+                "or needs=MODULE",
             )
-    return Marker("run", timeout_s=timeout, expect=tuple(expect)), None
+    return Marker("run", timeout_s=timeout, expect=tuple(expect), needs=tuple(needs)), None
 
 
 def parse_page(path: Path) -> Page:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tests.docs.doc_blocks import Block, parse_page
 from tests.docs.doc_checks import check_commands, check_python, check_yaml
+from tests.extras import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 COPIED = ("recipes", "examples", "benchmarks")
@@ -155,13 +156,23 @@ def check_block(block: Block, cwd: Path, runner: PageRunner) -> list[str]:
     return check_commands(block.text, cwd, listing=block.kind == "listing")
 
 
+def missing_needs(page: Path) -> list[str]:
+    """Why each ``run`` block of ``page`` whose ``needs=`` module does not import here is
+    not run (tests/extras.missing: the reason names the extra and its install line)."""
+    return [f"run {b.where}: {reason}" for b in parse_page(page).blocks
+            if b.marker and b.marker.kind == "run"
+            for reason in map(missing, b.marker.needs) if reason]
+
+
 def page_failures(page: Path, scratch: Path) -> list[str]:
     """Run and check every marked block of ``page`` in a working copy under ``scratch``.
 
     Once a ``run`` block fails, the page's later ``run`` blocks are not run (they may
-    depend on it); ``check-only`` blocks are still checked.
+    depend on it); ``check-only`` blocks are still checked. A ``run`` block whose
+    ``needs=`` module does not import here is left out (:func:`missing_needs` says why).
     """
-    blocks = [b for b in parse_page(page).blocks if b.marker and b.marker.kind != "skip"]
+    blocks = [b for b in parse_page(page).blocks if b.marker and b.marker.kind != "skip"
+              and not any(map(missing, b.marker.needs))]
     if not blocks:
         return []
     cwd = working_copy(scratch / "work")

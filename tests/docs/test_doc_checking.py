@@ -11,9 +11,10 @@ import os
 import time
 from pathlib import Path
 
+from tests.docs import doc_runner
 from tests.docs.doc_blocks import Block, Marker
 from tests.docs.doc_checks import check_commands, check_python, check_yaml, shell_commands
-from tests.docs.doc_runner import PageRunner, page_failures
+from tests.docs.doc_runner import PageRunner, missing_needs, page_failures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,6 +131,23 @@ def test_run_blocks_share_a_directory_and_fail_loudly(tmp_path):
     failing.write_text("<!-- run -->\n```bash\nminiverl validate no-such.yaml\n```\n")
     (result,) = page_failures(failing, tmp_path / "scratch2")
     assert "exited 1" in result and "no-such.yaml" in result  # the output comes along
+
+
+def test_a_block_needing_a_missing_module_is_not_run_and_named(tmp_path, monkeypatch):
+    # The README's install lacks the optional extras: a block that needs one must not
+    # fail the page there, and the page's test says which extra would run it.
+    page = tmp_path / "page.md"
+    page.write_text("\n".join([
+        "<!-- run: needs=httpx -->", "```bash", "exit 3", "```",
+        '<!-- run: expect="still runs" -->', "```bash", "echo still runs", "```", "",
+    ]), encoding="utf-8")
+    installed = page_failures(page, tmp_path / "with")  # it runs, and fails the page
+    assert installed[0].startswith("run page.md:2: exited 3"), installed
+    assert missing_needs(page) == []
+    reason = "httpx is not installed; it comes with the 'engine' extra"
+    monkeypatch.setattr(doc_runner, "missing", lambda module: reason)
+    assert page_failures(page, tmp_path / "without") == []
+    assert missing_needs(page) == [f"run page.md:2: {reason}"]
 
 
 def test_a_block_past_its_limit_is_killed_with_its_children(tmp_path):

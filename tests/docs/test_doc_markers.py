@@ -49,7 +49,8 @@ def test_output_blocks_need_no_marker(tmp_path):
 def test_markers_are_read_with_their_options(tmp_path):
     text = "\n".join([
         "<!-- run -->", "```bash", "true", "```",
-        '<!-- run: timeout=5 expect="10 passed" expect=ok -->', "```python", "print(1)", "```",
+        '<!-- run: timeout=5 expect="10 passed" expect=ok needs=httpx -->', "```python",
+        "print(1)", "```",
         "<!-- check-only: needs a GPU -->", "```bash", "miniverl up x.yaml", "```",
         "<!-- skip: a diagram, not commands -->", "```", "miniverl up x   a box", "```",
         "<!-- recipe -->", "```yaml", "run: {}", "```",
@@ -61,6 +62,7 @@ def test_markers_are_read_with_their_options(tmp_path):
     run, run_opts, check, skip, recipe, fragment = page.blocks
     assert run.marker.kind == "run" and run.marker.timeout_s == DEFAULT_TIMEOUT_S
     assert run_opts.marker.timeout_s == 5 and run_opts.marker.expect == ("10 passed", "ok")
+    assert run_opts.marker.needs == ("httpx",) and run.marker.needs == ()
     assert check.marker.reason == "needs a GPU" and skip.kind == "listing"
     assert recipe.marker.kind == "recipe"
     assert fragment.marker.base == "recipes/toy_cpu_opd.yaml"
@@ -76,6 +78,7 @@ def test_bad_markers_are_problems(tmp_path):
         "<!-- run: timeout=600 -->": "a longer block is check-only",
         "<!-- run: timeout=soon -->": "must be a number",
         "<!-- run: quietly -->": "unknown option",
+        "<!-- run: needs=numpy -->": "is not an optional module",
         "<!-- recipe: recipes/x.yaml -->": "takes nothing",
         "<!-- recipe-fragment -->": "needs the base recipe's path",
         "<!-- TODO check this -->": "unknown marker",

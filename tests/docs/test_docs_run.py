@@ -9,7 +9,9 @@ collected, so a page added later is covered when it lands) gets two tests:
 - its blocks pass: ``run`` blocks execute in page order in one scratch working copy,
   each within its limit (``doc_runner``); ``check-only`` blocks parse, validate and
   import (``doc_checks``); recipes pass ``miniverl validate``. ``skip`` blocks carry
-  their reason in the page.
+  their reason in the page. A ``run: needs=MODULE`` block runs only where that optional
+  module imports; without it the others still run, then the test skips naming the extra
+  (so the README's install alone passes).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.doc_blocks import parse_page
-from tests.docs.doc_runner import page_failures
+from tests.docs.doc_runner import missing_needs, page_failures
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -37,3 +39,6 @@ def test_every_block_is_marked(page):
 def test_page_blocks_pass(page, tmp_path):
     failures = page_failures(page, tmp_path)
     assert not failures, "\n\n".join(failures)
+    not_run = missing_needs(page)
+    if not_run:
+        pytest.skip("; ".join(not_run))
