@@ -5,7 +5,7 @@
     python benchmarks/distill_pilot_v3.py --update-committed   # write benchmarks/results/
     python benchmarks/distill_pilot_v3.py --report             # the record's table (docs)
 
-Runs ``benchmarks/distill/pilot_v3.yaml`` (docs/distillbench.md, "Version 3"). For each
+Runs ``benchmarks/distill/pilot_v3.yaml`` (docs/distillbench-history.md, "Version 3"). For each
 N of ``data_prompts`` the student of ``student_recipe`` trains on the user's data, the
 teacher's own T=1 episodes of the first N training prompts, unfiltered (an ``sft`` run
 with ``train.fixed_set: teacher`` on a pool of N prompts), with a decaying rate, and is
@@ -204,7 +204,7 @@ def commit_of(path: Path) -> str | None:
 
 
 def markdown_table(record: dict[str, Any]) -> str:
-    """The pilot's figures per N as docs/distillbench.md prints them."""
+    """The pilot's figures per N as docs/distillbench-history.md prints them."""
     gates = record["gates"]
     header = ["N (prompts)", "teacher episodes (their success)",
               "T=1 validation by update", "greedy at the end", "plateau (last T=1)",

@@ -1,6 +1,6 @@
 """The pilot of the distillation benchmark's version 3 (benchmarks/distill_pilot_v3.py).
 
-A reader of docs/distillbench.md's "Version 3" trusts that each N was judged by the gates
+A reader of docs/distillbench-history.md's "Version 3" trusts that each N was judged by the gates
 the benchmark itself checks (plateau: last two T=1 validation evaluations within the
 tolerance; margin: the teacher's T=1 at least the margin above the plateau), that the
 choice is the preregistered rule, that a bad config is one line, and that the smoke form
