@@ -124,6 +124,7 @@ class TeacherServer:
                 with contextlib.suppress(Exception):
                     backend.close()
             srv.executor.shutdown(wait=False, cancel_futures=True)
+            srv.planner.shutdown(wait=False, cancel_futures=True)
             log(srv, "info", "stopped", exit_code=srv.exit_code)
         return srv.exit_code
 
@@ -161,16 +162,13 @@ def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
     ctx = srv.context or zmq.asyncio.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    lim = srv.limits
-    largest = max(
-        lim.max_header_bytes,
-        4 * lim.max_tokens,
-        4 * lim.max_positions,
-        4 * (lim.max_sequences + 1),
-    )
-    # A frame beyond this cannot be a valid request; ZeroMQ drops the peer before
-    # buffering it, so a hostile client cannot make the teacher allocate gigabytes.
-    sock.setsockopt(zmq.MAXMSGSIZE, largest + 1024)
+    # Frames up to the socket's cap are read, and one over a limit is answered
+    # ERROR TOO_LARGE naming that limit (the server checks after reading the header);
+    # beyond the cap ZeroMQ drops the peer before buffering the frame, so a hostile
+    # client cannot make the teacher allocate gigabytes (docs/protocol.md, "Limits").
+    # The cap once sat just above the largest legal frame, so a 10 MB episode got no
+    # reply at all and its client waited out its timeout (issue 53).
+    sock.setsockopt(zmq.MAXMSGSIZE, socket_cap(srv.limits))
     sock.setsockopt(zmq.LINGER, cfg.linger_ms)
     if curve is not None:
         srv.auth = start_curve_authenticator(ctx, curve)
@@ -193,6 +191,24 @@ def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
             "you can write to"
         ) from None
     return sock
+
+
+# The least frame size a teacher's socket reads before refusing it (docs/protocol.md).
+SOCKET_CAP_FLOOR = 64 << 20
+
+
+def socket_cap(lim: Any) -> int:
+    """The largest frame the socket reads: twice the largest legal request frame (an
+    xvocab episode included), and at least :data:`SOCKET_CAP_FLOOR`."""
+    largest = max(
+        lim.max_header_bytes,
+        4 * lim.max_tokens,
+        4 * lim.max_positions,
+        4 * (lim.max_sequences + 1),
+        lim.max_episode_bytes,
+        12 * (lim.max_tokens + 1),  # an xvocab SCORE's student cuts and pieces
+    )
+    return max(SOCKET_CAP_FLOOR, 2 * largest + 1024)
 
 
 async def _load_then_answer_hellos(srv: ServerState) -> None:
@@ -318,7 +334,7 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
         await send_error(srv, ident, msg.id, code, message, retryable=True)
         return
     key = (ident, msg.id)
-    if key in srv.inflight:  # a resend of an open request: its reply will come
+    if key in srv.inflight or key in srv.planning:  # a resend of an open request
         log(srv, "debug", "duplicate_inflight", id=msg.id)
         return
     cached = srv.answered.get(key)
@@ -371,42 +387,68 @@ async def _on_score(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) 
 
 
 async def _on_xvocab(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) -> None:
-    """Plan an xvocab SCORE (teacher_server/xvocab.py) and queue it as the top-k job over
-    the teacher's own tokens it is; an episode that cannot be aligned is BAD_REQUEST."""
-    lim = srv.limits
-    try:
-        episode = parse_xvocab_score(msg, arrays)  # checks.check_score's xvocab branch
-    except ProtocolViolation as exc:
-        await send_error(srv, ident, msg.id, exc.code, str(exc))
-        return
-    try:
-        plan = plan_xvocab(srv.backend.tokenizer, episode, arrays)
-    except Exception as exc:  # a template's own error too (jinja's raise_exception)
-        await send_error(srv, ident, msg.id, ErrorCode.BAD_REQUEST,
-                         f"the xvocab episode cannot be aligned: {describe(exc)}"[:2000])
-        return
-    n = int(plan.teacher_ids.shape[0])
-    longest = min(lim.max_tokens, lim.max_seq_len or lim.max_tokens)
-    if n > longest or plan.positions.shape[0] > lim.max_positions:
-        await send_error(srv, ident, msg.id, ErrorCode.TOO_LARGE,
-                         f"the teacher's rendering of the episode has {n} tokens "
-                         f"({plan.positions.shape[0]} to score); the limits are "
-                         f"{longest} tokens and {lim.max_positions} positions; send a "
-                         "shorter episode")
-        return
-    now = time.monotonic()
-    job = ScoreJob(
-        tokens_N=plan.teacher_ids, cu_seqlens_B1=np.array([0, n], np.int32),
-        positions_P=plan.positions, kind="topk", k=msg.k, temperature=msg.temperature,
-        client=ident, id=msg.id, student_version=msg.student_version, received=now,
-        deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
-        deterministic=msg.deterministic, xvocab=plan, adapter=msg.adapter,
-    )
-    srv.counters["requests"] += 1
-    srv.inflight[(ident, msg.id)] = job
+    """Plan an xvocab SCORE (teacher_server/xvocab.py) off the loop and queue it as the
+    top-k job over the teacher's own tokens it is; an episode that cannot be aligned is
+    BAD_REQUEST. The loop returns at once: the planning (JSON, chat rendering,
+    alignment: a cost the client controls) runs on ``srv.planner``, so every other
+    client is answered meanwhile (docs/teacher-server.md, "No client stalls the others")."""
+    key = (ident, msg.id)
+    srv.planning.add(key)  # open from now: max_inflight counts it, a resend waits for it
     srv.per_client[ident] += 1
-    srv.queue.append(job)
-    srv.work.set()
+    spawn(srv, _plan_and_queue(srv, ident, msg, arrays))
+
+
+def _plan(tokenizer: Any, msg: m.Score, arrays: dict) -> Any:
+    """The xvocab plan of one SCORE (the planner thread); raises what it refuses."""
+    episode = parse_xvocab_score(msg, arrays)  # checks.check_score's xvocab branch
+    return plan_xvocab(tokenizer, episode, arrays)
+
+
+async def _plan_and_queue(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict) -> None:
+    key, lim, backend = (ident, msg.id), srv.limits, srv.backend
+    queued = False
+    try:
+        try:
+            plan = await asyncio.get_running_loop().run_in_executor(
+                srv.planner, _plan, backend.tokenizer, msg, arrays)
+        except ProtocolViolation as exc:
+            await send_error(srv, ident, msg.id, exc.code, str(exc))
+            return
+        except Exception as exc:  # a template's own error too (jinja's raise_exception)
+            await send_error(srv, ident, msg.id, ErrorCode.BAD_REQUEST,
+                             f"the xvocab episode cannot be aligned: {describe(exc)}"[:2000])
+            return
+        if srv.backend is not backend:  # reloaded while planning: another tokenizer
+            await send_error(srv, ident, msg.id, ErrorCode.RELOADING,
+                             "the teacher reloaded while this xvocab SCORE was planned; "
+                             "send it again", retryable=True)
+            return
+        n = int(plan.teacher_ids.shape[0])
+        longest = min(lim.max_tokens, lim.max_seq_len or lim.max_tokens)
+        if n > longest or plan.positions.shape[0] > lim.max_positions:
+            await send_error(srv, ident, msg.id, ErrorCode.TOO_LARGE,
+                             f"the teacher's rendering of the episode has {n} tokens "
+                             f"({plan.positions.shape[0]} to score); the limits are "
+                             f"{longest} tokens and {lim.max_positions} positions; send a "
+                             "shorter episode")
+            return
+        now = time.monotonic()
+        job = ScoreJob(
+            tokens_N=plan.teacher_ids, cu_seqlens_B1=np.array([0, n], np.int32),
+            positions_P=plan.positions, kind="topk", k=msg.k, temperature=msg.temperature,
+            client=ident, id=msg.id, student_version=msg.student_version, received=now,
+            deadline=now + msg.deadline_ms / 1000 if msg.deadline_ms else None,
+            deterministic=msg.deterministic, xvocab=plan, adapter=msg.adapter,
+        )
+        srv.counters["requests"] += 1
+        srv.inflight[key] = job  # the job keeps the per_client count it was given
+        srv.queue.append(job)
+        srv.work.set()
+        queued = True
+    finally:
+        srv.planning.discard(key)
+        if not queued:
+            srv.per_client[ident] -= 1
 
 
 def _kind_refusal(srv: ServerState, ident: bytes, kind: str) -> str | None:

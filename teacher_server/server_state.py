@@ -93,6 +93,14 @@ class ServerState:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="teacher-compute")
     )
+    # Work whose cost a client controls (an xvocab episode's parsing, chat rendering and
+    # alignment) runs on this thread, not on the loop that serves every client: a
+    # 30,000-message episode once held every other client's SCORE for 6.6 s (issue 53).
+    planner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="teacher-xvocab")
+    )
+    # xvocab SCOREs being planned there: counted open (max_inflight, resends) until queued.
+    planning: set[tuple[bytes, int]] = field(default_factory=set)
     compute: asyncio.Lock = field(default_factory=asyncio.Lock)
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queue: deque[ScoreJob] = field(default_factory=deque)

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from miniverl.common.names import NAME
 from miniverl.protocol import messages as m
 from miniverl.testing import FakeBackend, TeacherHarness
 from tests.teacher_server.harness import FP, VOCAB, recv, score_arrays, score_header, send
@@ -164,7 +165,8 @@ def test_generated_adapter_fields_are_answered_and_the_teacher_keeps_serving(
     rid = next(IDS)
     reply = conn.call({"v": 1, "t": "HELLO", "id": rid, "client": "fuzz", "tokenizer_fp": FP,
                        "vocab_size": VOCAB, "adapter": hello_adapter}, timeout_s=REPLY_WITHIN_S)[0]
-    valid_name = isinstance(hello_adapter, str) and len(hello_adapter) <= 1024
+    # A name is a name on the wire (common/names.py): anything else is BAD_REQUEST.
+    valid_name = isinstance(hello_adapter, str) and NAME.fullmatch(hello_adapter) is not None
     if valid_name and hello_adapter in SERVED:
         assert reply.t == "HELLO_OK" and reply.teacher.adapter_sha256 == SERVED[hello_adapter]
         state["said"] = hello_adapter
