@@ -75,11 +75,22 @@ def start_table(data: dict[str, Any]) -> Table:
 
 
 def grid_table(data: dict[str, Any]) -> Table:
-    grid = data["distill"]["lr_grid"]
-    t = Table(["arm", *(f"lr {lr:g}: T=1 / greedy" for lr in grid), "chosen"])
-    for arm, row in (data["grid"].get("choice") or {}).items():
-        cells = [f"{t.fig(r['t1'])} / {t.fig(r['greedy'])}" for r in row["grid"]]
-        t.rows.append([arm, *cells, t.fig(row["chosen_lr"], "{:g}")])
+    """Each arm's T=1 / greedy success at each rate it tried and its choice: the
+    config's grid, then the rates an extension added (version 5: ``-`` where an arm did
+    not run that rate, and whether its choice is still at an edge of its grid)."""
+    choice = data["grid"].get("choice") or {}
+    grid = list(data["distill"]["lr_grid"])
+    extra = {r["lr"] for row in choice.values() for r in row["grid"]} - set(grid)
+    grid = sorted({*grid, *extra}) if extra else grid
+    extended = any("at_edge" in row for row in choice.values())
+    t = Table(["arm", *(f"lr {lr:g}: T=1 / greedy" for lr in grid), "chosen",
+               *(["choice at an edge"] if extended else [])])
+    for arm, row in choice.items():
+        tried = {r["lr"]: r for r in row["grid"]}
+        cells = [f"{t.fig(tried[lr]['t1'])} / {t.fig(tried[lr]['greedy'])}" if lr in tried
+                 else "-" for lr in grid]
+        t.rows.append([arm, *cells, t.fig(row["chosen_lr"], "{:g}"),
+                       *([row.get("at_edge") or "no"] if extended else [])])
     return t
 
 
@@ -143,10 +154,17 @@ def gap_table(data: dict[str, Any], labels: list[str]) -> Table:
     header = ["arm", *(f"gap closed, T=1, {_said(label)}" for label in labels)]
     if key:
         header.append(f"training s to {reach}'s final T=1 (seeds that reached it)")
+    half = any("half_gap_s" in e for e in main["arms"].values())  # version 5
+    if half:
+        header.append("training s to close half the gap (seeds that did)")
     t = Table(header)
     for arm, entry in main["arms"].items():
         row = [arm, *(t.fig((entry.get(label) or {}).get("t1_gap_closed"), "{:+.2f}")
                       for label in labels)]
+        if half:
+            hit = entry.get("half_gap_s") or {}
+            row.append("-" if not hit else
+                       f"{t.fig(hit.get('mean_s'), '{:.1f} s')} ({hit['reached']} of {hit['of']})")
         if key:
             hit = entry.get(key) or {}
             row.append("-" if not hit else
@@ -159,13 +177,17 @@ def signal_table(data: dict[str, Any]) -> Table:
     """Per arm, what its updates had to learn from (the cells' means): the share of
     updates whose own training episodes all succeeded, the training success, the median
     absolute loss and gradient norm."""
+    arms = data["main"]["arms"]
+    clip = any("clip_binding_share" in (e.get("mean_signal") or {}) for e in arms.values())
     t = Table(["arm", "updates with every training episode right", "training success",
-               "median |loss|", "median gradient norm"])
-    for arm, entry in data["main"]["arms"].items():
+               "median |loss|", "median gradient norm",
+               *(["updates the clip bound"] if clip else [])])
+    for arm, entry in arms.items():
         sig = entry.get("mean_signal") or {}
         t.rows.append([arm, t.fig(sig.get("all_right_share"), "{:.0%}"),
                        t.fig(sig.get("train_success")), t.fig(sig.get("abs_loss_median"), "{:.1e}"),
-                       t.fig(sig.get("grad_norm_median"), "{:.1e}")])
+                       t.fig(sig.get("grad_norm_median"), "{:.1e}"),
+                       *([t.fig(sig.get("clip_binding_share"), "{:.0%}")] if clip else [])])
     return t
 
 

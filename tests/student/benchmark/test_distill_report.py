@@ -140,3 +140,33 @@ def test_a_record_with_the_training_signal_prints_its_table(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[2] == "| sft | - | - | 3.3e-05 | 1.4e-03 |"
     assert out[3] == "| opd | 89% | 0.981 | 4.1e-09 | 3.5e-07 |"
+
+
+def test_a_version_5_record_prints_its_extended_grid_clip_share_and_half_gap(tmp_path, capsys):
+    # Version 5: an arm's grid may hold an extension's rate, each choice says whether it
+    # is still at an edge, each arm its clip binding share and its seconds to half the gap.
+    data = _record()
+    data["grid"]["choice"]["sft"]["at_edge"] = None
+    data["grid"]["choice"]["opd"] = {"chosen_lr": 1e-4, "at_edge": "low", "grid": [
+        {"lr": 3e-4, "t1": 0.5, "greedy": 0.6}, {"lr": 1e-3, "t1": 0.4, "greedy": 0.5},
+        {"lr": 1e-4, "t1": 0.55, "greedy": 0.6}]}
+    data["main"]["arms"]["opd"]["mean_signal"] = {
+        "all_right_share": 0.5, "train_success": 0.7, "abs_loss_median": 0.01,
+        "grad_norm_median": 0.3, "clip_binding_share": 0.0625}
+    data["main"]["gap"] = {"start": {"t1": 0.6}, "teacher": {"t1": 1.0}}
+    data["main"]["arms"]["opd"]["half_gap_s"] = {"mean_s": 95.25, "reached": 3, "of": 5}
+    path = tmp_path / "v5.json"
+    path.write_text(json.dumps(data))
+    assert report.main(["--record", str(path), "--table", "grid"]) == 0
+    grid = capsys.readouterr().out.splitlines()
+    assert grid[0] == ("| arm | lr 0.0001: T=1 / greedy | lr 0.0003: T=1 / greedy | "
+                       "lr 0.001: T=1 / greedy | chosen | choice at an edge |")
+    assert grid[2] == "| sft | - | 0.960 / 1.000 | 0.940 / 0.980 | 0.0003 | no |"
+    assert grid[3] == "| opd | 0.550 / 0.600 | 0.500 / 0.600 | 0.400 / 0.500 | 0.0001 | low |"
+    assert report.main(["--record", str(path), "--table", "signal"]) == 0
+    signal = capsys.readouterr().out.splitlines()
+    assert signal[0].endswith("| updates the clip bound |") and signal[3].endswith("| 6% |")
+    assert report.main(["--record", str(path), "--table", "gap"]) == 0
+    gap = capsys.readouterr().out.splitlines()
+    assert gap[0].endswith("| training s to close half the gap (seeds that did) |")
+    assert gap[3].endswith("| 95.2 s (3 of 5) |") and gap[2].endswith("| - |")
