@@ -228,9 +228,14 @@ def _temperature(key, value, result, *_):
     result.add(key, "exact", value, "rollout.temperature")
 
 
-def handlers() -> dict:
-    """Handlers for the fields ``export-verl`` writes (on top of the generic whitelist)."""
+def handlers(facts: BundleFacts | None = None) -> dict:
+    """Handlers for the fields ``export-verl`` writes (on top of the generic whitelist);
+    with ``facts`` of a mixture's bundle, also its teacher pool and entries."""
     out = {key: _fixed(key, value) for key, value in profile.PROFILE_FIXED.items()}
+    if facts is not None and "environments" in facts.manifest:
+        from miniverl.bridge import import_mixture
+
+        out.update(import_mixture.handlers(facts))
     out.update({key: _release_fixed(key) for target in profile.VERL_TARGETS.values()
                 for key in target.fixed})
     out.update({key: _fixed(key, value) for key, value in HYDRA_HEADER.items()})
@@ -319,6 +324,11 @@ def finish(result, facts: BundleFacts) -> None:
     """Add what verl has no field for, from the bundle's provenance."""
     _batches(result)
     _lengths(result, facts)
+    if "environments" in facts.manifest:
+        from miniverl.bridge import import_mixture
+
+        import_mixture.finish(result, facts)
+        return
     env = facts.manifest.get("environment") or {}
     rows = facts.manifest.get("rows") or {}
     environment = {

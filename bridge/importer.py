@@ -105,7 +105,7 @@ def _map(
         "rollout": {},
     }
     result = ImportResult(recipe, base_dir=base_dir, bundle=bundle)
-    handlers = HANDLERS if bundle is None else {**HANDLERS, **import_bundle.handlers()}
+    handlers = HANDLERS if bundle is None else {**HANDLERS, **import_bundle.handlers(bundle)}
     lora: dict = {}
     seen_lengths = result.seen
 
@@ -152,6 +152,8 @@ def _map(
             "sum: verl bounds prompt and response separately, miniverl bounds the whole episode",
         )
     for section in ("student", "teacher"):
+        if section not in recipe:  # several teachers: teachers:, filled from the bundle
+            continue
         if "model" not in recipe[section] and not any(
             f.target == f"{section}.model" for f in result.findings
         ):

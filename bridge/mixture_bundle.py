@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miniverl.bridge import artifacts, parquet
+from miniverl.common.adapters import PINNED_HUB_ADAPTER
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import prefixed, sha256_json
 from miniverl.common.teacher_routes import SINGLE, Route
@@ -228,9 +229,10 @@ def route_identity(run, recipe, route: Route) -> dict:
     dest = f"teacher-{_ident(route.name)}"
     base = artifacts.base_identity(config.model, dest=f"{dest}-base")
     ref = config.adapters[route.adapter]
-    # A hub id names the adapter; a local directory is not published, only its name.
+    # A pinned hub id (ORG/NAME@<40-hex>) names the adapter; a local directory is not
+    # published, only its name.
     adapter = ({"name": route.adapter, "source": "hub", "hub_id": ref}
-               if not Path(ref).exists() and not ref.startswith((".", "/"))
+               if PINNED_HUB_ADAPTER.match(ref)
                else {"name": route.adapter, "source": "path", "directory_name": Path(ref).name})
     return {
         "source": "merged_adapter",

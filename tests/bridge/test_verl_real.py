@@ -127,3 +127,69 @@ def test_a_key_the_release_lacks_fails_the_check(target_bundle, tmp_path):
         assert compose["ok"] and compose["unknown_keys"] == ["data.not_a_verl_key"], compose
     else:
         assert not compose["ok"] and "skip" in compose["error"], compose
+
+
+# ------------------------------------------------------- mixtures and several teachers
+
+
+@pytest.fixture(scope="module", params=[(v, kind) for v in sorted(profile.VERL_TARGETS)
+                                        for kind in ("mixture", "two teachers")],
+                ids=lambda p: f"{p[0]}-{p[1].replace(' ', '-')}")
+def mixture_bundle(request, mixture_run, two_teacher_run, tmp_path_factory):
+    """``(version, kind, bundle)``: a mixture run (one teacher) or a run of two teachers
+    exported for one verl target."""
+    from miniverl.bridge.bundle import export_verl
+
+    version, kind = request.param
+    reason = verl_ready(version)
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp(f"mix-{version}") / "bundle"
+    export_verl(mixture_run if kind == "mixture" else two_teacher_run, out, verl_version=version)
+    return version, kind, out
+
+
+def test_a_mixture_bundle_passes_official_verl_code(mixture_bundle):
+    # Every environment's reward and tools, and verl's own routing of every train row to
+    # the teacher whose route scored that row's environment in the run.
+    version, kind, bundle = mixture_bundle
+    result = _run_check(version, bundle)
+    failed = {k: v for k, v in result["steps"].items() if not v["ok"]}
+    assert not failed, json.dumps(failed, indent=2)
+    steps = result["steps"]
+    assert steps["compose"]["unknown_keys"] == []
+    rows = {"miniverl/calculator": 6, "miniverl/jsonnav": 6}
+    if kind == "two teachers":
+        assert steps["compose"]["teacher_keys"] == sorted(rows)
+        assert steps["routing"]["rows_by_route"] == {"calc": {"miniverl/calculator": 6},
+                                                     "nav": {"miniverl/jsonnav": 6}}
+    else:
+        assert steps["compose"]["teacher_keys"] == ["default"]
+        assert steps["routing"]["rows_by_route"] == {"teacher": rows}
+    assert steps["compose"]["teacher_pool"][0] * steps["compose"]["teacher_pool"][1] == sum(
+        steps["compose"]["teacher_world_sizes"].values())
+    assert {s: t["rows"] for s, t in steps["reward"]["every_row"].items()} == rows
+    assert steps["tools"]["called"]["miniverl/calculator"].keys() == {"calculator", "convert"}
+    assert steps["tools"]["called"]["miniverl/jsonnav"].keys() == {"get", "keys", "find"}
+
+
+def test_a_teacher_keyed_by_another_environment_fails_the_routing_check(tmp_path,
+                                                                       two_teacher_run):
+    # calc's entry keyed by jsonnav's data_source and nav's by calculator's: verl then
+    # routes each row to the other route's teacher, and the check must say so.
+    from miniverl.bridge.bundle import export_verl
+
+    version = "0.9.1"
+    reason = verl_ready(version)
+    if reason:
+        pytest.skip(reason)
+    bundle = tmp_path / "bundle"
+    export_verl(two_teacher_run, bundle, verl_version=version)
+    path = bundle / "recipe/verl-overrides.yaml"
+    text = path.read_text()
+    text = (text.replace("key: miniverl/calculator", "key: SWAP")
+            .replace("key: miniverl/jsonnav", "key: miniverl/calculator")
+            .replace("key: SWAP", "key: miniverl/jsonnav"))
+    path.write_text(text)
+    routing = _run_check(version, bundle)["steps"]["routing"]
+    assert not routing["ok"] and "miniverl/calculator', 'nav', 'calc'" in routing["error"], routing

@@ -85,7 +85,8 @@ def main(bundle: Path) -> int:
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-        cfg = compose(bundle, Path("/nonexistent/base"))
+        full = manifest.get("kind") == "full"
+        cfg = compose(bundle, Path("/nonexistent/base"), full=full)
         state["cfg"] = cfg
         unknown = _unknown_keys(bundle)
         try:
@@ -103,12 +104,16 @@ def main(bundle: Path) -> int:
                 raise
             validated = "all checks before vLLM's maximum LoRA rank (needs vLLM)"
         entry_point = "TaskRunnerV1" if cfg.trainer.get("use_v1", False) else "TaskRunner"
-        adapter = json.loads((bundle / "model/adapter/adapter_config.json").read_text())
         model = cfg.actor_rollout_ref.model
-        assert model.lora_rank == adapter["r"], (model.lora_rank, adapter["r"])
-        assert model.lora_alpha == adapter["lora_alpha"]
-        assert sorted(model.target_modules) == sorted(adapter["target_modules"])
-        assert cfg.actor_rollout_ref.rollout.load_format == "safetensors"
+        if full:  # a full fine-tune: verl's default loader, no LoRA
+            assert model.lora_rank == 0 and model.lora_adapter_path is None, model
+            assert cfg.actor_rollout_ref.rollout.load_format == "auto"
+        else:
+            adapter = json.loads((bundle / "model/adapter/adapter_config.json").read_text())
+            assert model.lora_rank == adapter["r"], (model.lora_rank, adapter["r"])
+            assert model.lora_alpha == adapter["lora_alpha"]
+            assert sorted(model.target_modules) == sorted(adapter["target_modules"])
+            assert cfg.actor_rollout_ref.rollout.load_format == "safetensors"
         assert cfg.reward.custom_reward_function.name == "compute_score"
         assert cfg.data.tool_config_path == str(bundle / "recipe/tool_config.yaml")
         dataclasses = {}

@@ -111,16 +111,19 @@ def install_ray_standin() -> None:
 # ------------------------------------------------------------------------ verl side
 
 
-def compose(bundle: Path, base_dir: Path):
-    """The config ``recipe/launch.template.sh`` hands to ``main_ppo`` (paths made absolute)."""
+def compose(bundle: Path, base_dir: Path, full: bool = False):
+    """The config ``recipe/launch.template.sh`` hands to ``main_ppo`` (paths made absolute);
+    ``full``: a full fine-tune's bundle, whose model is ``model/full`` and has no adapter."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    overrides = [
+    model = [f"actor_rollout_ref.model.path={bundle / 'model/full'}"] if full else [
         f"actor_rollout_ref.model.path={base_dir}",
+        f"actor_rollout_ref.model.lora_adapter_path={bundle / 'model/adapter'}"]
+    overrides = [
+        *model,
         f"actor_rollout_ref.model.tokenizer_path={bundle / 'model/tokenizer'}",
-        f"actor_rollout_ref.model.lora_adapter_path={bundle / 'model/adapter'}",
         f"data.train_files={bundle / SPLITS['train']}",
         f"data.val_files={bundle / SPLITS['val']}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={bundle / 'recipe/tool_config.yaml'}",

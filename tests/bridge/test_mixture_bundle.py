@@ -1,0 +1,242 @@
+"""export-verl of a mixture and of several teachers: one bundle of every environment, one
+teacher entry per route, each thing verl cannot carry named in one line, doctor passing,
+and export -> import-verl -> export giving the same files. The checks by verl's own code
+are in test_verl_real.py (marker ``verl``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from miniverl.bridge import profile
+from miniverl.bridge.bundle import export_verl
+from miniverl.bridge.doctor import doctor
+from miniverl.bridge.importer import import_verl
+from miniverl.common.errors import ConfigError
+from miniverl.common.recipe import load_recipe
+from tests.bridge.conftest import make_run, mixture_recipe
+
+CALC_HUB, NAV_HUB = "org/calc-adapter@" + "a" * 40, "org/nav-adapter@" + "b" * 40
+
+
+def _flat(bundle: Path) -> dict:
+    return profile.flatten(yaml.safe_load((bundle / "recipe/verl-overrides.yaml").read_text()))
+
+
+def _manifest(bundle: Path) -> dict:
+    return json.loads((bundle / "provenance/manifest.json").read_text())
+
+
+def _sums(bundle: Path) -> dict[str, str]:
+    return {line.split("  ")[1]: line.split("  ")[0]
+            for line in (bundle / "SHA256SUMS").read_text().splitlines()}
+
+
+@pytest.fixture(scope="module")
+def two_bundle(two_teacher_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two") / "bundle"
+    export_verl(two_teacher_run, out, verl_version="0.9.1", teacher_gpus=["nav=2"])
+    return out
+
+
+def test_a_mixture_bundle_holds_every_environment(mixture_run, tmp_path):
+    import pyarrow.parquet as pq
+
+    manifest = export_verl(mixture_run, tmp_path / "b", verl_version="0.9.1")
+    bundle = tmp_path / "b"
+    rows = pq.read_table(bundle / "data/train.parquet").to_pylist()
+    assert [r["data_source"] for r in rows] == ["miniverl/calculator"] * 6 + ["miniverl/jsonnav"] * 6
+    # Each row shows verl's tool agent its own environment's tools, in that order.
+    assert {tuple(r["extra_info"]["tool_selection"]) for r in rows} == {
+        ("calculator", "convert"), ("get", "keys", "find")}
+    tools = yaml.safe_load((bundle / "recipe/tool_config.yaml").read_text())["tools"]
+    assert [t["tool_schema"]["function"]["name"] for t in tools] == [
+        "calculator", "convert", "get", "keys", "find"]
+    envs = {e["name"]: e for e in manifest["environments"]}
+    assert envs["jsonnav"]["rows"] == {"train": 6, "val": 3}
+    assert envs["calculator"]["tasks_sha256"]["train"].startswith("sha256:")
+    assert manifest["weights"]["shares"]["calculator"] == {"miniverl": 0.666667, "verl": 0.5}
+    # One teacher: verl's own teacher_model entry, with a pool verl accepts (1 GPU default).
+    flat = _flat(bundle)
+    assert flat["distillation.teacher_models.teacher_model.model_path"] == "TEACHER_MODEL_DIR"
+    assert (flat["distillation.nnodes"], flat["distillation.n_gpus_per_node"]) == (1, 1)
+    assert doctor(bundle)["ok"]
+
+
+def test_each_thing_that_cannot_move_is_one_line_in_output_readme_and_manifest(
+        mixture_run, tmp_path):
+    from typer.testing import CliRunner
+
+    from miniverl.cli.app import app
+
+    result = CliRunner().invoke(app, ["export-verl", "--run", str(mixture_run), "--out",
+                                      str(tmp_path / "b"), "--verl-version", "0.8.0"])
+    assert result.exit_code == 0, result.output
+    said = [line[len("does not move: "):] for line in result.output.splitlines()
+            if line.startswith("does not move: ")]
+    assert said == _manifest(tmp_path / "b")["not_moved"]
+    assert any(line.startswith("environments' weights: verl draws train.parquet's rows "
+                               "uniformly") and "calculator 50% of verl's episodes, 67% of "
+               "miniverl's" in line for line in said)
+    assert any("no tail bucket" in line for line in said)
+    readme = (tmp_path / "b/README.md").read_text()
+    assert all(f"- {line}" in readme for line in said)
+    assert "| miniverl/calculator | 6 / 3 | 67% | 50% | teacher |" in readme
+
+
+def test_several_teachers_one_entry_per_route(two_bundle):
+    flat, manifest = _flat(two_bundle), _manifest(two_bundle)
+    assert flat["distillation.teacher_key"] == "data_source"
+    for entry, key, var, gpus in (("calc", "miniverl/calculator", "TEACHER_CALC_MODEL_DIR", 1),
+                                  ("nav", "miniverl/jsonnav", "TEACHER_NAV_MODEL_DIR", 2)):
+        prefix = f"distillation.teacher_models.{entry}"
+        assert (flat[f"{prefix}.key"], flat[f"{prefix}.model_path"]) == (key, var)
+        assert flat[f"{prefix}.num_replicas"] == gpus
+        assert flat[f"{prefix}.inference.tensor_model_parallel_size"] == 1
+        assert flat[f"{prefix}.inference.load_format"] == "auto"  # real weights, not dummy
+    # verl's check: the teachers' replicas sum to the pool.
+    assert (flat["distillation.nnodes"], flat["distillation.n_gpus_per_node"]) == (1, 3)
+    assert "distillation.teacher_models.teacher_model.model_path" not in flat
+    base = json.loads((two_bundle / "model/base_model.json").read_text())
+    assert base["teachers"]["nav"]["toy"]["seed"] == 2 and "teacher" not in base
+    launch = (two_bundle / "recipe/launch.template.sh").read_text()
+    assert 'distillation.teacher_models.nav.model_path="$TEACHER_NAV_MODEL_DIR"' in launch
+    assert "TEACHER_MODEL_DIR" not in launch and "set TEACHER_CALC_MODEL_DIR" in launch
+    assert manifest["teachers"]["routes"]["calc"]["environments"] == ["calculator"]
+    result = doctor(two_bundle)
+    assert result["ok"], [c for c in result["checks"] if c["status"] == "fail"]
+    assert "teacher model weights absent (TEACHER_NAV_MODEL_DIR)" in result["launch_blockers"]
+
+
+def test_an_edited_entry_fails_doctor(two_bundle, tmp_path):
+    from miniverl.common.hashing import write_sums
+
+    bundle = tmp_path / "b"
+    shutil.copytree(two_bundle, bundle)
+    path = bundle / "recipe/verl-overrides.yaml"
+    path.write_text(path.read_text().replace("key: miniverl/jsonnav", "key: miniverl/sqlite"))
+    write_sums(bundle)
+    detail = {c["name"]: c for c in doctor(bundle)["checks"]}["overrides"]
+    assert detail["status"] == "fail" and "distillation.teacher_models.nav must have key" in (
+        detail["detail"])
+
+
+def test_a_route_of_two_environments_and_an_adapter_route_are_named(toy_run, tmp_path):
+    # teacher.adapters: one process, two adapters; the sql adapter scores two environments.
+    data = mixture_recipe(False, [
+        {"name": "calculator", "train_tasks": 2, "eval_tasks": 1, "adapter": "calc"},
+        {"name": "jsonnav", "train_tasks": 2, "eval_tasks": 1, "adapter": "nav"},
+        {"name": "sqlite", "train_tasks": 2, "eval_tasks": 1, "adapter": "nav"}])
+    data["teacher"] = {**data["teacher"], "adapters": {"calc": CALC_HUB, "nav": NAV_HUB}}
+    run = make_run(toy_run, tmp_path / "runs", data, "adapter-run")
+    manifest = export_verl(run, tmp_path / "b", verl_version="0.9.1")
+    lines = manifest["not_moved"]
+    assert ("route teacher/nav: scores jsonnav, sqlite, and verl matches one data_source per "
+            "teacher entry, so it becomes 2 entries (teacher_nav__jsonnav, teacher_nav__sqlite), "
+            "each its own teacher replica(s)") in lines
+    assert ("route teacher/calc: verl's teacher entry loads one model (no adapter field), so "
+            "its model_path is the base with adapter calc merged (TEACHER_TEACHER_CALC_MODEL_DIR; "
+            "model/base_model.json names both)") in lines
+    base = json.loads((tmp_path / "b/model/base_model.json").read_text())
+    assert base["teachers"]["teacher/calc"]["adapter"] == {
+        "name": "calc", "source": "hub", "hub_id": CALC_HUB}
+    flat = _flat(tmp_path / "b")
+    assert flat["distillation.teacher_models.teacher_nav__sqlite.key"] == "miniverl/sqlite"
+    assert doctor(tmp_path / "b")["ok"]
+    # And back: the hub adapters come back as the teacher's adapters, each environment's.
+    import_verl(tmp_path / "b", tmp_path / "recipe.yaml")
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    assert recipe.teacher.adapters == {"calc": CALC_HUB, "nav": NAV_HUB}
+    assert [(e.name, e.adapter) for e in recipe.environments] == [
+        ("calculator", "calc"), ("jsonnav", "nav"), ("sqlite", "nav")]
+
+
+def test_a_local_adapter_route_does_not_import(toy_run, tmp_path):
+    adapter = tmp_path / "my-adapter"
+    adapter.mkdir()
+    data = mixture_recipe(False, [
+        {"name": "calculator", "train_tasks": 2, "eval_tasks": 1, "adapter": "calc"},
+        {"name": "jsonnav", "train_tasks": 2, "eval_tasks": 1, "adapter": "nav"}])
+    data["teacher"] = {**data["teacher"], "adapters": {"calc": str(adapter),
+                                                       "nav": str(adapter)}}
+    run = make_run(toy_run, tmp_path / "runs", data, "local-adapter-run")
+    export_verl(run, tmp_path / "b", verl_version="0.9.1")
+    with pytest.raises(ConfigError, match=r"route teacher/calc was exported as its base merged "
+                       r"with adapter 'calc', which the bundle does not publish"):
+        import_verl(tmp_path / "b", tmp_path / "recipe.yaml")
+
+
+def test_a_teacher_setting_verl_lacks_is_named(toy_run, tmp_path):
+    data = mixture_recipe(True)
+    data["teachers"]["nav"] = {**data["teachers"]["nav"], "min_success": 0.5}
+    run = make_run(toy_run, tmp_path / "runs", data, "gated-run")
+    lines = export_verl(run, tmp_path / "b", verl_version="0.9.1")["not_moved"]
+    assert ("route nav: teachers.nav.min_success 0.5 does not move (verl has no qualification "
+            "gate)") in lines
+
+
+def test_refusals_are_one_line(two_teacher_run, toy_run, tmp_path):
+    for gpus, said in ((["x=2"], r"'x' is not a teacher route of this run; pass one of calc, nav"),
+                       (["0"], "must be a positive integer")):
+        with pytest.raises(ConfigError, match=said) as info:
+            export_verl(two_teacher_run, tmp_path / "b", teacher_gpus=gpus)
+        assert "\n" not in str(info.value)
+    data = mixture_recipe(True)
+    data["teachers"]["nav"] = {**data["teachers"]["nav"], "tokenizer": "other"}
+    data["loss"] = {"top_k": 8, "cross_vocab": "hybrid"}
+    run = make_run(toy_run, tmp_path / "runs", data, "xvocab-run")
+    with pytest.raises(ConfigError, match="route nav has tokenizer: other"):
+        export_verl(run, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_single_environment_bundle_takes_teacher_gpus(toy_run, tmp_path):
+    # Unset, one environment's bundle is written as always (no pool); given, it has one.
+    assert "distillation.nnodes" not in _flat_of(toy_run, tmp_path / "a", None)
+    flat = _flat_of(toy_run, tmp_path / "b", ["2"])
+    assert (flat["distillation.nnodes"], flat["distillation.n_gpus_per_node"]) == (1, 2)
+
+
+def _flat_of(run, out, gpus):
+    export_verl(run, out, teacher_gpus=gpus)
+    return _flat(out)
+
+
+@pytest.mark.parametrize("version", sorted(profile.VERL_TARGETS))
+def test_export_import_export_gives_the_same_bundle(two_teacher_run, toy_run, tmp_path, version):
+    first = tmp_path / "first"
+    export_verl(two_teacher_run, first, verl_version=version)
+    report, _ = import_verl(first, tmp_path / "imported" / "recipe.yaml")
+    assert report["ok"] and not report["counts"]["refused"]
+    recipe = load_recipe(tmp_path / "imported" / "recipe.yaml")
+    assert recipe.teachers is not None and sorted(recipe.teachers) == ["calc", "nav"]
+    assert [(e.name, e.teacher, e.weight) for e in recipe.environments] == [
+        ("calculator", "calc", 2.0), ("jsonnav", "nav", 1.0)]
+    data = yaml.safe_load((tmp_path / "imported" / "recipe.yaml").read_text())
+    # The imported recipe trained again (same weights, same run id), exported again.
+    run = make_run(toy_run, tmp_path / "runs", data, two_teacher_run.name)
+    second = tmp_path / "second"
+    export_verl(run, second, verl_version=version)
+    a, b = _sums(first), _sums(second)
+    # Every file but the two that describe the run it came from (its recipe as imported,
+    # with miniverl's defaults for what verl does not carry: device, dtype).
+    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
+        "README.md", "provenance/source_run.json"]
+    assert a == {**b, "README.md": a["README.md"],
+                 "provenance/source_run.json": a["provenance/source_run.json"]}
+
+
+def test_an_edited_route_key_is_refused_on_import(two_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(two_bundle, bundle)
+    path = bundle / "recipe/verl-overrides.yaml"
+    path.write_text(path.read_text().replace("key: miniverl/jsonnav", "key: miniverl/sqlite"))
+    with pytest.raises(ConfigError, match=r"(?s)1 problem.*route nav was exported keyed by "
+                       r"'miniverl/jsonnav'; a teacher keyed by 'miniverl/sqlite' is a route "
+                       "miniverl cannot express"):
+        import_verl(bundle, tmp_path / "recipe.yaml")
+    assert not (tmp_path / "recipe.yaml").exists()
