@@ -165,7 +165,8 @@ def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
     # Frames up to the socket's cap are read, and one over a limit is answered
     # ERROR TOO_LARGE naming that limit (the server checks after reading the header);
     # beyond the cap ZeroMQ drops the peer before buffering the frame, so a hostile
-    # client cannot make the teacher allocate gigabytes (docs/protocol.md, "Limits").
+    # client cannot make the teacher allocate gigabytes (docs/protocol.md, "`xvocab`: a
+    # teacher with another tokenizer").
     # The cap once sat just above the largest legal frame, so a 10 MB episode got no
     # reply at all and its client waited out its timeout (issue 53).
     sock.setsockopt(zmq.MAXMSGSIZE, socket_cap(srv.limits))
@@ -391,7 +392,7 @@ async def _on_xvocab(srv: ServerState, ident: bytes, msg: m.Score, arrays: dict)
     top-k job over the teacher's own tokens it is; an episode that cannot be aligned is
     BAD_REQUEST. The loop returns at once: the planning (JSON, chat rendering,
     alignment: a cost the client controls) runs on ``srv.planner``, so every other
-    client is answered meanwhile (docs/teacher-server.md, "No client stalls the others")."""
+    client is answered meanwhile (docs/teacher-server.md, "Transport guarantees")."""
     key = (ident, msg.id)
     srv.planning.add(key)  # open from now: max_inflight counts it, a resend waits for it
     srv.per_client[ident] += 1

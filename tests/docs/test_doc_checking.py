@@ -101,6 +101,9 @@ def test_recipe_blocks_are_validated(tmp_path):
     (tmp_path / "recipes").mkdir()
     base = (ROOT / "recipes" / "toy_cpu_opd.yaml").read_text(encoding="utf-8")
     (tmp_path / "recipes" / "toy_cpu_opd.yaml").write_text(base, encoding="utf-8")
+    # Its teacher.prepare beside it: validate checks that a recipe's paths lead somewhere.
+    prep = (ROOT / "recipes" / "toy_cpu_opd_teacher.yaml").read_text(encoding="utf-8")
+    (tmp_path / "recipes" / "toy_cpu_opd_teacher.yaml").write_text(prep, encoding="utf-8")
     fragment = Marker("recipe-fragment", base="recipes/toy_cpu_opd.yaml")
     good = "loss:\n  top_k: 8\nstudent:\n  model: {toy: {hidden: 64, layers: 2, heads: 4}}"
     assert check_yaml(_block("yaml", good, fragment), tmp_path) == []

@@ -1,6 +1,6 @@
 """One rule for both engine shapes (protocol/engine_replies.py ``position_targets``).
 
-What a user relies on (docs/engine-teachers.md, "Reply checks"): whatever engine scores
+What a user relies on (docs/engine-teachers.md, "What holds as for any teacher"): whatever engine scores
 the run, a position's numbers are held to the same checks: every log-prob at most 0,
 the distinct tokens of the position (the actual token included) hold at most all the
 probability, and the actual token's log-prob is the same in both places a shape gives

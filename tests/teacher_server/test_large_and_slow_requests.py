@@ -1,8 +1,8 @@
 """Every documented refusal is sent, and no client stalls the others (issue 53).
 
-What a user relies on (docs/protocol.md, "Limits"; docs/teacher-server.md, "No client
-stalls the others"), over a real ZeroMQ socket (the socket's own size cap is part of
-the contract): a 10 MB xvocab episode is answered ``ERROR TOO_LARGE`` naming
+What a user relies on (docs/protocol.md, "`xvocab`: a teacher with another tokenizer";
+docs/teacher-server.md, "Transport guarantees"), over a real ZeroMQ socket (the
+socket's own size cap is part of the contract): a 10 MB xvocab episode is answered ``ERROR TOO_LARGE`` naming
 ``max_episode_bytes`` (it once got no reply: the socket dropped the client before the
 server read the frame); and while the teacher refuses a 30,000-message xvocab episode
 (its rendering and alignment: work whose cost a client controls), another client's

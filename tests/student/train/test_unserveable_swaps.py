@@ -1,7 +1,7 @@
 """A swap is checked against what the run needs; a teacher that refuses SCOREs is an
 unavailable teacher, not a protocol error (issue 53).
 
-What a user relies on (docs/several-teachers.md, "Moving a route"; docs/protocol.md,
+What a user relies on (docs/several-teachers.md, "Swapping one teacher"; docs/protocol.md,
 "Adapters"): ``miniverl teacher use RUN ENDPOINT --route nav`` refuses, with exit 1 and
 one line, a teacher that cannot serve the route's requests (one serving only named
 adapters to a route that names none, one without the kind, top-k or vocabulary the loss
