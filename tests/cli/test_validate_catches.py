@@ -109,3 +109,31 @@ def test_up_refuses_before_any_folder_exists_and_changes_no_mode(folder, case, c
     assert code == 1 and len(err) == 1 and err[0].startswith("error: "), err
     assert modes(folder) == before  # nothing created, no mode changed
     assert list(out.iterdir()) == []
+
+
+def test_a_run_that_fails_while_starting_says_why_in_its_status(tmp_path):
+    # A teacher that cannot load made `up` stop the student, which marked its run
+    # `interrupted` with reason null; the run failed, and its status now says why.
+    import json
+    from types import SimpleNamespace
+
+    from miniverl.cli.supervisor import Supervisor
+    from miniverl.common.recipe import loads_recipe
+    from miniverl.common.rundir import RunDir
+
+    recipe = loads_recipe(routed().replace("output_dir: runs", f"output_dir: {tmp_path}"))
+    run_dir = RunDir.create(tmp_path, recipe)
+    run_dir.set_status("running")
+    run_dir.set_status("interrupted")  # what the stopped student wrote
+    fake = SimpleNamespace(run=run_dir, _stopping=True, console=None)
+    Supervisor._close_abandoned_run(fake, "MiniverlError: teacher nav: no such adapter",
+                                    failed_start=True)
+    status = json.loads(run_dir.status_path.read_text())
+    assert status["status"] == "failed"
+    assert status["reason"] == "MiniverlError: teacher nav: no such adapter"
+    # A student stopped on purpose (Ctrl-C) stays interrupted: only a failed start is failed.
+    other = RunDir.create(tmp_path, recipe)
+    other.set_status("running")
+    Supervisor._close_abandoned_run(SimpleNamespace(run=other, _stopping=True, console=None),
+                                    "a second Ctrl-C killed the student")
+    assert json.loads(other.status_path.read_text())["status"] == "interrupted"
