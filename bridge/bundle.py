@@ -309,7 +309,7 @@ def _routed_launch(single: str, routes: list[tuple[str, str, dict, list[str]]]) 
                     for _, var, _, entries in routes for entry in entries)
     old = '    distillation.teacher_models.teacher_model.model_path="$TEACHER_MODEL_DIR" \\\n'
     assert old in text
-    usage = " ".join(f"{var}=teacher-{route.replace('/', '-')}" for route, var, _, _ in routes)
+    usage = " ".join(f"{var}={mixture_bundle.route_folder(route)}" for route, var, _, _ in routes)
     return (text.replace(old, paths)
             .replace("TEACHER_MODEL_DIR=teacher-model", usage)
             .replace("until the base and teacher weights", "until the base and every teacher's weights"))
@@ -350,7 +350,7 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None,
         raise ConfigError(f"bundle path {out} already exists; pass a new --out path")
     recipe = artifacts.load_run_recipe(run)
     routed = routes(recipe)
-    mixture_bundle.refuse_other_tokenizers(routed)
+    mixture_bundle.refuse_other_tokenizers(recipe, routed)
     _loss_mode(recipe)  # a loss verl cannot carry is refused before anything is made
     gpus = mixture_bundle.parse_teacher_gpus(
         teacher_gpus, list(routed) or [SINGLE])

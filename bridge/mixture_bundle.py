@@ -145,6 +145,11 @@ def _ident(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
+def route_folder(route: str) -> str:
+    """The folder a route's teacher weights go in (its ``download``, the launch usage)."""
+    return f"teacher-{_ident(route)}"
+
+
 def route_sentinel(route: str) -> str:
     return f"TEACHER_{_ident(route).upper()}_MODEL_DIR"
 
@@ -222,11 +227,11 @@ def route_identity(run, recipe, route: Route) -> dict:
     from miniverl.bridge import teacher_source
 
     config = route.config
+    dest = route_folder(route.name)
     if route.adapter is None:
         return teacher_source.teacher_identity(
             run, recipe.model_copy(update={"teacher": config, "teachers": None}),
-            route=route.name, teacher=route.teacher)
-    dest = f"teacher-{_ident(route.name)}"
+            route=route.name, teacher=route.teacher, dest=dest)
     base = artifacts.base_identity(config.model, dest=f"{dest}-base")
     ref = config.adapters[route.adapter]
     # A pinned hub id (ORG/NAME@<40-hex>) names the adapter; a local directory is not
@@ -292,8 +297,13 @@ def not_moved(recipe, *, routed: dict[str, Route], entries: list[TeacherEntry],
     return lines
 
 
-def refuse_other_tokenizers(routed: dict[str, Route]) -> None:
-    """A routed teacher of another tokenizer cannot score verl's student tokens."""
+def refuse_other_tokenizers(recipe, routed: dict[str, Route]) -> None:
+    """A teacher of another tokenizer (the one teacher, or a route's) cannot score verl's
+    student tokens."""
+    if not routed and recipe.teacher is not None and recipe.teacher.tokenizer == "other":
+        raise ConfigError(
+            "teacher.tokenizer is other, and verl's teacher scores the student's token ids "
+            "(no vocabulary map); export a run whose teacher shares the student's tokenizer")
     for route in routed.values():
         if route.config.tokenizer == "other":
             raise ConfigError(

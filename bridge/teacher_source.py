@@ -100,23 +100,46 @@ def _prepared_dir(run: Path, route: str | None = None,
     return Path(prepared_events[-1]) if prepared_events and prepared_events[-1] else None
 
 
+def _prepared_from(model_dir: Path, record: dict, dest: str) -> dict | None:
+    """The raw model a prepared teacher was made from: its prep recipe's student model,
+    when that recipe is still where the record says and still prepares this directory
+    (the cache names a prepared teacher by its prep recipe)."""
+    from miniverl.common.recipe import load_recipe
+    from miniverl.student.teacher_prep import prepared_dir
+
+    path = Path(str(record.get("prep_recipe") or ""))
+    if not path.is_file():
+        return None
+    try:
+        if prepared_dir(None, path).name != model_dir.name:
+            return None
+        return artifacts.base_identity(load_recipe(path).student.model, dest=dest)
+    except ConfigError:
+        return None
+
+
 def teacher_identity(run: Path, recipe, route: str | None = None,
-                     teacher: str | None = None) -> dict:
+                     teacher: str | None = None, dest: str = "teacher-model") -> dict:
     """The teacher entry of ``model/base_model.json`` for ``run`` (see the module doc);
     ``route`` / ``teacher``: one route of several teachers, ``recipe.teacher`` its section
-    (the manifest's ranges and the ``teacher_prepared`` events of that route)."""
+    (the manifest's ranges and the ``teacher_prepared`` events of that route); ``dest``:
+    the folder its ``download`` fills. A recipe whose teacher model is a prepared
+    directory itself (as ``import-verl`` writes one) names that prepared teacher too."""
     if recipe.teacher is None:
         raise ConfigError(
             "the run has no teacher; the distillation profile needs one (export a run with "
             "teacher:)"
         )
-    raw = artifacts.base_identity(recipe.teacher.model, dest="teacher-model")
+    raw = artifacts.base_identity(recipe.teacher.model, dest=dest)
     if recipe.teacher.adapter:
         raw["adapter"] = {
             "name": Path(recipe.teacher.adapter).name,
             "revision": recipe.teacher.adapter_revision,
         }
     model_dir = _prepared_dir(run, route, teacher)
+    named = Path(recipe.teacher.model.path) if recipe.teacher.model.path else None
+    if model_dir is None and named is not None and (named / PREPARED_FILE).is_file():
+        model_dir = named
     if model_dir is None:
         return raw
     record = _read_json(model_dir / PREPARED_FILE)
@@ -136,13 +159,14 @@ def teacher_identity(run: Path, recipe, route: str | None = None,
         "eval_success": (record.get("eval") or {}).get("success"),
         "model_dir_sha256": weights_digest(model_dir),
         "qualification": redact(qualification) if qualification else None,
-        "download": shlex.join(["python", "-c", _COPY_PREPARED, model_dir.name, "teacher-model"]),
+        "download": shlex.join(["python", "-c", _COPY_PREPARED, model_dir.name, dest]),
         "prepare": (
             "where the miniverl cache lacks it, `miniverl qualify-teacher RECIPE` prepares it "
             f"first (RECIPE: teacher.model as prepared_from, teacher.prepare: "
             f"{Path(str(record.get('prep_recipe') or 'PREP.yaml')).name})"
         ),
-        "prepared_from": raw,
+        "prepared_from": (_prepared_from(model_dir, record, dest) or raw) if model_dir == named
+        else raw,
     }
 
 

@@ -240,3 +240,70 @@ def test_an_edited_route_key_is_refused_on_import(two_bundle, tmp_path):
                        "miniverl cannot express"):
         import_verl(bundle, tmp_path / "recipe.yaml")
     assert not (tmp_path / "recipe.yaml").exists()
+
+
+def test_two_schemas_of_one_tool_name_are_refused():
+    from miniverl.bridge.mixture_bundle import tool_union
+    from miniverl.bridge.parquet import EnvFacts
+
+    spec = {"type": "function", "function": {"name": "get", "description": "x",
+                                             "parameters": {"type": "object"}}}
+    other = {**spec, "function": {**spec["function"], "description": "y"}}
+    same = [EnvFacts("a", {}, "", [spec]), EnvFacts("b", {}, "", [spec])]
+    assert tool_union(same) == [spec]  # one schema, named once
+    with pytest.raises(ConfigError, match="environments a and b both define tool 'get' with "
+                       "different schemas"):
+        tool_union([same[0], EnvFacts("b", {}, "", [other])])
+
+
+def test_one_teacher_of_another_tokenizer_is_refused(toy_run, tmp_path):
+    from tests.bridge.conftest import RECIPE
+
+    data = {**RECIPE, "teacher": {**RECIPE["teacher"], "tokenizer": "other"},
+            "loss": {"top_k": 8, "cross_vocab": "hybrid"}}
+    run = make_run(toy_run, tmp_path / "runs", data, "xvocab-one")
+    with pytest.raises(ConfigError, match="teacher.tokenizer is other"):
+        export_verl(run, tmp_path / "b")
+
+
+def test_prepared_teachers_come_back_the_same(toy_run, tmp_path):
+    # Each route trained against a prepared teacher (as `up` with teachers.<name>.prepare
+    # records it); the bundle names both, import-verl brings back their cached directories,
+    # and the re-export names the same prepared teachers, prepared from the same models.
+    import os
+
+    from miniverl.common.manifest import record_teacher
+    from miniverl.common.rundir import RunDir
+    from miniverl.student.teacher_prep import prepared_dir
+    from tests.bridge.conftest import TEACHERS, prepared_teacher_dir
+
+    data = mixture_recipe(True)
+    run_dir = make_run(toy_run, tmp_path / "runs", data, "prepared-two")
+    run = RunDir.open(run_dir)
+    for name, spec in TEACHERS.items():
+        prep = tmp_path / f"prep_{name}.yaml"
+        prep.write_text(yaml.safe_dump({
+            "schema_version": 1, "run": {"name": "p", "mode": "sft"},
+            "student": {"model": spec["model"], "lora": None},
+            "environment": {"name": "calculator"}}))
+        path = prepared_teacher_dir(prepared_dir(None, prep).name, spec["model"]["toy"])
+        record = json.loads((path / "miniverl_prepared.json").read_text())
+        (path / "miniverl_prepared.json").write_text(json.dumps(
+            {**record, "prep_recipe": str(prep)}))
+        identity = {"name": path.name, "model": str(path), "revision": None,
+                    "adapter_sha256": None}
+        record_teacher(run, 0, identity, "connect", route=name)
+    first = tmp_path / "first"
+    export_verl(run_dir, first, verl_version="0.9.1")
+    base = json.loads((first / "model/base_model.json").read_text())
+    assert base["teachers"]["nav"]["source"] == "prepared"
+    assert base["teachers"]["nav"]["prepared_from"]["toy"]["seed"] == 2
+    import_verl(first, tmp_path / "imp" / "recipe.yaml")
+    again = yaml.safe_load((tmp_path / "imp" / "recipe.yaml").read_text())
+    assert os.path.basename(again["teachers"]["nav"]["model"]["path"]).startswith("prepared-")
+    second = tmp_path / "second"
+    export_verl(make_run(toy_run, tmp_path / "runs2", again, "prepared-two"), second,
+                verl_version="0.9.1")
+    a, b = _sums(first), _sums(second)
+    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
+        "README.md", "provenance/source_run.json"]
