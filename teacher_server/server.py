@@ -38,6 +38,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 import zmq.asyncio
@@ -232,6 +233,25 @@ async def _recv_loop(srv: ServerState) -> None:
             log(srv, "error", "loop_error", error=describe(exc), trace=traceback.format_exc(limit=6))
 
 
+def oversized_header_id(frame0: Any) -> int | None:
+    """The ``id`` of a header map too large to decode whole, read key by key (every other
+    value skipped, never copied out); None when there is none or the frame is no map."""
+    view = frame0.buffer if hasattr(frame0, "buffer") else memoryview(frame0)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=len(view))
+    try:
+        unpacker.feed(view)
+        for _ in range(min(unpacker.read_map_header(), 64)):
+            key = unpacker.unpack() if unpacker.tell() < len(view) else None
+            if key == "id":
+                rid = unpacker.unpack()
+                ok = isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid <= m.MAX_ID
+                return rid if ok else None
+            unpacker.skip()
+    except Exception:  # not msgpack, not a map, cut short: nothing to answer under
+        return None
+    return None
+
+
 async def _on_frames(srv: ServerState, frames: list) -> None:
     if len(frames) < 2:
         return
@@ -244,7 +264,13 @@ async def _on_frames(srv: ServerState, frames: list) -> None:
         try:
             decode_header_only(body[0], srv.limits)
         except ProtocolViolation:
-            log(srv, "warning", "dropped", reason=str(exc)[:200])
+            # A header over max_header_bytes (a 1 MB adapter name) is still answered
+            # TOO_LARGE under its id, read without unpacking the rest (issue 53).
+            rid = oversized_header_id(body[0]) if exc.code == ErrorCode.TOO_LARGE else None
+            if rid is None:
+                log(srv, "warning", "dropped", reason=str(exc)[:200])
+                return
+            await send_error(srv, ident, rid, exc.code, str(exc))
             return
         await send_error(srv, ident, exc.ref_id, exc.code, str(exc))
         return

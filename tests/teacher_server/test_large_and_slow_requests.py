@@ -15,6 +15,7 @@ import asyncio
 import threading
 import time
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -118,3 +119,20 @@ def test_another_clients_score_is_answered_while_a_huge_episode_is_refused(serve
     print(f"30,000-message episode refused in {refused:.2f} s ({refusal[0].code}); the other "
           f"client's SCORE answered in {answered * 1000:.0f} ms")
     assert answered < ANSWER_WITHIN_S, (answered, refused)
+
+
+@pytest.mark.parametrize("field, value", [("adapter", "x" * 1_000_000),
+                                          ("understands", ["y" * 60_000] * 200)],
+                         ids=["1 MB adapter name", "200 names of 60 kB"])
+def test_a_header_over_its_limit_is_answered_too_large_under_its_id(served, field, value):
+    # Both once got no reply at all: the header could not be decoded, so it was dropped.
+    connect, vocab = served
+    student = connect(TEACHER_FP, vocab)
+    header = {"v": 1, "t": "HELLO", "id": 11, "client": "t", "tokenizer_fp": TEACHER_FP,
+              "vocab_size": vocab, field: value}
+    student.send_multipart([msgpack.packb(header)])
+    reply = recv(student, 30)
+    assert reply is not None, "no reply"
+    msg = reply[0]
+    assert msg.t == "ERROR" and msg.code == "TOO_LARGE" and msg.ref_id == 11
+    assert "the limit is 65536" in msg.message
