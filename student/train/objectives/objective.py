@@ -270,22 +270,13 @@ class Objective:
         *,
         num_global_positions: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The objective over ``P`` selected positions, chunk by chunk.
-
-        Args:
-            hidden_P_H: the student's final hidden states at the selected positions.
-            lm_head: maps ``[C, H] -> [C, V]`` logits (``model.lm_head`` or any callable).
-            targets: the per-position inputs for the same positions, in the same order.
-            num_global_positions: selected positions over the whole optimizer step; the
-                summed loss is divided by it (default ``P``), or the mean becomes a mean
-                of means and small micro-batches get over-weighted.
-        Returns:
-            ``(loss, metrics)`` with metrics ``divergence`` (mean over these positions),
-            ``divergence_sum`` (to aggregate over micro-batches) and ``positions``.
-
-        Each chunk runs under ``torch.utils.checkpoint``, so neither the forward nor the
-        backward ever holds more than one chunk's ``[C, V]`` logits.
-        """
+        """The objective over ``P`` selected positions (``hidden_P_H``: the student's final
+        hidden states there; ``targets`` in the same order), chunk by chunk, each chunk's
+        ``[C, V]`` logits under ``torch.utils.checkpoint``; the sum divided by
+        ``num_global_positions``, the positions of the whole optimizer step (default
+        ``P``), so micro-batches add up to one batch. ``(loss, metrics)``: ``divergence``
+        (mean here), ``divergence_sum`` and ``positions`` (docs/losses.md, "Chunking and
+        normalisation")."""
         self.check(targets)
         n = int(hidden_P_H.shape[0])
         if n == 0:
