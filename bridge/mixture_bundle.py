@@ -28,6 +28,7 @@ It plans; ``bundle.py`` writes files and ``doctor.py`` / ``import_bundle.py`` re
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,8 +191,10 @@ def teacher_entries(routed: dict[str, Route], gpus: dict[str, int]) -> list[Teac
 
 def inference_block(max_prompt: int, max_response: int, temperature: float) -> dict:
     """An entry's ``inference``: verl's template, interpolations resolved, TP 1."""
+    # A copy each: a dict shared by two entries would be written as a YAML alias.
     return {"_target_": "verl.workers.config.RolloutConfig", "name": "vllm",
-            "dtype": ROLLOUT_DTYPE, **TEACHER_TEMPLATE, "tensor_model_parallel_size": 1,
+            "dtype": ROLLOUT_DTYPE, **copy.deepcopy(TEACHER_TEMPLATE),
+            "tensor_model_parallel_size": 1,
             "prompt_length": max_prompt, "response_length": max_response,
             "temperature": float(temperature)}
 

@@ -101,6 +101,8 @@ def test_several_teachers_one_entry_per_route(two_bundle):
     # verl's check: the teachers' replicas sum to the pool.
     assert (flat["distillation.nnodes"], flat["distillation.n_gpus_per_node"]) == (1, 3)
     assert "distillation.teacher_models.teacher_model.model_path" not in flat
+    # Each entry's blocks are its own: no YAML alias between entries.
+    assert "&id" not in (two_bundle / "recipe/verl-overrides.yaml").read_text()
     base = json.loads((two_bundle / "model/base_model.json").read_text())
     assert base["teachers"]["nav"]["toy"]["seed"] == 2 and "teacher" not in base
     launch = (two_bundle / "recipe/launch.template.sh").read_text()
@@ -197,6 +199,13 @@ def test_refusals_are_one_line(two_teacher_run, toy_run, tmp_path):
 def test_a_single_environment_bundle_takes_teacher_gpus(toy_run, tmp_path):
     # Unset, one environment's bundle is written as always (no pool); given, it has one.
     assert "distillation.nnodes" not in _flat_of(toy_run, tmp_path / "a", None)
+    # Its lines come back to the command, its manifest and README stay as they were.
+    manifest = _manifest(tmp_path / "a")
+    assert "not_moved" not in manifest and "environments" not in manifest
+    assert "What does not move" not in (tmp_path / "a/README.md").read_text()
+    lines = export_verl(toy_run, tmp_path / "c")["not_moved"]
+    assert lines == ["loss.objective bucketed_topk_tail: verl's distillation loss reads the "
+                     "teacher's top-8 log-probs and has no tail bucket"]
     flat = _flat_of(toy_run, tmp_path / "b", ["2"])
     assert (flat["distillation.nnodes"], flat["distillation.n_gpus_per_node"]) == (1, 2)
 
