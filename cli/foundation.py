@@ -242,6 +242,39 @@ def _check_environment(recipe: Any) -> None:
             raise ConfigError(f"{where}.params: {env.name} rejected {env.params}: {exc}") from exc
 
 
+def _check_engine(recipe: Any) -> str | None:
+    """``rollout.engine: vllm`` needs vLLM importable here and serving the student's model
+    (checked where the model is on disk already: a toy or a path; a gguf or hub model is
+    checked when the engine starts). Returns the plan's note, or raises one line."""
+    from miniverl.common.errors import ConfigError
+
+    if recipe.rollout.engine != "vllm":
+        return None
+    try:
+        from miniverl.student.rollout.vllm_engine import vllm_problem
+    except ImportError as exc:  # torch is not installed: neither is vLLM's
+        raise ConfigError(f"rollout.engine: vllm needs the student's install ({exc}); "
+                          "pip install -e '.[train,vllm]'") from None
+    model = recipe.student.model
+    config = None
+    if model.toy is not None or model.path is not None:
+        from miniverl.common.modeling import resolve_model_dir
+
+        config = json.loads((resolve_model_dir(model) / "config.json").read_text())
+    device = "cuda" if recipe.student.device.startswith("cuda") else "cpu"
+    if recipe.student.device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    problem = vllm_problem(config, device_type=device)
+    if problem is not None:
+        raise ConfigError(f"rollout.engine: vllm: {problem}")
+    import vllm
+
+    checked = "" if config is not None else " (its model is checked when the engine starts)"
+    return f"vLLM {vllm.__version__} importable, serves the student{checked}"
+
+
 def _check_toy_vocab(recipe: Any) -> str | None:
     """With the train extra installed, check the loss against the toy vocabulary."""
     from miniverl.common.recipe import check_vocab
@@ -294,6 +327,9 @@ def plan_lines(recipe: Any) -> list[str]:
             f"environment  {env.name} ({env.difficulty}{weight}): {env.train_tasks} train / "
             f"{env.eval_tasks} eval / {env.test_tasks} test tasks"
         )
+    if recipe.rollout.engine == "vllm":
+        lines.append("sampling     vLLM in the student process, the trainer's weights synced "
+                     "into it before every rollout batch (docs/rollouts.md)")
     train = recipe.train
     lines.append(
         f"cycles       {train.cycles} x {train.rollouts_per_cycle} rollouts (batch "
@@ -415,6 +451,11 @@ def register(app: typer.Typer) -> None:
                 _check_environment(recipe)
             except ConfigError as exc:
                 problems.append(str(exc))
+            engine_note = None
+            try:
+                engine_note = _check_engine(recipe)
+            except ConfigError as exc:
+                problems.append(str(exc))
             # What `up` would refuse about the recipe's own paths, before anything exists.
             problems += [f"{recipe_path}: {line}"
                          for line in path_problems(recipe, recipe_path.resolve().parent)]
@@ -436,6 +477,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {line}")
         if vocab_note:
             typer.echo(f"  checked      {vocab_note}")
+        if engine_note:
+            typer.echo(f"  checked      {engine_note}")
 
     @app.command()
     def schema(

@@ -9,7 +9,9 @@ spans, tool calls and trajectories; an engine never sees an environment, a chat 
 or a trajectory.
 
 :class:`~miniverl.student.rollout.hf_engine.HFEngine` (the policy's own forward over a KV
-cache) is the one the runner uses unless it is handed another. This module holds only
+cache) is the one the runner uses unless it is handed another;
+:class:`~miniverl.student.rollout.vllm_engine.VllmEngine` (``rollout.engine: vllm``) is
+the other. This module holds only
 the types of the seam; it runs nothing.
 """
 
@@ -73,4 +75,9 @@ class SamplingEngine(Protocol):
 
     def sample(self, requests: Sequence[TurnRequest], sampling: Sampling) -> list[SampledTurn]:
         """One :class:`SampledTurn` per request, in the requests' order."""
+        ...
+
+    def release(self) -> None:
+        """The run's turns are all sampled: free what only sampling needs until the next
+        :meth:`reset` (vLLM sleeps on CUDA while the trainer takes its step)."""
         ...

@@ -154,6 +154,9 @@ class HFEngine:
     def reset(self) -> None:
         self._prefix = None  # computed from weights that may have changed
 
+    def release(self) -> None:
+        """Nothing to free: the shared prefix's KV stays until the next reset."""
+
     @torch.inference_mode()
     def _shared_prefix(self, requests: Sequence[TurnRequest]) -> tuple[int, Any]:
         """(length, batch-1 KV cache) of the first request's system block when every

@@ -193,6 +193,7 @@ class RolloutRunner:
                         results[i] = traj = self._finish(ep, policy_version)
                         emit(traj)
         finally:
+            self.engine.release()
             if was_training:
                 self.model.train()
         return [t for t in results if t is not None]

@@ -138,6 +138,9 @@ class _Scripted:
     def reset(self):
         pass
 
+    def release(self):
+        pass
+
     def sample(self, requests, sampling):
         assert len(requests) == 1  # one scripted episode per run
         ids = self.tok.encode(self.script.pop(0), add_special_tokens=False)
