@@ -9,6 +9,7 @@ same run as if its teacher had been a prepared directory in the cache (``teacher
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -151,11 +152,11 @@ TEACHERS = {"calc": {**RECIPE["teacher"], "model": {"toy": {**TOY, "seed": 1}}},
 def mixture_recipe(teachers: bool, mixture: list[dict] | None = None) -> dict:
     """RECIPE with MIXTURE instead of one environment; ``teachers``: each environment
     routed to its own teacher of TEACHERS (calculator -> calc, jsonnav -> nav)."""
-    data = {k: v for k, v in RECIPE.items() if k != "environment"}
+    data = copy.deepcopy({k: v for k, v in RECIPE.items() if k != "environment"})
     members = [dict(m) for m in (mixture or MIXTURE)]
     if teachers:
         del data["teacher"]
-        data["teachers"] = TEACHERS
+        data["teachers"] = copy.deepcopy(TEACHERS)
         for member, name in zip(members, ("calc", "nav"), strict=False):
             member.setdefault("teacher", name)
     return {**data, "environments": members}
