@@ -137,3 +137,24 @@ def test_a_run_that_fails_while_starting_says_why_in_its_status(tmp_path):
     Supervisor._close_abandoned_run(SimpleNamespace(run=other, _stopping=True, console=None),
                                     "a second Ctrl-C killed the student")
     assert json.loads(other.status_path.read_text())["status"] == "interrupted"
+
+
+def test_model_paths_and_preparations_resolve_from_the_recipes_folder_too(folder, capsys):
+    from miniverl.common.recipe import load_recipe
+
+    (folder / "model").mkdir()
+    (folder / "model" / "config.json").write_text("{}")
+    text = routed().replace(f"student: {{model: {TOY}", "student: {model: {path: model}")
+    recipe = folder / "r.yaml"
+    recipe.write_text(text)
+    assert run(["validate", str(recipe)]) == 0, capsys.readouterr().err
+    assert load_recipe(recipe).student.model.path == str(folder / "model")
+    # A preparation that is not beside the recipe is one line, as a missing model is.
+    recipe.write_text(text.replace("calc: {model: {toy: {}}, device: cpu}",
+                                   "calc: {model: {toy: {}}, device: cpu, prepare: prep.yaml}")
+                      .replace("student: {model: {path: model}", "student: {model: {path: gone}"))
+    assert run(["validate", str(recipe)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3, lines  # two problems and the count line
+    assert f"student.model.path: '{folder}/gone' does not exist" in lines[0]
+    assert "teachers.calc.prepare: 'prep.yaml' is not a file" in lines[1]
