@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from miniverl.common.errors import (
+    AdapterNotServed,
     ConfigError,
     MiniverlError,
     TeacherError,
@@ -207,6 +208,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
         check_handshake(state, handshake)
     side.client.connect(recipe.runtime.teacher_startup_timeout_s)
     require_xvocab(state, side.client)
+    require_serves(state, side.client)
     identity = teacher_identity(side.client)
     if handshake is None or handshake.checked != identity:
         check_qualified(state, identity)
@@ -235,6 +237,7 @@ def connect_routed(state: TrainState) -> None:
 
     def link_of(client: ScoringClient, changed: Callable, route: Any) -> TeacherLink:
         require_xvocab(state, client, route.config)
+        require_serves(state, client, route.config, route.adapter, route.name)
         return teacher_link(state, client, changed, route)
 
     side.link = connect_routes(state, client_of, link_of)
@@ -295,6 +298,43 @@ def require_xvocab(state: TrainState, client: ScoringClient, section: Any = None
         "does not serve them (its HELLO_OK has no kinds.xvocab): serve it with `miniverl "
         "teacher serve` from a model directory with a tokenizer and chat template, or set "
         "that teacher's tokenizer: same")
+
+
+def require_serves(state: TrainState, client: ScoringClient, section: Any = None,
+                   adapter: str | None = None, route: str | None = None) -> None:
+    """Refuse a teacher that could not serve this run's (or ``route``'s) requests, from
+    its HELLO_OK, before any request is sent: a teacher serving only named adapters to a
+    route that names none (every SCORE would be refused ``UNSUPPORTED``), or one without
+    the target kind, the top-k or the vocabulary the run's loss asks. A RETARGET to such a
+    teacher was once accepted and the run then ended on its refused SCOREs (issue 53).
+    ``section`` and ``adapter``: the teacher section and the adapter the client scores
+    for (default: ``teacher:``, none)."""
+    hello = client.hello
+    if hello is None:
+        return
+    who = f"teacher {hello.teacher.name!r}" + (f" (route {route})" if route else "")
+    served = [info.name for info in hello.adapters or ()]
+    if adapter is None and served:
+        raise AdapterNotServed(
+            f"{who} serves only named adapters ({', '.join(served)}), and "
+            f"{'this route' if route else 'this run'} names none: every SCORE would be "
+            "refused; point it at a teacher serving the plain model, or route an "
+            "environment to one of its adapters (environments[].adapter)")
+    loss = state.recipe.loss
+    kind = teacher_kind(section or state.recipe.teacher, loss)
+    if kind == "topk" and hello.kinds.topk.k_max < loss.top_k:
+        raise TeacherError(
+            f"{who} serves top-k up to {hello.kinds.topk.k_max}, and loss.top_k is "
+            f"{loss.top_k}: every SCORE would be refused; use a teacher that serves k >= "
+            f"{loss.top_k}, or lower loss.top_k")
+    if kind == "exact" and (hello.kinds.exact is None
+                            or hello.kinds.exact.max_vocab < state.policy.vocab_size):
+        served_vocab = "no exact targets" if hello.kinds.exact is None else \
+            f"exact targets up to a vocabulary of {hello.kinds.exact.max_vocab}"
+        raise TeacherError(
+            f"{who} serves {served_vocab}, and loss.objective exact_full_vocab asks all "
+            f"{state.policy.vocab_size} log-probs: every SCORE would be refused; use a "
+            "teacher that serves them, or loss.objective: bucketed_topk_tail")
 
 
 def teacher_vocab_map(state: TrainState, client: ScoringClient, section: Any = None,
@@ -460,6 +500,7 @@ def vet_endpoint(state: TrainState, endpoint: str, timeout_s: float) -> dict[str
     try:
         probe.connect(timeout_s)
         require_xvocab(state, probe)
+        require_serves(state, probe)
         identity = teacher_identity(probe)
     finally:
         probe.close()
@@ -476,6 +517,7 @@ def vet_route(state: TrainState, route: RouteSide, endpoint: str) -> dict[str, A
     try:
         probe.connect(RETARGET_HANDSHAKE_S)
         require_xvocab(state, probe, route.route.config, route.link)
+        require_serves(state, probe, route.route.config, route.route.adapter, route.route.name)
         identity = teacher_identity(probe)
     finally:
         probe.close()
