@@ -218,6 +218,7 @@ def _locate(text: str, gaps: list[str], pieces: list[str]) -> tuple[list, list, 
                               "it holds the real text; cross-tokenizer alignment needs a "
                               "template that writes contents verbatim")
         cursor += len(gap)
+        written: str | None
         if text.startswith(piece + nxt, cursor):
             written = piece
         else:

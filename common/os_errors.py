@@ -41,7 +41,7 @@ def free_space(path: str | Path) -> str:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     try:
-        free = shutil.disk_usage(probe).free
+        free: float = shutil.disk_usage(probe).free
     except OSError:
         return "unknown"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -208,7 +208,7 @@ def find_record(recipe: Any, identity: dict[str, Any]) -> dict[str, Any] | None:
         found.append(record)
     if not found:
         return None
-    found.sort(key=lambda r: (SPLIT_PREFERENCE.get(r.get("split"), 9), _neg_date(r)))
+    found.sort(key=lambda r: (SPLIT_PREFERENCE.get(str(r.get("split")), 9), _neg_date(r)))
     return found[0]
 
 

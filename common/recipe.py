@@ -403,7 +403,7 @@ class Recipe(BaseModel):
     @classmethod
     def _student_set_temperature(cls, train: TrainConfig, info: ValidationInfo):
         run, rollout, loss = (info.data.get(k) for k in ("run", "rollout", "loss"))
-        if None in (run, rollout, loss) or run.mode != "offline_kd":
+        if run is None or rollout is None or loss is None or run.mode != "offline_kd":
             return train
         # Both offline_kd sets the student samples: the frozen one and GKD's fresh share.
         for field, value, where in (
@@ -719,7 +719,7 @@ def recipe_digest(recipe: Recipe, leave_out: tuple[str, ...] = ()) -> str:
                 member.pop(leaf, None)
     for dotted in (*leave_out, *HASHED_ONLY_WHEN_SET):
         *parents, leaf = dotted.split(".")
-        node = data
+        node: Any = data
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or (dotted not in leave_out and node.get(leaf) is not None):

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from .errors import ConfigError
 
@@ -117,7 +118,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _describe(schema: type[BaseModel], err: dict[str, Any]) -> list[tuple[Loc, str]]:
+def _describe(schema: type[BaseModel], err: ErrorDetails) -> list[tuple[Loc, str]]:
     """One or more (location, message) pairs for a pydantic error dict."""
     loc: Loc = tuple(err["loc"])
     kind = err["type"]
@@ -160,7 +161,7 @@ def _strip_union_tags(loc: Loc, names: frozenset[str]) -> Loc:
 
 
 def _rule_involves_removed(
-    err: dict[str, Any], sub: list, involves: list, removed: set, names: frozenset[str]
+    err: ErrorDetails, sub: list, involves: list, removed: set, names: frozenset[str]
 ) -> bool:
     base = _strip_union_tags(tuple(err["loc"]), names)
     paths = [(*base, *sub), *((*base, name) for name in involves if not name.startswith("/"))]

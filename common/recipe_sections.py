@@ -310,6 +310,21 @@ class TrainConfig(Section):
         1, ge=1, le=64, description="Optimizer steps per rollout batch (strict OPD: 1)."
     )
     grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step.")
+    # Added after recipes were hashed: null is left out of the digest (HASHED_ONLY_WHEN_SET).
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, le=16_777_216,
+        description="memory: pack each update's trajectories, whole and in order, into "
+        "micro-batches of at most this many padded tokens (one trajectory alone may pass "
+        "it), gradients accumulated and the loss normalised over the whole step as "
+        "before; null = grad_accum micro-batches by count, or, on CUDA, what the memory "
+        "plan picks (docs/gpu.md, \"The memory plan\").",
+    )
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="memory: keep only each decoder layer's input for backward and "
+        "recompute the rest (non-reentrant, works with LoRA); about a third more compute "
+        "per update; null = off, or, on CUDA, on when the memory plan needs it.",
+    )
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule after warmup."
@@ -394,6 +409,11 @@ class TrainConfig(Section):
             issues.append((("fixed_set",), (
                 f"fixed_set {self.fixed_set!r} and trajectories {self.trajectories!r} both "
                 "name the offline_kd set; keep one of them")))
+        if self.micro_batch_tokens is not None and self.grad_accum != 1:
+            issues.append((("micro_batch_tokens",), (
+                f"micro_batch_tokens {self.micro_batch_tokens} and grad_accum "
+                f"{self.grad_accum} both split the update; keep one of them (grad_accum: 1 "
+                "with a token budget)")))
         if self.fixed_set == "student" and self.max_wall_s is not None:
             issues.append((("fixed_set",), (
                 "fixed_set 'student' samples cycles x rollouts_per_cycle episodes before the "
@@ -514,7 +534,7 @@ class RunConfig(Section):
         False, description="Deterministic kernels, and each SCORE scored alone (bitwise reruns)."
     )
     loggers: list[Logger] = Field(
-        default_factory=lambda: ["jsonl"],
+        default_factory=lambda: list[Logger](["jsonl"]),
         max_length=len(LOGGERS),
         description="jsonl (always on) plus experiment trackers: tensorboard, wandb, mlflow, trackio.",
     )

@@ -231,10 +231,12 @@ def require_route_qualified(recipe: Any, route: Route,
     records = []
     for environment in route.environments:
         try:
-            records.append(require_qualified(route_view(recipe, route, environment), identity))
+            record = require_qualified(route_view(recipe, route, environment), identity)
         except TeacherNotQualified as exc:
             raise TeacherNotQualified(
                 f"route {route.name}, environment {environment}: {exc} (for a teacher of "
                 "teachers:, qualify-teacher takes a recipe of that one environment with that "
                 "teacher as teacher:; docs/several-teachers.md, \"Gates\")") from None
+        if record is not None:  # always, for a route with a gate
+            records.append(record)
     return records

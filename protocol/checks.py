@@ -58,12 +58,12 @@ def check_limits(msg: Message, arrays: dict[str, np.ndarray], limits: Limits) ->
     def too_large(text: str) -> ProtocolViolation:
         return ProtocolViolation(text, ErrorCode.TOO_LARGE, rid)
 
-    if msg.t in ("SCORE", "SCORE_OK") and msg.kind == "xvocab":
+    if isinstance(msg, (Score, ScoreOk)) and msg.kind == "xvocab":
         check_xvocab_sizes(msg, arrays, limits)
-    elif msg.t == "SCORE":
+    elif isinstance(msg, Score):
         check_sequence_lengths(arrays["cu_seqlens"], limits, rid)
         _score_sizes(msg, arrays, limits)
-    elif msg.t == "SCORE_OK":
+    elif isinstance(msg, ScoreOk):
         p = arrays["target_logprobs"].shape[0]
         if p > limits.max_positions:
             raise too_large(f"SCORE_OK has {p} positions; the limit is {limits.max_positions}")
@@ -272,7 +272,7 @@ def reply_problem(
 
 
 def xvocab_reply_problem(msg: ScoreOk, arrays: dict[str, np.ndarray], *, k: int,
-                         request_sha256: str, student_tokens: int,
+                         request_sha256: str | None, student_tokens: int,
                          vocab_size: int) -> ReplyProblem | None:
     """None when an xvocab reply (``xvocab.py``) may be trained on, else the problem.
 

@@ -25,6 +25,7 @@ not compute losses, cache targets or serve anything.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -40,6 +41,8 @@ from miniverl.protocol.messages import (
     TEMPERATURE_MAX,
     TEMPERATURE_MIN,
     HelloOk,
+    Kind,
+    Mode,
     ParkOk,
     Ping,
     Pong,
@@ -151,7 +154,7 @@ class TeacherClient:
         self._table.unbind()
 
     async def submit(self, tokens_N: Any, cu_seqlens_B1: Any, positions_P: Any, *,
-                     kind: str = "topk", k: int = 16, temperature: float = 1.0,
+                     kind: Kind = "topk", k: int = 16, temperature: float = 1.0,
                      deadline_ms: int | None = None, deterministic: bool = False) -> int:
         """Queue one SCORE for the current version and binding; returns its id.
 
@@ -279,7 +282,7 @@ class TeacherClient:
         settings = self._link.settings
         if settings.admin_token is not None:
             return settings.admin_token
-        found = settings.admin_token_file
+        found: str | os.PathLike | None = settings.admin_token_file
         if found is None and settings.curve is None:
             found = default_admin_token_file(self._link.endpoint)
         return read_admin_token(found) if found is not None else None
@@ -295,7 +298,7 @@ class TeacherClient:
         model: str,
         revision: str | None = None,
         adapter: str | None = None,
-        mode: str = "drain",
+        mode: Mode = "drain",
         timeout_s: float = 600.0,
         adapter_revision: str | None = None,
     ) -> ReloadOk:
@@ -303,7 +306,7 @@ class TeacherClient:
                      adapter_revision=adapter_revision, mode=mode, auth=self._auth())
         return await self._link.call(msg, timeout_s=timeout_s)
 
-    async def shutdown(self, mode: str = "drain", timeout_s: float | None = None) -> ShutdownOk:
+    async def shutdown(self, mode: Mode = "drain", timeout_s: float | None = None) -> ShutdownOk:
         msg = Shutdown(id=self._table.new_id(), mode=mode, timeout_s=timeout_s,
                        auth=self._auth())
         wait_s = max(self._link.request_timeout_s, (timeout_s or 0.0) + self._link.request_timeout_s)

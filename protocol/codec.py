@@ -131,7 +131,7 @@ def encode(
     for name, value in (arrays or {}).items():
         code, arr = _as_wire_array(name, value)
         specs.append([name, code, list(arr.shape)])
-        frames.append(memoryview(arr.reshape(-1).view(np.uint8)))
+        frames.append(arr.reshape(-1).view(np.uint8).data)
     fields["arrays"] = specs
     try:
         head = msgpack.packb(fields, use_bin_type=True, datetime=False, strict_types=False)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +33,8 @@ class _Control(BaseModel):
 
     v: Literal[1] = 1
     id: int = Field(ge=0, le=2**63 - 1)
+    if TYPE_CHECKING:  # each control message declares its own Literal type (not a field here)
+        t: str
 
 
 class StatusRequest(_Control):
@@ -111,7 +113,8 @@ def parse_control(frames: list[Any], table: dict[str, type[_Control]]) -> _Contr
     if not isinstance(header, dict):
         raise ProtocolError("control header must be a map")
     header = {k: v for k, v in header.items() if not (k == "arrays" and v == [])}
-    cls = table.get(header.get("t")) if isinstance(header.get("t"), str) else None
+    name = header.get("t")
+    cls = table.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ProtocolError(f"unknown control message t={header.get('t')!r}; expected {sorted(table)}")
     try:
@@ -140,7 +143,7 @@ _ids = itertools.count(1)
 def control_request(endpoint: str, request: _Control, timeout_s: float = 5.0) -> _Control:
     """Send one control request and wait for its reply; ERROR replies raise."""
     check_endpoint(endpoint)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:

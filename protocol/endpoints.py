@@ -229,6 +229,7 @@ def load_curve_server_keys(
     (scoring clients) and, when given, the admin directory (keys that may also send
     RELOAD, PARK, WAKE, SHUTDOWN; they may connect without being listed twice)."""
     public, secret = _load_certificate(secret_file, need_secret=True)
+    assert secret is not None  # need_secret: a certificate without one was refused
     folder = Path(authorized_dir)
     _public_keys(folder, "authorized-clients")
     admins = Path(admin_dir) if admin_dir is not None else None
@@ -242,6 +243,7 @@ def load_curve_client_keys(
 ) -> CurveClientKeys:
     """Read a client's secret certificate and the server's public certificate."""
     public, secret = _load_certificate(secret_file, need_secret=True)
+    assert secret is not None  # need_secret: a certificate without one was refused
     server_public, _ = _load_certificate(server_public_file, need_secret=False)
     return CurveClientKeys(public=public, secret=secret, server_public=server_public)
 

@@ -82,7 +82,19 @@ from miniverl.protocol.engine_replies import (
     served_models,
 )
 from miniverl.protocol.limits import Limits
-from miniverl.protocol.messages import HelloOk, ParkOk, Score, ScoreOk, TeacherState, WakeOk
+from miniverl.protocol.messages import (
+    HelloOk,
+    Kinds,
+    ParkOk,
+    Score,
+    ScoreOk,
+    ServerLimits,
+    TeacherInfo,
+    TeacherState,
+    Timing,
+    TopkKind,
+    WakeOk,
+)
 from miniverl.protocol.pending import PendingTable
 from miniverl.protocol.scoring_client import (
     Identity,
@@ -184,7 +196,11 @@ class EngineTeacherClient:
         self._table: PendingTable | None = None
         self._errors: dict[int, BaseException] = {}
         self._headers = {"Authorization": f"Bearer {_api_key(api_key_env)}"} if api_key_env else {}
-        self._portal_cm = self._portal = self._http = self._slots = None
+        # Opened by _start on first use (None before and after close).
+        self._portal_cm: Any = None
+        self._portal: Any = None
+        self._http: Any = None
+        self._slots: Any = None
         self._tasks: set[Any] = set()
         self._calls = StoppableCalls()
         self._extra = {"http_requests": 0, "model_changed": 0, "engine_garbage": 0,
@@ -229,10 +245,10 @@ class EngineTeacherClient:
         headers = {"Content-Type": "application/json"} if content is not None else None
         for attempt in range(retries + 1):
             if attempt:
-                self._table.count("retries")
+                self._pending().count("retries")
                 await anyio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
             self._extra["http_requests"] += 1
-            self._table.count("bytes_sent", len(content or b""))
+            self._pending().count("bytes_sent", len(content or b""))
             try:
                 with anyio.fail_after(self.request_timeout_s):
                     status, location, data = await self._exchange(
@@ -270,7 +286,7 @@ class EngineTeacherClient:
                                      headers=headers) as reply:
             async for chunk in reply.aiter_bytes():
                 size += len(chunk)
-                self._table.count("bytes_received", len(chunk))
+                self._pending().count("bytes_received", len(chunk))
                 if size > max_bytes:
                     self._extra["engine_garbage"] += 1
                     raise EngineGarbage(
@@ -376,11 +392,12 @@ class EngineTeacherClient:
         digest = hashlib.sha256(f"{self.flavour}|{self.endpoint}|{model}".encode()).hexdigest()
         limits = self.limits
         return HelloOk(
-            id=0, teacher={"name": model, "model": model}, instance=f"engine-{digest[:16]}",
+            id=0, teacher=TeacherInfo(name=model, model=model),
+            instance=f"engine-{digest[:16]}",
             gen=0, tokenizer_fp=self.tokenizer_fp, vocab_size=self.vocab_size,
-            kinds={"topk": {"k_max": limits.max_k}},
-            limits={"max_tokens": limits.max_tokens, "max_positions": limits.max_positions,
-                    "max_inflight": limits.max_inflight},
+            kinds=Kinds(topk=TopkKind(k_max=limits.max_k)),
+            limits=ServerLimits(max_tokens=limits.max_tokens, max_positions=limits.max_positions,
+                                max_inflight=limits.max_inflight),
             heartbeat_ms=1000, server_version=f"{self.flavour}-http",
         )
 
@@ -416,6 +433,12 @@ class EngineTeacherClient:
 
     def _start_table(self) -> PendingTable:
         self._start()
+        return self._pending()
+
+    def _pending(self) -> PendingTable:
+        """The pending table, made when the event loop first starts (:meth:`_open`)."""
+        if self._table is None:
+            raise RuntimeError(f"engine teacher client {self.endpoint} has not started")
         return self._table
 
     def bind(self) -> Identity:
@@ -429,7 +452,7 @@ class EngineTeacherClient:
             self._extra["model_changed"] += 1
             raise EngineModelChanged(self._changed_text(f"serves {served}"))
         identity = (self._hello.instance, self._hello.gen)
-        self._table.bind(identity, retargeting=False)
+        self._pending().bind(identity, retargeting=False)
         return identity
 
     def _changed_text(self, what: str) -> str:
@@ -455,7 +478,7 @@ class EngineTeacherClient:
         if temperature != 1.0:
             raise ConfigError(f"an engine teacher returns log-probs at temperature 1 only, not "
                               f"{temperature}; set loss.temperature: 1.0")
-        table = self._table
+        table = self._pending()
         arrays = {"tokens": np.asarray(tokens_N, dtype="<i4"),
                   "cu_seqlens": np.asarray(cu_seqlens_B1, dtype="<i4"),
                   "positions": np.asarray(positions_P, dtype="<i4")}
@@ -474,6 +497,10 @@ class EngineTeacherClient:
 
     async def _score(self, rid: int, version: int, arrays: dict[str, np.ndarray],
                      k: int) -> None:
+        model = self.model
+        if model is None:  # scored only once connected (connect sets it)
+            self._fail(rid, TeacherUnavailable(f"engine teacher {self.endpoint} is not bound"))
+            return
         tokens, cu = arrays["tokens"].tolist(), arrays["cu_seqlens"].tolist()
         seqs = [tokens[cu[b]:cu[b + 1]] for b in range(len(cu) - 1)]
         seq_of = np.searchsorted(np.asarray(cu), arrays["positions"], side="right") - 1
@@ -482,7 +509,7 @@ class EngineTeacherClient:
                  for b in range(len(seqs))]
         # Positions in request order; sequences are scored in order, so they are grouped.
         order = np.argsort(seq_of, kind="stable")
-        route = score_body(self.flavour, self.model, [], k)[0]
+        route = score_body(self.flavour, model, [], k)[0]
         where = f"engine teacher at {self.endpoint}{route}: reply to request {rid}"
         # The most bytes a whole answer can need: every prompt token echoed with k + 1
         # entries (vLLM), plus the envelope.
@@ -492,14 +519,14 @@ class EngineTeacherClient:
         try:
             async with self._slots:
                 queue_ms = (time.perf_counter() - t0) * 1e3
-                route, body = score_body(self.flavour, self.model, seqs, k)
+                route, body = score_body(self.flavour, model, seqs, k)
                 answer = await self._request("POST", route, body, max_bytes=max_bytes)
             compute_ms = (time.perf_counter() - t0) * 1e3 - queue_ms
         except Exception as exc:  # down after retries, refused, garbage: ends this request
             self._fail(rid, exc)
             return
         try:
-            result = parse_score(self.flavour, answer, self.model, seqs, local, k=k,
+            result = parse_score(self.flavour, answer, model, seqs, local, k=k,
                                  vocab_size=self.vocab_size, where=where)
         except EngineModelChanged as exc:
             self._extra["model_changed"] += 1
@@ -529,18 +556,21 @@ class EngineTeacherClient:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         result = {name: arr[inverse] for name, arr in result.items()}
-        self._table.count("received")
-        hello = self._hello
+        self._pending().count("received")
+        hello = self._hello  # the teacher now: a retarget during the request shows in the reply
+        if hello is None:
+            self._fail(rid, TeacherUnavailable(f"engine teacher {self.endpoint} is not bound"))
+            return
         reply = ScoreOk(id=rid, student_version=version,
                         instance=hello.instance, gen=hello.gen, kind="topk", k=k,
-                        timing={"queue_ms": queue_ms, "compute_ms": max(compute_ms, 0.0)})
+                        timing=Timing(queue_ms=queue_ms, compute_ms=max(compute_ms, 0.0)))
         # The one staleness rule and the reply checks (finite values, ids, lengths).
-        self._table.on_score_ok(reply, result, self.vocab_size)
-        self._table.notify()
+        self._pending().on_score_ok(reply, result, self.vocab_size)
+        self._pending().notify()
 
     def _fail(self, rid: int, error: BaseException) -> None:
         self._errors[rid] = error
-        self._table.notify()
+        self._pending().notify()
 
     def wait(self, ids: Iterable[int], timeout_s: float | None = None) -> dict[int, ScoreResult]:
         return self._run(self._wait, list(ids), timeout_s)
@@ -551,10 +581,10 @@ class EngineTeacherClient:
                 error = self._errors.pop(rid, None)
                 if error is not None:
                     for other in ids:
-                        self._table.take(other)
+                        self._pending().take(other)
                     raise error
 
-        return await self._table.collect(ids, timeout_s, tick=0.05, raise_fatal=raise_fatal)
+        return await self._pending().collect(ids, timeout_s, tick=0.05, raise_fatal=raise_fatal)
 
     def retarget(self, endpoint: str) -> HelloOk:
         """Connect to another server of the same flavour; switch only if it validates."""

@@ -208,7 +208,8 @@ def targets_from_sglang(meta: Any, seq: Sequence[int], local_P: Sequence[int], *
     """
     if not isinstance(meta, dict):
         raise EngineGarbage(f"{where}: meta_info is {type(meta).__name__}, not an object")
-    tokens, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
+    tokens: Any = meta.get("input_token_logprobs")
+    tops: Any = meta.get("input_top_logprobs")
     for name, value in (("input_token_logprobs", tokens), ("input_top_logprobs", tops)):
         if not isinstance(value, list) or len(value) != len(seq):
             n = len(value) if isinstance(value, list) else repr(value)[:40]
@@ -308,11 +309,17 @@ class DuplicateKey(ValueError):
     """A JSON object names one key twice (``json`` would keep the last silently)."""
 
 
+def _added(seen: set[str], key: str) -> bool:
+    """Add ``key`` to ``seen``; False (it was not there)."""
+    seen.add(key)
+    return False
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        twice = next(key for key, _ in pairs if key in seen or _added(seen, key))
         raise DuplicateKey(f"an object that names key {twice[:20]!r} twice")
     return out
 

@@ -145,13 +145,26 @@ class Link:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool | None:
         await self.aclose()
-        self._tg.cancel_scope.cancel()
+        group = self._group()
+        group.cancel_scope.cancel()
         if exc is not None and not isinstance(exc, anyio.get_cancelled_exc_class()):
             # The background tasks never fail on their own; let the caller's error
             # propagate as itself rather than wrapped in an ExceptionGroup.
-            await self._tg.__aexit__(None, None, None)
+            await group.__aexit__(None, None, None)
             return False
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        return await group.__aexit__(exc_type, exc, tb)
+
+    def _group(self) -> anyio.abc.TaskGroup:
+        """The task group ``async with`` opened (the link's background tasks run in it)."""
+        if self._tg is None:
+            raise RuntimeError(f"the link to {self.endpoint} is used outside `async with`")
+        return self._tg
+
+    def _up_hello(self) -> HelloOk:
+        """The validated HELLO_OK of the link once ``until_up`` returned."""
+        if self.hello is None:
+            raise TeacherUnavailable(f"no handshake with {self.endpoint} yet")
+        return self.hello
 
     async def aclose(self) -> None:
         """Close the connection; pending requests fail with :class:`TeacherUnavailable`."""
@@ -179,17 +192,19 @@ class Link:
         self._failures = 0
         self._down()
         await self.until_up(None)
-        return self.hello
+        return self._up_hello()
 
     async def settled_identity(self) -> Identity:
         """The teacher ``(instance, gen)`` this link is up with, once up; handshakes again
         first when the wire has shown another gen (a reload since the last HELLO_OK)."""
         await self.until_up(None)
-        identity = (self.hello.instance, self.hello.gen)
+        hello = self._up_hello()
+        identity = (hello.instance, hello.gen)
         if self.identity is not None and self.identity != identity:
             self._need_hello(resend=False)
             await self.until_up(None)
-            identity = (self.hello.instance, self.hello.gen)
+            hello = self._up_hello()
+            identity = (hello.instance, hello.gen)
         return identity
 
     # ----------------------------------------------------------------- helpers
@@ -364,7 +379,7 @@ class Link:
                     opened_before = True
                     self._transport = self.factory(self.endpoint)
                     self._pings_out = 0
-                    self._reader_scope = await self._tg.start(self._reader, self._transport)
+                    self._reader_scope = await self._group().start(self._reader, self._transport)
                     self._state = "hello"
                 if self.tokenizer_fp is None:
                     self._up()
@@ -392,7 +407,7 @@ class Link:
             self._resend_on_up = False
             self.table.resend_scores()  # the same ids: what is pending goes out again
         self.table.notify()
-        self._tg.start_soon(self.pump)
+        self._group().start_soon(self.pump)
 
     async def _handshake(self) -> bool:
         """HELLO until validated (True) or the socket looks dead (False: reconnect)."""
@@ -436,6 +451,8 @@ class Link:
 
     async def _hello_once(self) -> HelloOk | ErrorReply | None:
         """Send one HELLO; its reply, or None when the socket went silent."""
+        if self.tokenizer_fp is None:
+            raise RuntimeError("an admin-only link (tokenizer_fp None) sends no HELLO")
         hello = Hello(
             id=self.table.new_id(),
             client=self.settings.client_name,

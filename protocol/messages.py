@@ -14,7 +14,7 @@ the teacher server in ``teacher_server/``).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -29,7 +29,7 @@ from pydantic import (
 from miniverl.common.errors import ProtocolError
 from miniverl.common.names import MAX_NAME, NAME
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Final = 1
 PROTOCOL_NAME = "mvl-score/1"
 MAX_ID = 2**63 - 1
 
@@ -204,6 +204,8 @@ class Message(_Wire):
 
     v: Literal[1] = PROTOCOL_VERSION
     id: Id
+    if TYPE_CHECKING:  # each message type declares its own Literal type (not a field here)
+        t: str
 
 
 class Hello(Message):
@@ -322,7 +324,7 @@ class ErrorReply(Message):
     """``ERROR``: ``id`` and ``ref_id`` are the request's id, or None when it had none."""
 
     t: Literal["ERROR"] = "ERROR"
-    id: Id | None = None
+    id: Id | None = None  # type: ignore[assignment]  # the one message whose id may be unknown
     ref_id: Id | None = None
     code: Code
     message: Annotated[str, Field(max_length=8192)]

@@ -91,9 +91,12 @@ class Pending(NamedTuple):
 class ScoredReply(Protocol):
     """What the rule reads from a reply (``ScoreOk`` on the wire, ``ScoreResult`` after)."""
 
-    student_version: int
-    instance: str
-    gen: int
+    @property
+    def student_version(self) -> int: ...
+    @property
+    def instance(self) -> str: ...
+    @property
+    def gen(self) -> int: ...
 
 
 @dataclass
@@ -316,9 +319,9 @@ class PendingTable:
         reason = accept_reply(req.pending if req is not None else None, msg,
                               current_version=self.version, lag=self.lag,
                               bound_teacher=self.bound)
-        if reason is not None:
+        if reason is not None or req is None:  # no pending request: accept_reply refused it
             self._counts["stale_dropped"] += 1
-            if reason == "lag":
+            if reason == "lag" and req is not None:
                 self._drop(req, StaleTargetError(f"reply {msg.id} is outside the allowed lag"))
             return
         if req.kind == "xvocab":

@@ -46,9 +46,10 @@ class SyncTeacherClient:
         """``settings`` as for :class:`TeacherClient` (``LinkSettings`` fields; ``adapter=NAME``
         scores with that adapter of a teacher serving ``--adapters``)."""
         self._core = TeacherClient(endpoint, **settings)
-        self._portal_cm = None
-        self._portal = None
-        self._client_cm = None
+        # Opened by _start on first use, closed by close (None before and after).
+        self._portal_cm: Any = None
+        self._portal: Any = None
+        self._client_cm: Any = None
         self._calls = StoppableCalls()
 
     def _start(self) -> Any:
