@@ -1,6 +1,6 @@
 """Below each mode's cycle, a stage's signature is its contract: it takes the objects it
 uses (the policy, the runner, the teacher side or link, the tasks, the settings it
-reads), never the run's whole :class:`TrainState` (docs/architecture.md, STYLE rule 3).
+reads), never the run's whole :class:`TrainState` (docs/architecture.md).
 A reader who opens a stage sees everything it reads in its parameters; the cycle is the
 one place that unpacks the state.
 
