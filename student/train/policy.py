@@ -116,6 +116,12 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
         guard_4bit(model)
     if recipe.fp32_head:
         use_fp32_head(model)
+    if recipe.train.gradient_checkpointing:
+        # Non-reentrant: it needs no input that requires grad (a LoRA model's embedding is
+        # frozen) and keeps PEFT's adapters' gradients; a 4-bit model is prepared the same
+        # way (its use_gradient_checkpointing above stays False, so this is the one switch).
+        # Only forwards that record gradients recompute: rollouts keep their KV cache.
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     device = next(model.parameters()).device
     return Policy(

@@ -150,6 +150,31 @@ def micro_batches(n: int, grad_accum: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
+def token_micro_batches(lengths: list[int], budget: int) -> list[range]:
+    """Contiguous index ranges, in order, each of as many whole trajectories as fit
+    ``budget`` padded tokens (count x the longest of them); a trajectory longer than the
+    budget is a micro-batch alone (``train.micro_batch_tokens``)."""
+    parts: list[range] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if i > start and wider * (i - start + 1) > budget:
+            parts.append(range(start, i))
+            start, wider = i, n
+        longest = wider
+    if lengths:
+        parts.append(range(start, len(lengths)))
+    return parts
+
+
+def step_micro_batches(lengths: list[int], train: TrainConfig) -> list[range]:
+    """An update's micro-batches: by ``train.micro_batch_tokens`` when it is set, else
+    ``train.grad_accum`` parts by count (:func:`micro_batches`)."""
+    if train.micro_batch_tokens is None:
+        return micro_batches(len(lengths), train.grad_accum)
+    return token_micro_batches(lengths, train.micro_batch_tokens)
+
+
 def finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> tuple[float, float]:
     """Clip, step the optimizer and the schedule, clear gradients; ``(grad_norm, lr)``."""
     if policy.quantization != "none":
@@ -182,9 +207,10 @@ class EarlyForward:
             s.traj is traj for s, traj in zip(batch, self.trajs, strict=True))
 
 
-def first_micro_batch(n: int, grad_accum: int) -> range:
-    """The indices of an update's first micro-batch (what :class:`EarlyForward` covers)."""
-    parts = micro_batches(n, grad_accum)
+def first_micro_batch(lengths: list[int], train: TrainConfig) -> range:
+    """The indices of an update's first micro-batch (what :class:`EarlyForward` covers),
+    for trajectories of ``lengths`` tokens."""
+    parts = step_micro_batches(lengths, train)
     return parts[0] if parts else range(0)
 
 
@@ -218,7 +244,7 @@ def distill_step(
     # Weights and baselines read the whole step, not one micro-batch (variants only).
     extra = objective.step_inputs([s.traj for s in scored], [s.positions_P for s in scored])
     loss_sum = div_sum = 0.0
-    for part in micro_batches(len(scored), train.grad_accum):
+    for part in step_micro_batches([len(s.traj.tokens) for s in scored], train):
         batch = [scored[i] for i in part]
         trajs = [s.traj for s in batch]
         positions = [s.positions_P.astype(np.int64) for s in batch]

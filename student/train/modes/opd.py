@@ -62,7 +62,7 @@ class OpdMode:
         early, t_early = None, 0.0
         if train.pipelining and teacher.memory != "swap" and teacher.link.keeps_positions:
             t0 = time.perf_counter()
-            first = updates.first_micro_batch(len(sampled.trajs), train.grad_accum)
+            first = updates.first_micro_batch([len(t.tokens) for t in sampled.trajs], train)
             early = updates.early_forward(state.policy, [sampled.trajs[i] for i in first],
                                           [sampled.positions[i] for i in first])
             t_early = time.perf_counter() - t0
