@@ -82,19 +82,7 @@ from miniverl.protocol.engine_replies import (
     served_models,
 )
 from miniverl.protocol.limits import Limits
-from miniverl.protocol.messages import (
-    HelloOk,
-    Kinds,
-    ParkOk,
-    Score,
-    ScoreOk,
-    ServerLimits,
-    TeacherInfo,
-    TeacherState,
-    Timing,
-    TopkKind,
-    WakeOk,
-)
+from miniverl.protocol.messages import HelloOk, ParkOk, Score, ScoreOk, TeacherState, Timing, WakeOk
 from miniverl.protocol.pending import PendingTable
 from miniverl.protocol.scoring_client import (
     Identity,
@@ -391,15 +379,14 @@ class EngineTeacherClient:
     def _hello_for(self, model: str) -> HelloOk:
         digest = hashlib.sha256(f"{self.flavour}|{self.endpoint}|{model}".encode()).hexdigest()
         limits = self.limits
-        return HelloOk(
-            id=0, teacher=TeacherInfo(name=model, model=model),
-            instance=f"engine-{digest[:16]}",
+        return HelloOk.model_validate(dict(
+            id=0, teacher={"name": model, "model": model}, instance=f"engine-{digest[:16]}",
             gen=0, tokenizer_fp=self.tokenizer_fp, vocab_size=self.vocab_size,
-            kinds=Kinds(topk=TopkKind(k_max=limits.max_k)),
-            limits=ServerLimits(max_tokens=limits.max_tokens, max_positions=limits.max_positions,
-                                max_inflight=limits.max_inflight),
+            kinds={"topk": {"k_max": limits.max_k}},
+            limits={"max_tokens": limits.max_tokens, "max_positions": limits.max_positions,
+                    "max_inflight": limits.max_inflight},
             heartbeat_ms=1000, server_version=f"{self.flavour}-http",
-        )
+        ))
 
     # ------------------------------------------------------------- ScoringClient
     @property
