@@ -297,6 +297,19 @@ def not_moved(recipe, *, routed: dict[str, Route], entries: list[TeacherEntry],
         lines.append(
             "loss.objective bucketed_topk_tail: verl's distillation loss reads the teacher's "
             f"top-{loss.top_k} log-probs and has no tail bucket")
+    else:
+        lines.append(
+            "loss.objective exact_full_vocab: verl's distillation loss reads the teacher's "
+            f"top-{loss.top_k} log-probs, not the whole vocabulary")
+    if loss.divergence == "reverse_kl" and loss.estimator == "full":
+        lines.append(
+            "loss.estimator full: verl's k3 estimates the reverse KL from the sampled token "
+            "alone; the sum over the teacher's distribution does not move")
+    if loss.positions != "all":
+        lines.append(f"loss.positions {loss.positions}: verl distils every response token")
+    if loss.temperature != 1.0:
+        lines.append(f"loss.temperature {loss.temperature:g}: verl asks its teachers for "
+                     "log-probs at temperature 1.0")
     return lines
 
 

@@ -316,3 +316,16 @@ def test_prepared_teachers_come_back_the_same(toy_run, tmp_path):
     a, b = _sums(first), _sums(second)
     assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
         "README.md", "provenance/source_run.json"]
+
+
+def test_loss_settings_verl_lacks_are_named(toy_run, tmp_path):
+    data = mixture_recipe(False)
+    data["loss"] = {"top_k": 8, "divergence": "reverse_kl", "positions": "uniform",
+                    "position_ratio": 0.5, "temperature": 2.0}
+    data["rollout"] = {**data["rollout"], "temperature": 2.0}
+    run = make_run(toy_run, tmp_path / "runs", data, "loss-run")
+    lines = export_verl(run, tmp_path / "b", verl_version="0.9.1")["not_moved"]
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "loss.objective bucketed_topk_tail", "loss.estimator full", "loss.positions uniform",
+        "loss.temperature 2"]
+    assert _flat(tmp_path / "b")["distillation.distillation_loss.loss_mode"] == "k3"
