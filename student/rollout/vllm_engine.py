@@ -140,7 +140,7 @@ class VllmEngine:
             kwargs.update(gpu_memory_utilization=memory, enable_sleep_mode=True)
         # vLLM's CPU worker replaces torch.set_num_threads with a warning for the whole
         # process; the trainer still sets its own thread count (runtime.cpu_threads).
-        set_num_threads = torch.set_num_threads
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
             self._llm = LLM(
                 model=str(model_dir), dtype=_dtype_name(dtype), seed=0,
@@ -164,6 +164,7 @@ class VllmEngine:
                               "rollout.engine: hf") from None
         finally:
             torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)
         # vLLM fuses some layers (q, k and v into qkv_proj): a fused layer is reloaded
         # whole, so a LoRA on q alone still sends k and v. part -> its fused group.
         self._group_of = {part: tuple(parts) for parts in packed.values() for part in parts}
@@ -345,10 +346,6 @@ class LogprobGap:
     mean_abs: float
     tokens: int
     dtype: str
-
-    def metrics(self) -> dict[str, Any]:
-        return {"engine_logprob_gap_max": self.max_abs, "engine_logprob_gap_mean": self.mean_abs,
-                "engine_logprob_gap_tokens": self.tokens, "engine_dtype": self.dtype}
 
 
 def sampling_logq(logits_P_V: torch.Tensor, ids_P: torch.Tensor, *, temperature: float,

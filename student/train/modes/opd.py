@@ -80,5 +80,10 @@ class OpdMode:
 
         # 7. To the loop, which logs it.
         t_update = time.perf_counter() - t1 + t_early
+        extra = None
+        if gap is not None:  # rollout.engine vllm: the engine-trainer log-prob gap
+            extra = {"engine_logprob_gap_max": gap.max_abs,
+                     "engine_logprob_gap_mean": gap.mean_abs,
+                     "engine_logprob_gap_tokens": gap.tokens, "engine_dtype": gap.dtype}
         return CycleResult(stats, sampled.trajs, sampled.t_rollout, t_wait, t_update,
-                           scored=scored, extra=gap.metrics() if gap is not None else None)
+                           scored=scored, extra=extra)

@@ -74,6 +74,8 @@ def test_the_cpu_form_runs_every_step(tmp_path):
     assert rows and all(r["ours_tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0
                         for r in rows)
     assert steps["opd_smollm2"]["status"] == "skipped" and steps["opd_smollm2"]["reason"]
+    # Without vLLM here (or on the CPU form with it), the engine step says why it skipped.
+    assert steps["sampling_engines"]["status"] == "skipped" and steps["sampling_engines"]["reason"]
     assert "GPU check on cpu" in done.stdout and "wrote" in done.stdout
     committed = gpu_check._args(["--cpu-smoke", "--update-committed"]).out
     assert committed == ROOT / "benchmarks" / "results" / "gpu_check_cpu_smoke.json"
@@ -183,3 +185,16 @@ def test_the_peak_hook_writes_at_either_exit(ending, tmp_path):
     assert done.returncode == 0, done.stderr
     assert gpu_check.allocator_peaks(peaks) == {
         "teacher": {"max_allocated_mib": 3.0, "max_reserved_mib": 4.0}}
+
+
+def test_the_vllm_engine_recipe_of_the_gpu_form_validates(tmp_path):
+    # The sampling_engines step's vllm run: the GPU form's LoRA recipe with rollout.engine
+    # vllm validates here, as its hf twin does.
+    from miniverl.common.recipe import load_recipe
+
+    check = SimpleNamespace(cuda=True, smoke=False, device="cuda", tmp=tmp_path,
+                            shapes=gpu_check.SHAPES["gpu"])
+    for engine in ("hf", "vllm"):
+        recipe = load_recipe(gpu_check.up_recipe(check, f"opd_engine_{engine}", "bfloat16", True,
+                                                 "resident", "none", 3, engine=engine))
+        assert recipe.rollout.engine == engine and recipe.student.lora is not None
