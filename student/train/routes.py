@@ -43,7 +43,13 @@ from miniverl.common.teacher_routes import (
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import ScoreTimeout, ScoringClient
 from miniverl.student.train.state import TrainState
-from miniverl.student.train.teacher_link import Scored, TeacherLink, TeacherSide, teacher_identity
+from miniverl.student.train.teacher_link import (
+    RouteSide,
+    Scored,
+    TeacherLink,
+    TeacherSide,
+    teacher_identity,
+)
 
 # Counters summed over routes into the run's own (the metrics row reads these).
 SUMMED = ("sent", "received", "stale_dropped", "nonfinite_replies", "retries", "reconnects",
@@ -52,32 +58,6 @@ SUMMED = ("sent", "received", "stale_dropped", "nonfinite_replies", "retries", "
 XVOCAB_SUMMED = ("xvocab_sent", "xvocab_unaligned", "xvocab_exact_groups", "xvocab_uld_groups")
 # How often RoutedLink.collect looks again at each route while it waits (seconds).
 POLL_S = 0.2
-
-
-@dataclass
-class RouteSide:
-    """One route's teacher: where it is, its client and link, who it is, what it did."""
-
-    route: Route
-    endpoint: str | None
-    client: ScoringClient | None = None
-    link: TeacherLink | None = None
-    identity: dict[str, Any] = field(default_factory=dict)
-    pending_endpoint: str | None = None  # `teacher use NAME`, taken at an update boundary
-    positions_scored: int = 0
-    episodes: int = 0
-    held_back: int = 0  # episodes played and not trained on: the teacher was down
-    wait_s: float = 0.0
-
-    def counters(self) -> dict[str, Any]:
-        """The client's counters, the link's own (a teacher with another tokenizer:
-        ``xvocab_sent``, ...) and what this route scored."""
-        out = dict(self.client.counters) if self.client is not None else {}
-        if self.link is not None:
-            out.update(self.link.counters())
-        out.update(positions_scored=self.positions_scored, episodes=self.episodes,
-                   held_back=self.held_back, wait_s=round(self.wait_s, 4))
-        return out
 
 
 @dataclass

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from miniverl.common.teacher_routes import Route
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import Identity, ScoringClient, TeacherChanged
 
@@ -101,6 +102,33 @@ def teacher_identity(client: ScoringClient) -> dict[str, Any]:
 
 
 @dataclass
+class RouteSide:
+    """One route's teacher (several teachers, ``routes.py``): where it is, its client and
+    link, who it is, what it did."""
+
+    route: Route
+    endpoint: str | None
+    client: ScoringClient | None = None
+    link: TeacherLink | None = None
+    identity: dict[str, Any] = field(default_factory=dict)
+    pending_endpoint: str | None = None  # `teacher use NAME`, taken at an update boundary
+    positions_scored: int = 0
+    episodes: int = 0
+    held_back: int = 0  # episodes played and not trained on: the teacher was down
+    wait_s: float = 0.0
+
+    def counters(self) -> dict[str, Any]:
+        """The client's counters, the link's own (a teacher with another tokenizer:
+        ``xvocab_sent``, ...) and what this route scored."""
+        out = dict(self.client.counters) if self.client is not None else {}
+        if self.link is not None:
+            out.update(self.link.counters())
+        out.update(positions_scored=self.positions_scored, episodes=self.episodes,
+                   held_back=self.held_back, wait_s=round(self.wait_s, 4))
+        return out
+
+
+@dataclass
 class TeacherSide:
     """What a run knows about its teacher: the client (the real ``SyncTeacherClient``,
     made at connect, or one handed in, such as ``miniverl.testing.FakeTeacherClient``),
@@ -125,9 +153,9 @@ class TeacherSide:
     # A RETARGET asked for (control socket); teacher.apply_retarget takes it at the
     # next update boundary.
     pending_endpoint: str | None = None
-    # Several teachers (docs/several-teachers.md): route name -> routes.RouteSide, each
-    # with its own client and link; ``link`` is then a routes.RoutedLink. None: one teacher.
-    routes: dict[str, Any] | None = None
+    # Several teachers (docs/several-teachers.md): route name -> its RouteSide, each with
+    # its own client and link; ``link`` is then a routes.RoutedLink. None: one teacher.
+    routes: dict[str, RouteSide] | None = None
 
     def counters(self) -> dict[str, Any]:
         """The client's counters (sent, stale_dropped, bytes, ...) and the link's own
