@@ -438,6 +438,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def validate(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="Recipe YAML file."),
+        device_memory: str | None = typer.Option(
+            None, "--device-memory", metavar="SIZE",
+            help="Also plan the run's memory on one device of SIZE (24GiB, 80GB) and refuse "
+            "a recipe that does not fit, naming the setting that would (docs/gpu.md)."),
     ) -> None:
         """Check a recipe; print every error with its location, or a short plan."""
         from miniverl.common.errors import ConfigError
@@ -477,6 +481,19 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {line}")
         if vocab_note:
             typer.echo(f"  checked      {vocab_note}")
+        if device_memory is not None:
+            from miniverl.common.memory_plan import check_recipe, parse_bytes
+
+            try:
+                lines, _, refused = check_recipe(recipe, parse_bytes(device_memory))
+            except ConfigError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from None
+            for line in lines:
+                typer.echo(f"  {line}")
+            if refused is not None:
+                typer.echo(f"error: {recipe_path}: {refused}", err=True)
+                raise typer.Exit(1)
         if engine_note:
             typer.echo(f"  checked      {engine_note}")
 

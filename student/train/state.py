@@ -36,6 +36,7 @@ This module does not run cycles (``loop.py``, ``modes/``), talk to the teacher
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
 import threading
@@ -50,6 +51,8 @@ import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.manifest import update_manifest
+from miniverl.common.memory_plan import ModelShape, check_recipe, with_train_changes
+from miniverl.common.modeling import resolve_device, resolve_model_dir
 from miniverl.common.recipe import Recipe, recipe_digest
 from miniverl.common.rundir import RunDir
 from miniverl.common.runtime import apply_cpu_threads, cuda_process_env
@@ -236,6 +239,26 @@ def make_autocast(policy: Policy) -> Any:
     return policy.autocast  # Policy owns it, made once from its device and dtype
 
 
+def planned_for_device(recipe: Recipe, run: RunDir, *, offline: bool) -> Recipe:
+    """On a CUDA student: the memory plan for this device's memory, before any weight is
+    loaded (common/memory_plan.py). A recipe that cannot fit is refused in one line naming
+    the setting that would make it fit; what the recipe left null
+    (``train.gradient_checkpointing``, ``train.micro_batch_tokens``) is filled in with the
+    plan's choice, recorded as the ``memory_plan`` event. On the CPU: the recipe as is."""
+    device = resolve_device(recipe.student.device)
+    if device.type != "cuda":
+        return recipe
+    model_dir = resolve_model_dir(recipe.student.model, offline=offline)
+    student = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    _, total = torch.cuda.mem_get_info(device)
+    lines, chosen, refused = check_recipe(recipe, total, student=student)
+    if refused is not None:
+        raise ConfigError(f"{device}: {refused}")
+    run.event("memory_plan", device_bytes=int(total), peak_bytes=chosen.plan.peak,
+              chosen=chosen.changes, lines=lines)
+    return with_train_changes(recipe, chosen.changes)
+
+
 def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: bool,
                 stop_event: threading.Event, started: float, checkpoints: bool) -> TrainState:
     """Seed, load the policy, build optimizer, scheduler, tasks, runner and cache."""
@@ -247,6 +270,7 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     if recipe.run.deterministic:
         torch.use_deterministic_algorithms(True)
     seed_everything(recipe.run.seed)
+    recipe = planned_for_device(recipe, run, offline=offline)
     policy = load_policy(recipe, offline=offline)
     optimizer = build_optimizer(recipe, policy.trainable_parameters())
     autocast = make_autocast(policy)

@@ -581,6 +581,23 @@ def choose_memory(state: TrainState) -> str:
     return strategy
 
 
+def _planned_memory(recipe: Any, total: int) -> tuple[str, str] | None:
+    """``teacher.memory: auto`` from the memory plan (common/memory_plan.py): resident
+    when the plan fits the device with the teacher resident, else swap; None when a
+    model's config.json cannot be read here."""
+    from miniverl.common.memory_plan import GIB, check_recipe, read_shape
+
+    try:
+        student = read_shape(recipe.student.model)
+        _, chosen, _ = check_recipe(recipe, total, student=student)
+    except (ConfigError, OSError):
+        return None
+    peak = f"{chosen.plan.peak / GIB:.1f} GiB of {total / GIB:.1f} GiB"
+    if chosen.plan.memory == "swap":
+        return "swap", f"the memory plan fits {peak} only with the teacher parked during updates"
+    return "resident", f"the memory plan fits {peak} with the teacher resident"
+
+
 def memory_strategy(recipe: Any, device: Any) -> tuple[str, str]:
     """``(strategy, reason)`` for the recipe's ``teacher.memory`` on ``device``."""
     wanted = recipe.teacher.memory
@@ -592,6 +609,10 @@ def memory_strategy(recipe: Any, device: Any) -> tuple[str, str]:
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
+    planned = _planned_memory(recipe, total)
+    if planned is not None:
+        return planned
+    # No config.json to plan from (a teacher model this machine never saw): the old rule.
     used_by_student = torch.cuda.memory_allocated(device)
     needed = UPDATE_HEADROOM * used_by_student
     if free >= needed:

@@ -1,0 +1,481 @@
+"""A memory plan before the first update: each process's predicted peak on one device.
+
+From a model's shape (its ``config.json``: no weights are read) and the recipe's batch,
+episode length, LoRA/4-bit and dtype, :func:`plan_memory` predicts, per process:
+
+- the **student**: weights, trainable parameters with their gradients and AdamW moments,
+  the activations one micro-batch keeps for backward (with or without gradient
+  checkpointing), the loss's chunk of ``[C, V]`` logits and the float32 output layer,
+  and, in the rollout phase, the KV cache of ``rollout.batch_size`` episodes;
+- the **teacher**: its weights and the peak of scoring one batch of
+  ``--batch-tokens`` (16,384) tokens.
+
+The activation count is a census of the tensors a Hugging Face decoder layer (Llama,
+Qwen2/3 families, SDPA attention) saves for backward, per token and layer, checked against
+the CPU's measured peak (``tests/common/test_memory_plan.py``,
+``benchmarks/memory_plan_check.py``). :func:`fit` picks what to change when the plan does
+not fit: gradient checkpointing, a token budget per micro-batch
+(``train.micro_batch_tokens``), the teacher parked during updates (``teacher.memory:
+swap``). This module imports nothing heavy (torch is not imported); it does not measure
+anything (docs/gpu.md, "The memory plan").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+GIB = 2**30
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# What a CUDA process holds before any tensor: the context, cuBLAS workspaces and the
+# allocator's rounding; a budget, not a measurement (no GPU has run this plan).
+CUDA_OVERHEAD_BYTES = 600 * 2**20
+# Live [C, V] float32 tensors at the peak of one loss chunk's backward (the chunk is
+# recomputed under checkpoint: its logits, their log-softmax and its gradient); measured
+# on the CPU (benchmarks/memory_plan_check.py).
+LOSS_CHUNK_COPIES = 3
+# The teacher's defaults (teacher_server/__main__.py): tokens per scoring forward and the
+# elements of one head chunk on an accelerator (teacher_server/scoring.py).
+TEACHER_BATCH_TOKENS = 16_384
+TEACHER_HEAD_CHUNK_ELEMENTS = 64 * 2**20
+
+# Shapes of the hub models the shipped recipes name, for a plan made where the hub cannot
+# be reached and the model was never downloaded (read from their config.json files).
+KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3-0.6B": {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+                        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                        "intermediate_size": 3072, "vocab_size": 151936,
+                        "tie_word_embeddings": True},
+    "Qwen/Qwen3-1.7B": {"model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 28,
+                        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                        "intermediate_size": 6144, "vocab_size": 151936,
+                        "tie_word_embeddings": True},
+}
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only model that memory depends on."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qk_norm: bool  # Qwen3 normalises q and k per head (two more saved tensors per layer)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        """From a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3 keys)."""
+        try:
+            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+            return cls(
+                hidden=hidden, layers=int(config["num_hidden_layers"]), heads=heads,
+                kv_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                intermediate=int(config["intermediate_size"]), vocab=int(config["vocab_size"]),
+                tied=bool(config.get("tie_word_embeddings", False)),
+                qk_norm=config.get("model_type") == "qwen3",
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"model config lacks a size the memory plan needs ({exc}); "
+                              "the plan reads Llama/Qwen-style config.json keys") from exc
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection of one layer."""
+        h, i = self.hidden, self.intermediate
+        return {"q_proj": (h, self.q_dim), "k_proj": (h, self.kv_dim),
+                "v_proj": (h, self.kv_dim), "o_proj": (self.q_dim, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def layer_params(self) -> int:
+        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return sum(a * b for a, b in self.linear_shapes().values()) + norms
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.embedding_params() + self.hidden
+
+    def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
+        shapes = self.linear_shapes()
+        return self.layers * sum(r * (a + b) for name, (a, b) in shapes.items() if name in targets)
+
+    def saved_elements_per_token_layer(self, lora_r: int, targets: tuple[str, ...],
+                                       seq_len: int) -> tuple[int, int]:
+        """``(elements in the compute dtype, float32 elements)`` one token keeps for
+        backward in one layer: the residual and the two RMSNorms' inputs and outputs (4H),
+        q, k and v repeated to every head and the attention output (4 q-dims), the MLP's
+        gate, up, activation and product (4I), each LoRA adapter's rank-r middle, the
+        norms' reciprocal roots and the attention's log-sum-exp; Qwen3 also keeps q and k
+        before their norms. The attention mask adds ``seq_len`` per token (SDPA keeps it;
+        float32). Counted from the tensors torch's saved-tensor hooks report (CPU, SDPA)."""
+        n_lora = sum(1 for name in self.linear_shapes() if name in targets)
+        elems = 4 * self.hidden + 4 * self.q_dim + 4 * self.intermediate + lora_r * n_lora
+        small = 2 + self.heads
+        if self.qk_norm:
+            elems += self.q_dim + self.kv_dim
+            small += self.heads + self.kv_heads
+        return elems + small, seq_len
+
+    def checkpointed_elements_per_token_layer(self) -> int:
+        """What a checkpointed layer keeps: its input and the rotary cos/sin it is called
+        with (non-reentrant checkpointing saves the layer's tensor arguments)."""
+        return self.hidden + 4 * self.head_dim
+
+
+def read_shape(source: Any, *, offline: bool = True) -> ModelShape:
+    """The shape of a recipe's ``ModelSource``: a local path's ``config.json``, a toy
+    spec's, a hub model's cached ``config.json``, else :data:`KNOWN_CONFIGS`."""
+    if getattr(source, "toy", None) is not None:
+        from .toy import toy_model_dir  # builds the (tiny) toy once; its config is the truth
+
+        return _from_file(toy_model_dir(source.toy) / "config.json")
+    if getattr(source, "path", None) is not None:
+        return _from_file(Path(source.path).expanduser() / "config.json")
+    hub_id = getattr(source, "hub_id", None)
+    if hub_id:
+        cached = _hub_cached_config(hub_id, getattr(source, "revision", None))
+        if cached is not None:
+            return _from_file(cached)
+        if hub_id in KNOWN_CONFIGS:
+            return ModelShape.from_config(KNOWN_CONFIGS[hub_id])
+    raise ConfigError(f"no config.json for {hub_id or source!r} here (not downloaded); "
+                      "run `miniverl model pull` first or drop --device-memory")
+
+
+def _from_file(path: Path) -> ModelShape:
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist; the memory plan reads the model's "
+                          "config.json (point the recipe at a saved model directory)")
+    return ModelShape.from_config(json.loads(path.read_text()))
+
+
+def _hub_cached_config(hub_id: str, revision: str | None) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(hub_id, "config.json", revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+@dataclass(frozen=True)
+class StudentSettings:
+    """The recipe's choices the student's memory depends on."""
+
+    dtype_bytes: int  # of weights and activations (autocast's dtype on CUDA)
+    quantization: str  # none, nf4 or int8
+    lora_r: int | None  # None: full fine-tune
+    lora_targets: tuple[str, ...]
+    update_episodes: int  # trajectories per update (rollouts_per_cycle, or the batch's)
+    episode_tokens: int  # rollout.max_total_tokens: an update pads to its longest
+    grad_accum: int
+    micro_batch_tokens: int | None
+    gradient_checkpointing: bool
+    chunk_size: int
+    fp32_head: bool
+    rollout_batch: int
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """One process's predicted bytes, by part, and its peak."""
+
+    parts: dict[str, int]
+    peak: int
+
+    def line(self) -> str:
+        shown = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.parts.items() if v)
+        return f"{self.peak / GIB:.2f} GiB ({shown})"
+
+
+def micro_batch_tokens_of(s: StudentSettings) -> int:
+    """Padded tokens of the largest micro-batch: a token budget packs whole episodes
+    under it (at least one); else the update split into ``grad_accum`` parts by count."""
+    if s.micro_batch_tokens is not None:
+        per = max(1, s.micro_batch_tokens // s.episode_tokens)
+        return min(per, s.update_episodes) * s.episode_tokens
+    return math.ceil(s.update_episodes / s.grad_accum) * s.episode_tokens
+
+
+def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan]:
+    """The student's peak in its update and in its rollouts (``{"update", "rollout"}``)."""
+    b, f32 = s.dtype_bytes, 4
+    if s.quantization == "nf4":
+        # 4-bit layers (half a byte a weight, plus a float32 scale per 64); the embedding
+        # and head are float32 after prepare_model_for_kbit_training.
+        weights = int(shape.layers * shape.layer_params() * (0.5 + 4 / 64)) \
+            + shape.embedding_params() * f32
+    elif s.quantization == "int8":
+        weights = shape.layers * shape.layer_params() + shape.embedding_params() * f32
+    else:
+        weights = shape.params() * b
+    if s.lora_r is None:  # a full fine-tune: gradients in the weights' dtype, two moments
+        trainable = 3 * shape.params() * b
+    else:
+        trainable = 4 * shape.lora_params(s.lora_r, s.lora_targets) * f32
+    tokens = micro_batch_tokens_of(s)
+    full, mask = shape.saved_elements_per_token_layer(s.lora_r or 0, s.lora_targets,
+                                                      s.episode_tokens)
+    per_layer = full * b + mask * f32
+    if s.gradient_checkpointing:
+        # Every layer keeps its input; the layer being recomputed keeps its all.
+        activations = tokens * (shape.layers * shape.checkpointed_elements_per_token_layer() * b
+                                + per_layer)
+    else:
+        activations = tokens * shape.layers * per_layer
+    # The final norm's output, and the selected positions' hidden states gathered from it.
+    activations += 2 * tokens * shape.hidden * b
+    chunk = min(s.chunk_size, tokens)
+    loss = LOSS_CHUNK_COPIES * chunk * shape.vocab * f32
+    head = shape.vocab * shape.hidden * f32 if (s.fp32_head and b != f32) else 0
+    update = {"weights": weights, "trainable": trainable, "activations": activations,
+              "loss_chunk": loss, "fp32_head": head}
+    kv = 2 * shape.layers * shape.kv_dim * b * s.rollout_batch * s.episode_tokens
+    # A prefill of the batch: one layer's widest tensors at a time, and the last logits.
+    prefill = s.rollout_batch * s.episode_tokens * (3 * shape.intermediate) * b
+    rollout = {"weights": weights, "trainable": trainable, "kv_cache": kv,
+               "prefill": prefill, "logits": 2 * s.rollout_batch * shape.vocab * f32,
+               "fp32_head": head}
+    return {name: ProcessPlan(parts, sum(parts.values()))
+            for name, parts in (("update", update), ("rollout", rollout))}
+
+
+def teacher_plan(shape: ModelShape, *, dtype_bytes: int, quantization: str,
+                 fp32_head: bool = True, batch_tokens: int = TEACHER_BATCH_TOKENS) -> ProcessPlan:
+    """The teacher's weights and the peak of one scoring batch (no gradients: one layer's
+    widest tensors at a time, then head chunks of float32 logits)."""
+    b = dtype_bytes
+    if quantization == "nf4":
+        weights = int(shape.layers * shape.layer_params() * (0.5 + 4 / 64)) \
+            + shape.embedding_params() * b
+    elif quantization == "int8":
+        weights = shape.layers * shape.layer_params() + shape.embedding_params() * b
+    else:
+        weights = shape.params() * b
+    forward = batch_tokens * (3 * shape.intermediate + 2 * shape.hidden) * b
+    head = 3 * min(TEACHER_HEAD_CHUNK_ELEMENTS, batch_tokens * shape.vocab) * 4
+    if fp32_head and b != 4:
+        head += shape.vocab * shape.hidden * 4
+    parts = {"weights": weights, "scoring": forward + head}
+    return ProcessPlan(parts, sum(parts.values()))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Both processes on one device under one ``teacher.memory`` strategy."""
+
+    student: dict[str, ProcessPlan]
+    teacher: ProcessPlan | None
+    memory: str  # resident or swap
+    settings: StudentSettings
+    shape: ModelShape  # the student's
+
+    @property
+    def peak(self) -> int:
+        """The device's peak over the cycle's phases (rollout, scoring, update); ``swap``
+        leaves the teacher's weights off the device in the update and the rollouts."""
+        s_up, s_roll = self.student["update"].peak, self.student["rollout"].peak
+        if self.teacher is None:
+            return max(s_up, s_roll) + CUDA_OVERHEAD_BYTES
+        t_weights, t_peak = self.teacher.parts["weights"], self.teacher.peak
+        resting = s_roll - self.student["rollout"].parts["kv_cache"] - \
+            self.student["rollout"].parts["prefill"] - self.student["rollout"].parts["logits"]
+        scoring = resting + t_peak
+        if self.memory == "swap":
+            phases = (s_up, s_roll, scoring)
+        else:
+            phases = (s_up + t_weights, s_roll + t_weights, scoring)
+        # Two processes: two CUDA contexts.
+        return max(phases) + 2 * CUDA_OVERHEAD_BYTES
+
+    def lines(self, device_bytes: int | None = None) -> list[str]:
+        out = [f"student update  {self.student['update'].line()}",
+               f"student rollout {self.student['rollout'].line()}"]
+        if self.teacher is not None:
+            out.append(f"teacher         {self.teacher.line()}")
+        s = self.settings
+        chosen = (f"teacher.memory {self.memory}, gradient_checkpointing "
+                  f"{str(s.gradient_checkpointing).lower()}, micro-batch "
+                  f"{micro_batch_tokens_of(s)} tokens")
+        total = f"device peak     {self.peak / GIB:.2f} GiB ({chosen})"
+        if device_bytes is not None:
+            total += f" of {device_bytes / GIB:.1f} GiB: " + (
+                "fits" if self.peak <= device_bytes else "does not fit")
+        return [*out, total]
+
+
+def plan_memory(student: ModelShape, s: StudentSettings, teacher: ModelShape | None = None,
+                *, teacher_dtype_bytes: int = 2, teacher_quantization: str = "none",
+                memory: str = "resident") -> MemoryPlan:
+    t = None if teacher is None else teacher_plan(
+        teacher, dtype_bytes=teacher_dtype_bytes, quantization=teacher_quantization,
+        fp32_head=s.fp32_head)
+    return MemoryPlan(student_plan(student, s), t, memory, s, student)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What :func:`fit` chose: the plan that fits (or the last one tried) and the recipe
+    settings that differ from the recipe's (``{"train.gradient_checkpointing": True}``)."""
+
+    plan: MemoryPlan
+    changes: dict[str, Any]
+    fits: bool
+
+
+def fit(plan: MemoryPlan, device_bytes: int, *, memory_fixed: bool,
+        checkpointing_fixed: bool, micro_batch_fixed: bool) -> Fit:
+    """The first plan that fits ``device_bytes``, changing, in turn, what the recipe left
+    to the plan (``*_fixed`` False): gradient checkpointing on, then the teacher parked
+    during updates, then a micro-batch token budget halved down to one episode."""
+    candidates: list[tuple[MemoryPlan, dict[str, Any]]] = [(plan, {})]
+    s, memory = plan.settings, plan.memory
+    changes: dict[str, Any] = {}
+    if not checkpointing_fixed and not s.gradient_checkpointing:
+        s = replace(s, gradient_checkpointing=True)
+        changes = {**changes, "train.gradient_checkpointing": True}
+        candidates.append((replace(plan, settings=s, student=student_plan(plan.shape, s)), changes))
+    if not memory_fixed and plan.teacher is not None and memory != "swap":
+        memory = "swap"
+        changes = {**changes, "teacher.memory": "swap"}
+        candidates.append((replace(plan, settings=s, student=student_plan(plan.shape, s),
+                                   memory=memory), changes))
+    if not micro_batch_fixed:
+        budget = micro_batch_tokens_of(s)
+        while budget > s.episode_tokens:
+            budget = max(s.episode_tokens, budget // 2 // s.episode_tokens * s.episode_tokens)
+            s = replace(s, micro_batch_tokens=budget)
+            changes = {**changes, "train.micro_batch_tokens": budget}
+            candidates.append((replace(plan, settings=s, student=student_plan(plan.shape, s),
+                                       memory=memory), changes))
+    for candidate, chosen in candidates:
+        if candidate.peak <= device_bytes:
+            return Fit(candidate, chosen, True)
+    last, chosen = candidates[-1]
+    return Fit(last, chosen, False)
+
+
+def parse_bytes(text: str) -> int:
+    """``24GiB``, ``80GB``, ``16384MiB`` or a byte count -> bytes; one-line refusal else."""
+    units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ConfigError(f"--device-memory {text!r} is not a size; write it like 24GiB, "
+                          "80GB or 16384MiB")
+    return int(value * units[unit])
+
+
+def settings_of(recipe: Any) -> StudentSettings:
+    """The recipe's student settings as the plan reads them, on a CUDA device (``dtype:
+    auto`` is bfloat16 there, or float16: two bytes either way)."""
+    st, train = recipe.student, recipe.train
+    dtype = "bfloat16" if st.dtype == "auto" else st.dtype
+    lora = st.lora
+    return StudentSettings(
+        dtype_bytes=DTYPE_BYTES[dtype], quantization=st.quantization,
+        lora_r=None if lora is None else lora.r,
+        lora_targets=LORA_TARGETS if lora is None else tuple(lora.target_modules),
+        update_episodes=train.rollouts_per_cycle,
+        episode_tokens=recipe.rollout.max_total_tokens, grad_accum=train.grad_accum,
+        micro_batch_tokens=train.micro_batch_tokens,
+        gradient_checkpointing=bool(train.gradient_checkpointing),
+        chunk_size=recipe.loss.chunk_size, fp32_head=recipe.fp32_head,
+        rollout_batch=recipe.rollout.batch_size,
+    )
+
+
+def recipe_plan(recipe: Any, device_bytes: int, *, student: ModelShape,
+                teacher: ModelShape | None) -> tuple[MemoryPlan, Fit]:
+    """``(the recipe's plan as written, the fit)``: the fit changes only what the recipe
+    left null (``teacher.memory: auto``, ``train.gradient_checkpointing``,
+    ``train.micro_batch_tokens``)."""
+    t = recipe.teacher if recipe.needs_teacher else None
+    memory = "resident" if t is None or t.memory == "auto" else t.memory
+    t_dtype = 2 if t is None or t.dtype in ("auto", "bfloat16", "float16") else 4
+    plan = plan_memory(student, settings_of(recipe), teacher if t is not None else None,
+                       teacher_dtype_bytes=t_dtype,
+                       teacher_quantization="none" if t is None else t.quantization,
+                       memory=memory)
+    train = recipe.train
+    chosen = fit(plan, device_bytes, memory_fixed=t is None or t.memory != "auto",
+                 checkpointing_fixed=train.gradient_checkpointing is not None,
+                 micro_batch_fixed=train.micro_batch_tokens is not None)
+    return plan, chosen
+
+
+def refusal(recipe: Any, device_bytes: int, chosen: Fit, *, student: ModelShape,
+            teacher: ModelShape | None) -> str | None:
+    """The one line refusing a plan that does not fit, naming the settings that would
+    make it fit (found by fitting with every setting free); None when it fits."""
+    if chosen.fits:
+        return None
+    free = fit(chosen.plan, device_bytes, memory_fixed=chosen.plan.teacher is None,
+               checkpointing_fixed=False, micro_batch_fixed=False)
+    need = f"{chosen.plan.peak / GIB:.1f} GiB"
+    if free.fits:
+        fix = ", ".join(f"{k}: {_yaml(v)}" for k, v in {**chosen.changes, **free.changes}.items())
+        return (f"the memory plan needs {need} of {device_bytes / GIB:.1f} GiB "
+                f"(miniverl validate --device-memory shows it); set {fix}")
+    return (f"the memory plan needs {need} of {device_bytes / GIB:.1f} GiB even with "
+            f"gradient checkpointing, the teacher parked and one episode per micro-batch "
+            f"({free.plan.peak / GIB:.1f} GiB); lower rollout.max_total_tokens or "
+            "rollout.batch_size, or set teacher.quantization: nf4")
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check_recipe(recipe: Any, device_bytes: int, *, student: ModelShape | None = None,
+                 teacher: ModelShape | None = None) -> tuple[list[str], Fit, str | None]:
+    """``(lines to print, the fit, the one-line refusal or None)`` for ``recipe`` on a
+    device of ``device_bytes``; shapes not given are read from the recipe's model sources
+    (:func:`read_shape`). A teacher served elsewhere (``teacher.endpoint``) is left out."""
+    student = student or read_shape(recipe.student.model)
+    t = recipe.teacher if recipe.needs_teacher else None
+    if teacher is None and t is not None and t.endpoint is None:
+        teacher = read_shape(t.model)
+    written, chosen = recipe_plan(recipe, device_bytes, student=student, teacher=teacher)
+    lines = ["memory plan (as written):", *(f"  {x}" for x in written.lines(device_bytes))]
+    if chosen.changes:
+        picked = ", ".join(f"{k}: {_yaml(v)}" for k, v in chosen.changes.items())
+        lines += [f"memory plan (chosen: {picked}):",
+                  *(f"  {x}" for x in chosen.plan.lines(device_bytes))]
+    return lines, chosen, refusal(recipe, device_bytes, chosen, student=student, teacher=teacher)
+
+
+def with_train_changes(recipe: Any, changes: dict[str, Any]) -> Any:
+    """``recipe`` with the plan's ``train.*`` choices filled in (``teacher.memory`` is
+    left to the run's memory strategy, which reads the same plan)."""
+    train = {k.removeprefix("train."): v for k, v in changes.items() if k.startswith("train.")}
+    if not train:
+        return recipe
+    return recipe.model_copy(update={"train": recipe.train.model_copy(update=train)})
