@@ -162,11 +162,11 @@ def gather_hidden(
     for group in _micro_batches([lengths[i] for i in live], max_batch_tokens):
         members = [live[j] for j in group]
         width = max(lengths[i] for i in members)
-        ids = torch.zeros((len(members), width), dtype=torch.long)
-        mask = torch.zeros((len(members), width), dtype=torch.long)
+        ids = torch.zeros((len(members), width), dtype=torch.long)  # host: moved below
+        mask = torch.zeros((len(members), width), dtype=torch.long)  # host: moved below
         for row, i in enumerate(members):
             n = lengths[i]
-            ids[row, :n] = torch.from_numpy(seqs[i][0][:n].astype(np.int64))
+            ids[row, :n] = torch.from_numpy(seqs[i][0][:n].astype(np.int64))  # host:
             mask[row, :n] = 1
         # The system block the rows share is computed once (common/shared_prefix.py),
         # or not at all when an earlier request left it in the prefix cache.
@@ -181,7 +181,10 @@ def gather_hidden(
     for i, n in enumerate(lengths):
         if n == 0:
             out[i] = torch.zeros((0, hidden_size), dtype=dtype, device=device)
-    return torch.cat(out, dim=0) if out else torch.zeros((0, hidden_size), dtype=dtype)
+    # A request of no positions at all: its empty rows on the model's device too (they
+    # were made on the CPU, and met the device's tensors on CUDA).
+    return torch.cat(out, dim=0) if out else torch.zeros((0, hidden_size), dtype=dtype,
+                                                           device=device)
 
 
 def _logprobs_fp32(model, hidden_R_H, temperature: float):

@@ -130,12 +130,12 @@ def left_padded(
     it, so every id keeps the position it has unpadded.
     """
     B, L = len(prompts), max(len(p) for p in prompts) - shared
-    ids_B_L = torch.full((B, L), pad_id, dtype=torch.long)
-    mask_B_S = torch.zeros((B, shared + L), dtype=torch.long)
+    ids_B_L = torch.full((B, L), pad_id, dtype=torch.long)  # host: filled, then moved
+    mask_B_S = torch.zeros((B, shared + L), dtype=torch.long)  # host: filled, then moved
     mask_B_S[:, :shared] = 1
     for b, p in enumerate(prompts):
         rest = p[shared:]
-        ids_B_L[b, L - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+        ids_B_L[b, L - len(rest) :] = torch.tensor(rest, dtype=torch.long)  # host:
         mask_B_S[b, shared + L - len(rest) :] = 1
     pos_B_L = (mask_B_S.cumsum(-1) - 1).clamp(min=0)[:, shared:]
     return ids_B_L, mask_B_S, pos_B_L

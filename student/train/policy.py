@@ -55,6 +55,9 @@ class Policy:
     autocast: Any = field(init=False, repr=False)
     # The id that pads a batch of this tokenizer's sequences (its pad token, else EOS).
     pad_id: int = field(init=False, repr=False)
+    # float16 only: scales the loss so small gradients do not flush to zero in float16,
+    # and skips a step whose gradients are not finite (updates.py backward/finish_step).
+    grad_scaler: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.lm_head = self.model.get_output_embeddings()
@@ -64,6 +67,8 @@ class Policy:
         self.autocast = None if dtype is None else torch.autocast(device_type, dtype=dtype)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.grad_scaler = (torch.amp.GradScaler(device_type)
+                            if self.compute_dtype == torch.float16 else None)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

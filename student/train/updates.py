@@ -112,10 +112,10 @@ def pad_batch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids_B_T`` and ``attention_mask_B_T``."""
     width = max(len(t.tokens) for t in trajs)
-    ids_B_T = torch.full((len(trajs), width), pad_id, dtype=torch.long)
-    mask_B_T = torch.zeros((len(trajs), width), dtype=torch.long)
+    ids_B_T = torch.full((len(trajs), width), pad_id, dtype=torch.long)  # host: moved below
+    mask_B_T = torch.zeros((len(trajs), width), dtype=torch.long)  # host: moved below
     for b, traj in enumerate(trajs):
-        ids_B_T[b, : len(traj.tokens)] = torch.tensor(traj.tokens, dtype=torch.long)
+        ids_B_T[b, : len(traj.tokens)] = torch.tensor(traj.tokens, dtype=torch.long)  # host:
         mask_B_T[b, : len(traj.tokens)] = 1
     return ids_B_T.to(device), mask_B_T.to(device)
 
@@ -175,15 +175,32 @@ def step_micro_batches(lengths: list[int], train: TrainConfig) -> list[range]:
     return token_micro_batches(lengths, train.micro_batch_tokens)
 
 
+def backward(policy: Policy, loss: torch.Tensor) -> None:
+    """``loss.backward()``, scaled first for a float16 student (``Policy.grad_scaler``)."""
+    scaler = policy.grad_scaler
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
 def finish_step(policy: Policy, optimizer, scheduler, max_grad_norm: float) -> tuple[float, float]:
-    """Clip, step the optimizer and the schedule, clear gradients; ``(grad_norm, lr)``."""
+    """Clip, step the optimizer and the schedule, clear gradients; ``(grad_norm, lr)``.
+
+    A float16 student's gradients are unscaled before clipping, and a step whose
+    gradients hold an inf or NaN is skipped (the scale halves; the weights stay finite);
+    its grad_norm is then reported as it was, not finite."""
     if policy.quantization != "none":
         check_trainable_grads(policy.model)  # never step with adapters silently frozen
     # The optimizer holds exactly the trainable parameters, in the order it was built with.
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    scaler = policy.grad_scaler
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)  # skipped when a gradient is not finite
+        scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return float(grad_norm), float(lr)
@@ -255,7 +272,7 @@ def distill_step(
         loss, metrics = objective.batch_loss(
             hidden_P_H, policy.lm_head, batch, None if extra is None else [extra[i] for i in part],
             num_global_positions=total)
-        loss.backward()
+        backward(policy, loss)
         loss_sum += float(loss.detach())
         div_sum += metrics["divergence_sum"]
     grad_norm, lr = finish_step(policy, optimizer, scheduler, train.max_grad_norm)

@@ -46,6 +46,7 @@ from miniverl.student.train.state import CycleResult, TrainState, group_size
 from miniverl.student.train.teacher_link import TeacherLink
 from miniverl.student.train.updates import (
     StepStats,
+    backward,
     finish_step,
     hidden_at_positions,
     micro_batches,
@@ -221,7 +222,7 @@ def dpo_step(
         # Divide by the pairs in the whole step, not the micro-batch: a mean of
         # micro-batch means would over-weight a small last micro-batch.
         loss = loss_B.sum() / n
-        loss.backward()
+        backward(policy, loss)
         loss_sum += float(loss.detach())
         chosen_r.append(reward_c_B)
         rejected_r.append(reward_r_B)

@@ -201,3 +201,28 @@ def test_student_sets_cublas_before_deterministic_algorithms(monkeypatch, tmp_pa
         state_mod.build_state(recipe, None, None, offline=True, stop_event=None, started=0.0,
                               checkpoints=False)
     assert seen["cublas"] == CUBLAS_WORKSPACE
+
+
+def test_float16_training_scales_the_loss_and_skips_a_non_finite_step():
+    # fp16 had no gradient scaler: small gradients flushed to zero and one inf step
+    # turned the adapters NaN. Now the loss is scaled and such a step is skipped.
+    from miniverl.student.train.updates import backward, finish_step
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    policy = _policy("cpu", torch.float16)
+    assert policy.grad_scaler is not None and _policy("cpu", torch.bfloat16).grad_scaler is None
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    before = layer.weight.detach().clone()
+    loss = layer(torch.ones(1, 4)).sum()
+    backward(policy, loss)
+    scale = policy.grad_scaler.get_scale()
+    assert torch.allclose(layer.bias.grad, torch.full((4,), scale))  # scaled by backward
+    finish_step(policy, optimizer, scheduler, max_grad_norm=1e9)
+    assert not torch.equal(layer.weight, before)  # a finite step is taken, unscaled
+    stepped = layer.weight.detach().clone()
+    backward(policy, layer(torch.full((1, 4), float("inf"))).sum())
+    finish_step(policy, optimizer, scheduler, max_grad_norm=1e9)
+    assert torch.equal(layer.weight, stepped) and torch.isfinite(layer.weight).all()
+    assert policy.grad_scaler.get_scale() < scale  # the scale backs off
