@@ -17,7 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "typecheck"
-CHECKED = ("miniverl.common", "miniverl.protocol")
+CHECKED = ("miniverl.common", "miniverl.protocol", "miniverl.student.train")
+# The modules whose errors are not reported yet (pyproject.toml): this list may only shrink.
+NOT_YET_CLEAN = frozenset(f"miniverl.student.train.{m}" for m in (
+    "teacher", "modes.offline_kd", "routes", "objectives.objective", "modes.dpo",
+    "teacher_link", "xvocab_targets", "steps", "policy", "objectives.variants",
+    "objectives.group_sampled_token", "objectives.group_uld", "modes.replay", "modes.opd",
+    "modes.rl", "fixed_sets", "cached_targets"))
 
 
 def test_ci_runs_the_type_checker_before_the_suite():
@@ -33,10 +39,15 @@ def test_the_checked_packages_and_the_configuration_are_in_place():
     assert [w for w in default.split() if w.startswith("miniverl.")] == list(CHECKED)
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     config = pyproject[pyproject.index("[tool.mypy]"):]
-    # ignore_errors, or an override naming the project's own modules, would make the
-    # check report less than it says.
-    assert not re.search(r"^\s*ignore_errors\s*=\s*true", config, re.M)
-    assert not re.search(r"module\s*=[^\]]*\"miniverl", config)
+    # An override silencing the project's own modules makes the check report less than
+    # it says: only the not-yet-clean modules may be silenced, each by name.
+    silenced = [block for block in config.split("[[tool.mypy.overrides]]")
+                if re.search(r"^\s*ignore_errors\s*=\s*true", block, re.M)]
+    named = {m for block in silenced for m in re.findall(r'"(miniverl[\w.]*)"', block)}
+    assert len(silenced) <= 1 and named <= NOT_YET_CLEAN, sorted(named - NOT_YET_CLEAN)
+    assert not any(m.endswith("*") for block in silenced for m in
+                   re.findall(r'"([\w.*]+)"', block))
+    assert not re.search(r"^\s*ignore_errors\s*=\s*true", config.split("[[")[0], re.M)
 
 
 @pytest.mark.slow
