@@ -482,19 +482,23 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None,
                         "RandomSampler), so an environment's share of verl's episodes is its "
                         "share of the rows; miniverl draws environment k with weight_k / sum"}
             manifest["teachers"] = _teachers_manifest(routed, entries, gpus)
-            manifest["not_moved"] = lines
         atomic_write_json(tmp / files["manifest"], manifest, default=str, allow_nan=True, shared=True)
         source_run = _source_run(run)
+        if mixture:
+            # What the source run trained with that the bundle cannot carry: a fact of the
+            # run, beside its recipe (the manifest says what the bundle is).
+            source_run["not_moved"] = lines
         atomic_write_json(tmp / files["source_run"], source_run, default=str, allow_nan=True, shared=True)
         card = write_model_card(run, tmp, recipe, kind=ckpt.kind, step=ckpt.step, base=identity,
                                 bundle=True, teacher_source=teacher_identity,
                                 verl_version=target.version)
         if mixture:
             with open(card, "a", encoding="utf-8") as fh:
-                fh.write(_mixture_card(manifest))
+                fh.write(_mixture_card(manifest, lines))
         write_sums(tmp)
-    # A one-environment bundle's files are as they always were; its lines come back only.
-    return manifest if mixture else {**manifest, "not_moved": lines}
+    # The export's lines come back beside the manifest (one environment's bundle keeps its
+    # files as they always were and lists them nowhere else).
+    return {**manifest, "not_moved": lines}
 
 
 def _teachers_manifest(routed, entries, gpus) -> dict:
@@ -513,7 +517,7 @@ def _teachers_manifest(routed, entries, gpus) -> dict:
     }
 
 
-def _mixture_card(manifest: dict) -> str:
+def _mixture_card(manifest: dict, not_moved: list[str]) -> str:
     """The README section of a mixture's bundle: environments, teachers, what stays behind."""
     rows = "\n".join(
         f"| {e['data_source']} | {e['rows']['train']} / {e['rows']['val']} | "
@@ -522,7 +526,7 @@ def _mixture_card(manifest: dict) -> str:
         + next((f"{name} (`{entry}`)" for name, r in manifest["teachers"]["routes"].items()
                 for entry, key in r["entries"].items() if key == e["data_source"]), "teacher")
         + " |" for e in manifest["environments"])
-    moved = "\n".join(f"- {line}" for line in manifest["not_moved"]) or "- nothing"
+    moved = "\n".join(f"- {line}" for line in not_moved) or "- nothing"
     return (
         "\n## Environments and teachers in verl\n\n"
         "| data_source | train / val rows | miniverl share | verl share | teacher (entry) |\n"

@@ -21,7 +21,8 @@ module plans its parts:
   route's GPUs (``--teacher-gpus``), so ``distillation.n_gpus_per_node * nnodes`` equals
   the teachers' sum as ``DistillationConfig`` checks;
 - what does not move (:func:`not_moved`): one line each, printed by the export and
-  listed in the bundle's README and manifest.
+  listed in the bundle's README and ``provenance/source_run.json`` (``not_moved``: a fact
+  of the run it came from, beside its recipe).
 
 It plans; ``bundle.py`` writes files and ``doctor.py`` / ``import_bundle.py`` read them.
 """

@@ -67,7 +67,7 @@ def test_a_mixture_bundle_holds_every_environment(mixture_run, tmp_path):
     assert doctor(bundle)["ok"]
 
 
-def test_each_thing_that_cannot_move_is_one_line_in_output_readme_and_manifest(
+def test_each_thing_that_cannot_move_is_one_line_in_output_readme_and_provenance(
         mixture_run, tmp_path):
     from typer.testing import CliRunner
 
@@ -78,7 +78,8 @@ def test_each_thing_that_cannot_move_is_one_line_in_output_readme_and_manifest(
     assert result.exit_code == 0, result.output
     said = [line[len("does not move: "):] for line in result.output.splitlines()
             if line.startswith("does not move: ")]
-    assert said == _manifest(tmp_path / "b")["not_moved"]
+    source = json.loads((tmp_path / "b/provenance/source_run.json").read_text())
+    assert said == source["not_moved"] and "not_moved" not in _manifest(tmp_path / "b")
     assert any(line.startswith("environments' weights: verl draws train.parquet's rows "
                                "uniformly") and "calculator 50% of verl's episodes, 67% of "
                "miniverl's" in line for line in said)
@@ -202,6 +203,7 @@ def test_a_single_environment_bundle_takes_teacher_gpus(toy_run, tmp_path):
     # Its lines come back to the command, its manifest and README stay as they were.
     manifest = _manifest(tmp_path / "a")
     assert "not_moved" not in manifest and "environments" not in manifest
+    assert "not_moved" not in json.loads((tmp_path / "a/provenance/source_run.json").read_text())
     assert "What does not move" not in (tmp_path / "a/README.md").read_text()
     lines = export_verl(toy_run, tmp_path / "c")["not_moved"]
     assert lines == ["loss.objective bucketed_topk_tail: verl's distillation loss reads the "
@@ -329,3 +331,21 @@ def test_loss_settings_verl_lacks_are_named(toy_run, tmp_path):
         "loss.objective bucketed_topk_tail", "loss.estimator full", "loss.positions uniform",
         "loss.temperature 2"]
     assert _flat(tmp_path / "b")["distillation.distillation_loss.loss_mode"] == "k3"
+
+
+def test_a_reverse_kl_run_round_trips_too(toy_run, tmp_path):
+    # Its bundle says the full reverse-KL estimator does not move (verl trains k3); the
+    # recipe it imports as has verl's estimator, and exports to the same files again.
+    data = mixture_recipe(True)
+    data["loss"] = {"top_k": 8, "divergence": "reverse_kl"}
+    first = tmp_path / "first"
+    lines = export_verl(make_run(toy_run, tmp_path / "runs", data, "rkl"), first)["not_moved"]
+    assert any(line.startswith("loss.estimator full") for line in lines)
+    import_verl(first, tmp_path / "imp" / "recipe.yaml")
+    again = yaml.safe_load((tmp_path / "imp" / "recipe.yaml").read_text())
+    assert again["loss"]["estimator"] == "sampled_token"
+    second = tmp_path / "second"
+    export_verl(make_run(toy_run, tmp_path / "runs2", again, "rkl"), second)
+    a, b = _sums(first), _sums(second)
+    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
+        "README.md", "provenance/source_run.json"]
