@@ -23,7 +23,7 @@ NOT_YET_CLEAN = frozenset(f"miniverl.student.train.{m}" for m in (
     "teacher", "modes.offline_kd", "routes", "objectives.objective", "modes.dpo",
     "teacher_link", "xvocab_targets", "steps", "policy", "objectives.variants",
     "objectives.group_sampled_token", "objectives.group_uld", "modes.replay", "modes.opd",
-    "modes.rl", "fixed_sets", "cached_targets"))
+    "modes.rl"))
 
 
 def test_ci_runs_the_type_checker_before_the_suite():

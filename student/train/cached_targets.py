@@ -78,15 +78,15 @@ def latest_for_teacher(cache: TargetsCache | None, recipe: Recipe, teacher: dict
             by_traj[key.trajectory_id] = key
     out: dict[str, Scored] = {}
     for traj in trajs:
-        key = by_traj.get(traj.id)
-        if key is None:
+        newest = by_traj.get(traj.id)
+        if newest is None:
             continue
-        arrays = dict(cache.get(key))
+        arrays = dict(cache.get(newest))
         positions = arrays.pop("positions", None)
         if positions is None:
             continue
-        out[traj.id] = Scored(traj, np.asarray(positions), arrays, key.student_version,
-                              {**teacher, "instance": key.instance, "gen": key.gen})
+        out[traj.id] = Scored(traj, np.asarray(positions), arrays, newest.student_version,
+                              {**teacher, "instance": newest.instance, "gen": newest.gen})
     return out
 
 

@@ -115,7 +115,7 @@ def play_set(state: TrainState, tasks: list[Any], seeds: list[int], *,
                                 total.time_play_s + part.time_play_s,
                                 total.from_cache + part.from_cache,
                                 total.charged_s + part.charged_s)
-    total.trajectories = out
+    total.trajectories = [traj for traj in out if traj is not None]  # every task played
     return total
 
 
