@@ -33,6 +33,18 @@ does not stop the next):
     three samplers side by side, bf16, batch 32 x 64 and 8 x 256 (hf, ``generate``,
     ``rollout.engine: vllm``; ``benchmarks/sampling_engines.py``), then three OPD
     updates of the LoRA student with each engine; skipped with the reason otherwise.
+11. ``real_vocab_update``: one update in a child process of the student shape with Qwen's
+    real vocabulary (151,936: the V-wide fp32 head and the chunked loss), LoRA, bf16, 8
+    episodes of 1,024 tokens; the allocator's peak beside the memory plan's
+    (``common/memory_plan.py``).
+12. ``recipe_update``: the same at the shipped Qwen recipe's size: 32 episodes of 2,048
+    tokens, gradient checkpointing and 16,384-token micro-batches on; peak beside plan.
+
+Before the first step it prints its own estimate of the time on one H100 (the sum of
+``ESTIMATE_S``: 480 s); without CUDA it exits at once with one line (``--cpu-smoke`` is
+the CPU form). The record is written after every step, so a check cut short keeps what
+it ran; a step's processes still running at its timeout (``up``: 300 s, an update: 240 s)
+are ended with their whole process group.
 
 For each ``up`` run: its exit code, the losses (finite or not), seconds per update (the
 gap between metrics rows, the first update dropped), sampled tokens/s, teacher wait,
@@ -64,6 +76,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -142,6 +155,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                         help="Tiny models on the CPU; GPU-only steps are skipped with the reason.")
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="Skip a step that would start after this many seconds.")
+    parser.add_argument("--update-child", metavar="JSON", help=argparse.SUPPRESS)
     add_output_options(parser, RESULTS)
     args = parser.parse_args(argv)
     if not args.budget_s > 0:
@@ -333,9 +347,9 @@ def run_up(check: Check, name: str, recipe: Path) -> dict[str, Any]:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     t0 = time.perf_counter()
     with DriverPeaks() as driver:
-        done = subprocess.run(
+        done = run_bounded(
             [sys.executable, "-m", "miniverl.cli.app", "up", str(recipe), "--quiet",
-             "--run-id", name], capture_output=True, text=True, env=env, timeout=900)
+             "--run-id", name], env=env, timeout_s=UP_TIMEOUT_S)
     wall = time.perf_counter() - t0
     run_dir = check.tmp / "runs" / name
     rows = _jsonl(run_dir / "metrics.jsonl")
@@ -374,6 +388,36 @@ def run_up(check: Check, name: str, recipe: Path) -> dict[str, Any]:
     if out["status"] == "failed" and "error" not in out:
         out["error"] = "a loss is not finite" if rows else "no update was logged"
     return out
+
+
+# A step's `up` that has not ended by then is stopped, with every process it started.
+UP_TIMEOUT_S = 300
+
+
+def run_bounded(cmd: list[str], *, env: dict[str, str] | None = None,
+                timeout_s: float) -> subprocess.CompletedProcess:
+    """``cmd`` in its own process group, its output captured; past ``timeout_s`` the whole
+    group (``up``'s teacher and student too, not only ``up``) gets SIGTERM, then SIGKILL
+    10 s later, and the result's returncode is 124 with a line saying so."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                out, err = proc.communicate(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out, err = "", ""
+        return subprocess.CompletedProcess(
+            cmd, 124, out, (err or "") + f"\nerror: timed out after {timeout_s:g} s; its "
+            "process group was stopped")
 
 
 FAILURE = re.compile(r"^\s*(error:|Value error|([\w.]+\.)?\w*(Error|Exception)\b)")
@@ -551,6 +595,116 @@ def step_sampling_engines(check: Check) -> dict[str, Any]:
     return out
 
 
+# One update in a child process, on a Qwen3-0.6B-shaped LoRA student with Qwen's real
+# vocabulary (151,936: the V-wide head, the chunked loss): episodes, tokens, trained
+# answer tokens per episode, micro_batch_tokens (None: one forward), checkpointing.
+UPDATES = {
+    "real_vocab_update": {"gpu": (8, 1024, 512, None, False), "cpu": (2, 64, 32, None, False)},
+    "recipe_update": {"gpu": (32, 2048, 512, 16384, True), "cpu": (4, 128, 64, 256, True)},
+}
+QWEN_VOCAB = 151_936
+UPDATE_CHUNK = 512
+UPDATE_TIMEOUT_S = 240
+
+
+def update_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Two SFT updates (``sft_step``) of a model built from ``spec``; the allocator's peak
+    (CUDA) or the resident peak above the footing (CPU) beside the memory plan's."""
+    from types import SimpleNamespace
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from miniverl.common.memory_plan import ModelShape, StudentSettings, student_plan
+    from miniverl.common.modeling import use_fp32_head
+    from miniverl.common.recipe_sections import LossConfig, TrainConfig
+    from miniverl.common.trajectory import Span, SpanType, Trajectory
+    from miniverl.student.train.policy import Policy
+    from miniverl.student.train.updates import sft_step
+
+    cuda = spec["device"] == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    shape = spec["shape"]
+    config = Qwen3Config(vocab_size=QWEN_VOCAB, hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"],
+                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                         num_key_value_heads=shape["kv_heads"],
+                         head_dim=shape["hidden"] // shape["heads"], tie_word_embeddings=True,
+                         max_position_embeddings=max(2048, spec["tokens"]))
+    episodes, tokens, answer = spec["episodes"], spec["tokens"], spec["answer"]
+    torch.manual_seed(0)
+    trajs = [Trajectory(
+        id=f"t{i}", tokens=torch.randint(0, QWEN_VOCAB, (tokens,)).tolist(),
+        tokenizer_fp="fp", environment="calculator", task_id=f"k{i}", policy_version=0,
+        spans=[Span(type=SpanType.USER, start=0, end=tokens - answer),
+               Span(type=SpanType.ASSISTANT_FINAL, start=tokens - answer, end=tokens)])
+        for i in range(episodes)]
+    footing = 0 if cuda else _vm_hwm()
+    model = Qwen3ForCausalLM(config).to(dtype=dtype, device=spec["device"])
+    model = get_peft_model(model, LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"],
+                                             target_modules=LORA["target_modules"],
+                                             task_type="CAUSAL_LM"))
+    use_fp32_head(model)
+    if spec["checkpointing"]:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    policy = Policy(model=model, tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=0),
+                    tokenizer_fp="fp", model_dir=Path("."), device=torch.device(spec["device"]),
+                    vocab_size=QWEN_VOCAB, lora=True, compute_dtype=dtype)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    train = TrainConfig(micro_batch_tokens=spec["micro_batch_tokens"])
+    t0 = time.perf_counter()
+    losses = [sft_step(policy, optimizer, scheduler, trajs, loss=LossConfig(
+        chunk_size=UPDATE_CHUNK), train=train).loss for _ in range(2)]
+    seconds = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated()
+    else:
+        measured = (_vm_hwm() - footing) * 1024
+    settings = StudentSettings(
+        dtype_bytes=2 if cuda else 4, quantization="none", lora_r=LORA["r"],
+        lora_targets=tuple(LORA["target_modules"]), update_episodes=episodes,
+        episode_tokens=tokens, grad_accum=1, micro_batch_tokens=spec["micro_batch_tokens"],
+        gradient_checkpointing=spec["checkpointing"], chunk_size=UPDATE_CHUNK, fp32_head=True,
+        rollout_batch=1, trained_share=answer / tokens)
+    plan = student_plan(ModelShape.from_config(config.to_dict()), settings)["update"]
+    return {"config": {k: spec[k] for k in ("episodes", "tokens", "answer",
+                                            "micro_batch_tokens", "checkpointing")}
+            | {"vocab": QWEN_VOCAB, "layers": shape["layers"], "dtype": str(dtype)[6:]},
+            "loss": losses, "loss_finite": all(math.isfinite(x) for x in losses),
+            "two_updates_s": round(seconds, 2),
+            "measured_peak_mib": round(measured / MIB, 1),
+            "predicted_peak_mib": round(plan.peak / MIB, 1),
+            "predicted_over_measured": round(plan.peak / measured, 3),
+            "measured": "torch.cuda.max_memory_allocated" if cuda else "VmHWM above footing"}
+
+
+def _vm_hwm() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def step_update(name: str) -> Callable[[Check], dict[str, Any]]:
+    def run(check: Check) -> dict[str, Any]:
+        episodes, tokens, answer, budget, ckpt = UPDATES[name]["gpu" if check.cuda else "cpu"]
+        spec = {"device": check.device, "shape": check.shapes["student"], "episodes": episodes,
+                "tokens": tokens, "answer": answer, "micro_batch_tokens": budget,
+                "checkpointing": ckpt}
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}  # the CPU peak is live bytes
+        done = run_bounded([sys.executable, str(Path(__file__).resolve()), "--update-child",
+                            json.dumps(spec)], env=env, timeout_s=UPDATE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(failure_line(check.tmp, done.stderr or done.stdout))
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    return run
+
+
 STEPS: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("build", step_build),
     ("opd_bf16_lora", step_up("opd_bf16_lora")),
@@ -563,7 +717,16 @@ STEPS: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("sampling_vs_generate", step_sampling),
     ("opd_smollm2", step_smollm2),
     ("sampling_engines", step_sampling_engines),
+    ("real_vocab_update", step_update("real_vocab_update")),
+    ("recipe_update", step_update("recipe_update")),
 ]
+# Seconds each step is expected to take on one H100, printed before the check starts
+# (estimates, not measurements: no GPU has run this check yet); --budget-s skips a step
+# that would start after the budget, so the command ends in time whatever they are.
+ESTIMATE_S = {"build": 40, "opd_bf16_lora": 45, "opd_bf16_full": 40, "opd_swap": 40,
+              "teacher_park_wake": 25, "opd_qlora_nf4": 40, "opd_nf4_teacher_swap": 40,
+              "opd_fp16": 35, "sampling_vs_generate": 30, "opd_smollm2": 25,
+              "sampling_engines": 60, "real_vocab_update": 20, "recipe_update": 40}
 
 
 def _cell(value: Any, fmt: str = "{:.2f}") -> str:
@@ -608,16 +771,34 @@ def print_table(record: dict[str, Any]) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """The record as it stands (after every step: a check killed midway keeps its steps)."""
+    tmp = path.with_suffix(".json.part")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     t_start = time.perf_counter()  # the budget counts from here: imports and setup too
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.update_child:
+        print(json.dumps(update_child(json.loads(args.update_child))))
+        return 0
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("error: torch sees no CUDA device (torch.cuda.is_available() is False); this "
+              "check needs one (--cpu-smoke runs its CPU form)", file=sys.stderr)
+        return 1
     if args.cpu_smoke:
         torch.set_num_threads(1)
+    estimate = sum(ESTIMATE_S.get(name, 30) for name, _ in STEPS)
+    print(f"gpu check: {len(STEPS)} steps, about {estimate} s on one H100 by its own "
+          f"estimate (budget {args.budget_s:g} s); the record is written after each step "
+          f"to {args.out}", file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     check = Check(args, tmp)
     record: dict[str, Any] = {"benchmark": "gpu_check", "cpu_smoke": args.cpu_smoke,
@@ -640,6 +821,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500]}
                     result["step_s"] = round(time.perf_counter() - t0, 1)
                 record["steps"][name] = result
+                write_record(args.out, record)
                 progress.advance(bar)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -647,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     # process, which would sit beside the two measured processes for the whole check.
     record["machine"] = machine(check.cuda)
     record["wall_s"] = round(time.perf_counter() - t_start, 1)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(args.out, record)
     print_table(record)
     failed = [n for n, r in record["steps"].items() if r["status"] == "failed"]
     print(f"{len(record['steps']) - len(failed)} of {len(record['steps'])} steps ok or skipped"

@@ -195,6 +195,9 @@ class StudentSettings:
     chunk_size: int
     fp32_head: bool
     rollout_batch: int
+    # The share of a micro-batch's tokens the loss trains (its chunk is at most that many
+    # positions); 1.0 bounds it (a recipe's prompts are not trained, so it is less).
+    trained_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,7 @@ def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan
         activations = tokens * shape.layers * per_layer
     # The final norm's output, and the selected positions' hidden states gathered from it.
     activations += 2 * tokens * shape.hidden * b
-    chunk = min(s.chunk_size, tokens)
+    chunk = min(s.chunk_size, math.ceil(tokens * s.trained_share))
     loss = LOSS_CHUNK_COPIES * chunk * shape.vocab * f32
     head = shape.vocab * shape.hidden * f32 if (s.fp32_head and b != f32) else 0
     update = {"weights": weights, "trainable": trainable, "activations": activations,

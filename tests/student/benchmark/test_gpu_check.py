@@ -198,3 +198,68 @@ def test_the_vllm_engine_recipe_of_the_gpu_form_validates(tmp_path):
         recipe = load_recipe(gpu_check.up_recipe(check, f"opd_engine_{engine}", "bfloat16", True,
                                                  "resident", "none", 3, engine=engine))
         assert recipe.rollout.engine == engine and recipe.student.lora is not None
+
+
+def test_without_cuda_the_check_exits_with_one_line(tmp_path):
+    # It ran its steps on the CPU and called that a GPU check; now it says why it stops.
+    done = _run("--output-dir", str(tmp_path), timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: torch sees no CUDA device (torch.cuda.is_available() is False); this check "
+        "needs one (--cpu-smoke runs its CPU form)"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_record_is_written_after_every_step(tmp_path, monkeypatch):
+    # A check killed midway (a lent GPU's time ran out) keeps the steps it finished.
+    out = tmp_path / "gpu_check_cpu_smoke.json"
+    seen = {}
+
+    def first(check):
+        return {"figure": 1}
+
+    def second(check):
+        seen["before_second"] = json.loads(out.read_text())
+        raise RuntimeError("this step fails")
+
+    monkeypatch.setattr(gpu_check, "STEPS", [("first", first), ("second", second)])
+    assert gpu_check.main(["--cpu-smoke", "--output-dir", str(tmp_path)]) == 0
+    assert seen["before_second"]["steps"] == {"first": {"status": "ok", "figure": 1,
+                                                        "step_s": 0.0}}
+    final = json.loads(out.read_text())
+    assert final["steps"]["second"]["status"] == "failed" and final["machine"]
+
+
+def test_a_step_that_times_out_has_its_processes_ended(tmp_path):
+    # `up` killed at its timeout left its teacher and student running; the whole process
+    # group is ended now.
+    pid_file = tmp_path / "child.pid"
+    done = gpu_check.run_bounded(
+        ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], timeout_s=2)
+    assert done.returncode == 124 and "timed out after 2 s" in done.stderr
+    child = int(pid_file.read_text())
+    import os
+    import time
+
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step's child {child} is still running")
+
+
+def test_the_estimate_fits_eight_minutes(capsys):
+    assert sum(gpu_check.ESTIMATE_S[name] for name, _ in gpu_check.STEPS) <= 480
+
+
+@pytest.mark.slow  # one child process, two updates at the real vocabulary: ~20 s
+def test_the_recipe_shaped_update_reports_the_plan_beside_the_peak(tmp_path):
+    check = SimpleNamespace(cuda=False, device="cpu", tmp=tmp_path,
+                            shapes=gpu_check.SHAPES["cpu"])
+    row = gpu_check.step_update("recipe_update")(check)
+    assert row["config"]["vocab"] == 151_936 and row["config"]["checkpointing"]
+    assert row["loss_finite"] and row["measured_peak_mib"] > 0
+    assert 0.7 <= row["predicted_over_measured"] <= 1.3
