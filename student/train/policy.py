@@ -95,7 +95,7 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
         allow_cpu_quantization=cfg.allow_cpu_quantization,
     )
     lora = cfg.lora is not None
-    if lora:
+    if cfg.lora is not None:
         from peft import LoraConfig, get_peft_model
 
         if cfg.quantization != "none":
@@ -106,7 +106,8 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
             model,
             LoraConfig(
                 r=cfg.lora.r,
-                lora_alpha=cfg.lora.alpha,
+                # peft annotates an int; a float alpha scales by alpha / r as well.
+                lora_alpha=cfg.lora.alpha,  # type: ignore[arg-type]
                 lora_dropout=cfg.lora.dropout,
                 target_modules=list(cfg.lora.target_modules),
                 task_type="CAUSAL_LM",
