@@ -80,6 +80,12 @@ def test_unset_new_fields_leave_the_digest_as_it_was():
     assert data.pop("environments") is None  # a mixture (docs/environments.md)
     # Several teachers (docs/several-teachers.md).
     assert data.pop("teachers") is None and data["teacher"].pop("adapters") is None
+    # Precision and memory (docs/gpu.md), the sampling engine (docs/rollouts.md).
+    assert data["loss"].pop("fp32_head") is None
+    assert data["train"].pop("micro_batch_tokens") is None
+    assert data["train"].pop("gradient_checkpointing") is None
+    assert all(data["rollout"].pop(name) is None
+               for name in ("engine", "engine_memory", "engine_check"))
     for side in ("student", "teacher"):  # the toy spec's optional fields, unset
         toy = data[side]["model"]["toy"]
         assert toy.pop("init_std") is None and toy.pop("rope_theta") is None
