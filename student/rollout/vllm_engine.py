@@ -204,8 +204,8 @@ class VllmEngine:
                 self._llm.sleep(level=1)
             except Exception as exc:
                 raise EngineError("sleep", _one_line(exc),
-                                  "raise rollout.engine_memory headroom or set "
-                                  "rollout.engine: hf") from None
+                                  "lower rollout.engine_memory (host memory holds its "
+                                  "weights while it sleeps) or set rollout.engine: hf") from None
             self.asleep = True
 
     def wake(self) -> None:
