@@ -4,7 +4,7 @@
 
 For the three tokenizer pairs of docs/cross-tokenizer.md (student -> teacher: toy ->
 Qwen3, Qwen3 -> SmolLM2, toy -> SmolLM2) it builds the vocabulary map
-(``student/train/cross_vocab.py``) and reports its coverage, then renders the oracle
+(``student/train/teacher/cross_vocab.py``) and reports its coverage, then renders the oracle
 episodes of ``--tasks`` tasks per environment (calculator, jsonnav, sqlite; the same
 messages and tool results for every pair) with each side's chat template, aligns them
 (``common/alignment.py``) and counts, per pair: the student positions in trainable
@@ -38,7 +38,7 @@ from miniverl.student.benchmark.outputs import add_output_options, script_output
 from miniverl.student.environments import get_environment  # noqa: E402
 from miniverl.student.environments.registry import make_tasks  # noqa: E402
 from miniverl.student.rollout.oracle import oracle_trajectory  # noqa: E402
-from miniverl.student.train.cross_vocab import (  # noqa: E402
+from miniverl.student.train.teacher.cross_vocab import (  # noqa: E402
     build_vocab_map,
     exact_groups_G,
     token_bytes,

@@ -169,7 +169,7 @@ def measure(args: argparse.Namespace, progress=None) -> dict:
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.common.toy import build_toy_tokenizer
     from miniverl.protocol.sync_client import SyncTeacherClient
-    from miniverl.student.train.xvocab_targets import XvocabRequests, student_targets
+    from miniverl.student.train.teacher.xvocab import XvocabRequests, student_targets
     from miniverl.teacher_server.xvocab import plan_xvocab
     from tests.common.cross_tokenizer_kit import byte_fallback_tokenizer
     from tests.toy_kit import TEACHER

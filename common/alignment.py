@@ -27,7 +27,7 @@ Three steps, each a pure function (arrays in, arrays out, deterministic):
 
 Positions are token indices of each side's own rendering. Which logit predicts which
 token (index ``j - 1`` predicts token ``j``) is the targets' business
-(``student/train/cross_vocab.py``), not this module's. This module imports neither
+(``student/train/teacher/cross_vocab.py``), not this module's. This module imports neither
 torch nor transformers: it reads a ``tokenizers.Tokenizer`` (a fast tokenizer's
 ``backend_tokenizer``) and a transformers tokenizer's ``apply_chat_template`` only
 through the objects it is handed.

@@ -15,7 +15,7 @@ one set of counters per route, named ``teacher`` or ``teacher/adapter``.
 
 :func:`routing_issues` holds the recipe's rules (``Recipe`` calls it, so ``miniverl
 validate`` reports a bad route before any process starts); :func:`routes` reads a valid
-recipe's routes. This module does not connect to teachers (``student/train/routes.py``).
+recipe's routes. This module does not connect to teachers (``student/train/teacher/routed.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ROUTED_MODES = frozenset({"opd", "sft"})
 # Settings that hold one teacher's view of the run, so a routed teacher cannot have them.
 # (min_success and min_recovery gate each route on each of its environments' records:
 # require_route_qualified; mode privileged_context views each episode through its own
-# environment's privileged context: student/train/teacher.py route_views; tokenizer:
+# environment's privileged context: student/train/teacher/connect.py route_views; tokenizer:
 # other renders each episode with its own environment's tools: xvocab_targets.py.)
 ONE_ENVIRONMENT_SETTINGS = (
     ("memory", "moves one teacher's weights around the student's update; several "

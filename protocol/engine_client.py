@@ -2,7 +2,7 @@
 
 :class:`EngineTeacherClient` implements
 :class:`~miniverl.protocol.scoring_client.ScoringClient` beside the ZeroMQ
-``SyncTeacherClient``, so the training side (``student/train/teacher_link.py``) scores
+``SyncTeacherClient``, so the training side (``student/train/teacher/link.py``) scores
 through it unchanged. Each ``submit`` is one HTTP request holding the request's
 sequences as token-id prompts: vLLM ``POST /v1/completions`` (``prompt_logprobs: k``,
 ``max_tokens: 1``), SGLang ``POST /generate`` (``return_logprob``,
@@ -43,7 +43,7 @@ recipe names (``teacher.api_key_env``) and is sent only in the ``Authorization``
 :meth:`~EngineTeacherClient.interrupt` ends a wait from another thread (a stop signal).
 
 Torch-free; numpy only. This module does not connect a run or gate a teacher
-(``student/train/teacher.py``).
+(``student/train/teacher/connect.py``).
 """
 
 from __future__ import annotations

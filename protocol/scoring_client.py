@@ -1,7 +1,7 @@
 """The seam between the student's training side and whatever scores its visited states.
 
 :class:`ScoringClient` is a :class:`typing.Protocol`: the methods the training side calls
-on a teacher client (``student/train/teacher_link.py``, ``student/train/teacher.py``,
+on a teacher client (``student/train/teacher/link.py``, ``student/train/teacher/connect.py``,
 ``student/train/trainer.py``). Three classes implement it: the ZeroMQ client
 (:class:`~miniverl.protocol.sync_client.SyncTeacherClient`, over ``mvl-score/1``), the
 HTTP engine-teacher client (:class:`~miniverl.protocol.engine_client.EngineTeacherClient`,

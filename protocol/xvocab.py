@@ -22,7 +22,7 @@ This module holds the rules both sides apply and the digests:
   (what the client checks in an xvocab SCORE_OK) reads the reply's groups with.
 
 It does not render, tokenize or align (``common/alignment.py``), score
-(``teacher_server/``) or turn targets into a loss (``student/train/cross_vocab.py``).
+(``teacher_server/``) or turn targets into a loss (``student/train/teacher/cross_vocab.py``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from miniverl.protocol.engine_client import check_engine_endpoint, is_engine_end
 from miniverl.protocol.messages import Ping, Pong
 from miniverl.protocol.socket_files import bound_file, remove_bound_file
 from miniverl.student.train.optim import planned_cycles
-from miniverl.student.train.teacher import vet_endpoint, vet_route
+from miniverl.student.train.teacher.connect import vet_endpoint, vet_route
 
 log = logging.getLogger(__name__)
 

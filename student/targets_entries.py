@@ -86,7 +86,7 @@ def teacher_key(teacher: dict[str, Any], mode: str = "standard") -> str:
 
 def scored_entries(scored: Iterable[Any]) -> Iterator[tuple[EntryKey, dict[str, np.ndarray]]]:
     """``(key, arrays)`` of every scored trajectory that has positions (a
-    ``student.train.teacher_link.Scored``: its trajectory, the version the targets were
+    ``student.train.teacher.link.Scored``: its trajectory, the version the targets were
     scored for, the teacher's identity and what it was shown (``mode``: its route's, in
     a run of several teachers), the reply's arrays and its positions)."""
     for s in scored:

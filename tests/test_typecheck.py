@@ -20,8 +20,8 @@ SCRIPT = ROOT / ".ci" / "typecheck"
 CHECKED = ("miniverl.common", "miniverl.protocol", "miniverl.student.train")
 # The modules whose errors are not reported yet (pyproject.toml): this list may only shrink.
 NOT_YET_CLEAN = frozenset(f"miniverl.student.train.{m}" for m in (
-    "teacher", "modes.offline_kd", "routes", "objectives.objective", "modes.dpo",
-    "teacher_link", "xvocab_targets", "steps", "objectives.variants",
+    "teacher.connect", "modes.offline_kd", "teacher.routed", "objectives.objective",
+    "modes.dpo", "teacher.link", "teacher.xvocab", "steps", "objectives.variants",
     "objectives.group_sampled_token", "objectives.group_uld", "modes.replay", "modes.opd",
     "modes.rl"))
 

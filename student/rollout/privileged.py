@@ -231,7 +231,7 @@ def build_teacher_view(
 
 
 class PrivilegedViews:
-    """The ``view`` hook a :class:`~miniverl.student.train.teacher_link.TeacherLink` applies.
+    """The ``view`` hook a :class:`~miniverl.student.train.teacher.link.TeacherLink` applies.
 
     ``task_of(traj)`` returns the :class:`~miniverl.student.environments.Task` a
     trajectory played (its privileged context is computed from it). Calling the object

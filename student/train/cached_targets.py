@@ -26,7 +26,7 @@ from miniverl.common.trajectory import Trajectory
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.targets_entries import CacheIdentity, EntryKey, scored_entries, teacher_key
 from miniverl.student.train.policy import Policy
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.teacher.link import Scored
 
 
 def open_cache(recipe: Recipe, run: RunDir, policy: Policy, kind: str) -> TargetsCache | None:

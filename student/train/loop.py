@@ -52,7 +52,7 @@ from miniverl.student.train.modes.sft import (
 )
 from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
 from miniverl.student.train.state import CycleResult, Mode, TrainState, restore, save_checkpoint
-from miniverl.student.train.teacher import (
+from miniverl.student.train.teacher.connect import (
     TEACHER_FAILURES,
     apply_retarget,
     check_handshake,

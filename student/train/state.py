@@ -30,7 +30,7 @@ resumed run builds exactly the batches the uninterrupted one would have built:
   ``environment:`` keeps the seeded permutations above.
 
 This module does not run cycles (``loop.py``, ``modes/``), talk to the teacher
-(``teacher.py``) or open the run directory (``trainer.py``).
+(``teacher/connect.py``) or open the run directory (``trainer.py``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from miniverl.student.train.objectives import StepObjective
 from miniverl.student.train.objectives.table import run_kind, run_objective
 from miniverl.student.train.optim import build_optimizer
 from miniverl.student.train.policy import Policy, load_policy
-from miniverl.student.train.teacher_link import Scored, TeacherSide
+from miniverl.student.train.teacher.link import Scored, TeacherSide
 from miniverl.student.train.updates import StepStats, build_scheduler
 
 

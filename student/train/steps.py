@@ -27,7 +27,7 @@ from miniverl.common.trajectory import Trajectory, select_positions_for, write_t
 from miniverl.student.rollout.runner import RolloutRunner
 from miniverl.student.targets_cache import TargetsCache
 from miniverl.student.targets_entries import scored_entries
-from miniverl.student.train.teacher_link import Scored, TeacherSide
+from miniverl.student.train.teacher.link import Scored, TeacherSide
 
 
 @dataclass

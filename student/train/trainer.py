@@ -28,9 +28,9 @@ from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.student.report.build import build_report
 from miniverl.student.trackers import Trackers, check_loggers, open_trackers
 from miniverl.student.train.loop import resume_from_checkpoint, run
-from miniverl.student.train.routes import RouteSide, routed_side
 from miniverl.student.train.state import TrainState, build_state
-from miniverl.student.train.teacher_link import TeacherSide
+from miniverl.student.train.teacher.link import TeacherSide
+from miniverl.student.train.teacher.routed import RouteSide, routed_side
 
 
 @dataclass

@@ -30,7 +30,7 @@ from miniverl.student.quant import check_trainable_grads
 from miniverl.student.train.objectives.objective import CrossEntropy, StepObjective
 from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
 from miniverl.student.train.policy import Policy
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.teacher.link import Scored
 
 
 @dataclass

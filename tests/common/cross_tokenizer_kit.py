@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from miniverl.common.alignment import MIXED, TEMPLATE, align_episode
-from miniverl.student.train.cross_vocab import token_bytes
+from miniverl.student.train.teacher.cross_vocab import token_bytes
 from tests.extras import missing
 from tests.student.rollout.qwen_kit import SKIP_REASON as QWEN_SKIP
 from tests.student.rollout.qwen_kit import qwen3_dir

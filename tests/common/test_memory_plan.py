@@ -106,7 +106,7 @@ def test_validate_prints_the_plan_and_refuses_in_one_line(capsys):
 def test_auto_teacher_memory_follows_the_plan(monkeypatch):
     import torch
 
-    from miniverl.student.train.teacher import memory_strategy
+    from miniverl.student.train.teacher.connect import memory_strategy
 
     recipe = load_recipe(QWEN_RECIPE)
     cuda = SimpleNamespace(type="cuda")

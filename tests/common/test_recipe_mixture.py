@@ -115,7 +115,7 @@ def test_a_mixture_where_one_environment_is_read_is_refused(tmp_path, mode, teac
 
 
 def test_one_teacher_with_another_tokenizer_may_score_a_mixture(tmp_path):
-    # Each episode is rendered with its own environment's tools (xvocab_targets.py), so
+    # Each episode is rendered with its own environment's tools (student/train/teacher/xvocab.py), so
     # one teacher of another tokenizer scores every member of a mixture.
     data = _mixture(tmp_path, mode="opd", loss={"estimator": "sampled_token",
                                                 "divergence": "reverse_kl"})

@@ -221,8 +221,6 @@ NOT_FIELDS = {
     "docs/verl-bridge.md": {"rollout.name", "rollout.log_prob_micro_batch_size_per_gpu",
                             "rollout.n", "rollout.load_format",
                             "rollout.agent.default_agent_loop", "rollout.prompt_length"},
-    # the function student/train/teacher.py:teacher_link
-    "docs/architecture.md": {"teacher.teacher_link"},
 }
 
 

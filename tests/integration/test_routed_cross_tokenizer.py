@@ -36,7 +36,7 @@ def _recipe(tmp_path, calc: str, nav: str) -> Recipe:
     data["teachers"] = {"calc": {**teacher, "tokenizer": calc},
                         "nav": {**teacher, "tokenizer": nav}}
     # calculator without units shows one tool: an episode rendered with the default
-    # schemas would not be its own tokens (xvocab_targets.XvocabRequests).
+    # schemas would not be its own tokens (teacher/xvocab.py, XvocabRequests).
     data["environments"] = [
         {"name": "calculator", "teacher": "calc", "train_tasks": 8, "eval_tasks": 2,
          "test_tasks": 2, "params": {"units": False}},

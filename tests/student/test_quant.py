@@ -131,7 +131,7 @@ def test_a_missing_lora_gradient_is_an_error_not_a_silent_step(tmp_path):
 def test_swap_memory_with_a_quantized_student_is_allowed(tmp_path):
     # swap parks the TEACHER's weights; the student's never move, so a 4-bit student
     # swaps like any other (it was refused with words saying the student's weights move).
-    from miniverl.student.train.teacher import memory_strategy
+    from miniverl.student.train.teacher.connect import memory_strategy
 
     recipe = _recipe(tmp_path, memory="swap")
     assert memory_strategy(recipe, torch.device("cpu"))[0] == "swap"

@@ -298,7 +298,7 @@ def test_an_xvocab_score_of_an_adapter_is_that_adapters(served, merged, base_dir
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.student.environments import make_tasks
     from miniverl.student.rollout.oracle import oracle_trajectories
-    from miniverl.student.train.xvocab_targets import XvocabRequests
+    from miniverl.student.train.teacher.xvocab import XvocabRequests
 
     h, _ = served
     tok = load_tokenizer(base_dir)

@@ -22,7 +22,7 @@ off-policy preference training (``on_policy: false``) in metrics and manifests, 
 though the pairs were sampled by the version that trains on them.
 
 This module does not sample (the state's rollout runner does), does not talk to
-sockets (the :class:`~miniverl.student.train.teacher_link.TeacherLink` does) and writes no
+sockets (the :class:`~miniverl.student.train.teacher.link.TeacherLink` does) and writes no
 files except through the run directory; ``loop.py`` logs what a cycle returns.
 """
 
@@ -43,7 +43,7 @@ from miniverl.common.trajectory import Trajectory, write_trajectories
 from miniverl.student.train.objectives.objective import next_tokens
 from miniverl.student.train.policy import Policy
 from miniverl.student.train.state import CycleResult, TrainState, group_size
-from miniverl.student.train.teacher_link import TeacherLink
+from miniverl.student.train.teacher.link import TeacherLink
 from miniverl.student.train.updates import (
     StepStats,
     backward,

@@ -62,7 +62,7 @@ from miniverl.student.train.state import (
     group_size,
 )
 from miniverl.student.train.steps import collect, sample
-from miniverl.student.train.teacher_link import Scored, TeacherSide
+from miniverl.student.train.teacher.link import Scored, TeacherSide
 
 
 @dataclass

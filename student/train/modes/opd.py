@@ -6,7 +6,7 @@
    episode seeded by ``(run.seed, cycle, episode)``, so a resumed run draws the same;
 2. sample with version ``v``; each finished episode's SCORE, tagged ``v``, leaves at
    once (``train.pipelining``), while the other episodes still sample
-   (``steps.sample``, ``rollout/runner.py``, ``teacher_link.py``); with
+   (``steps.sample``, ``rollout/runner.py``, ``teacher/link.py``); with
    ``rollout.engine: vllm``, the engine's log-probs of the sampled tokens are checked
    against the trainer's (``rollout/vllm_engine.py``);
 3. with pipelining and a resident teacher, the update's first forward pass, which needs

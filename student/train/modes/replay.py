@@ -24,7 +24,7 @@ from miniverl.student.train import updates
 from miniverl.student.train.cached_targets import scored_for_version
 from miniverl.student.train.state import CycleResult, TrainState, episode_seed, group_size
 from miniverl.student.train.steps import collect, sample
-from miniverl.student.train.teacher_link import Scored, empty_arrays
+from miniverl.student.train.teacher.link import Scored, empty_arrays
 from miniverl.student.train.updates import StepStats
 
 # Salts the buffer draw's seed apart from the episodes' seeds of the same cycle.

@@ -22,7 +22,7 @@ import torch
 from miniverl.common.trajectory import select_positions_for, write_trajectories
 from miniverl.student.train import updates
 from miniverl.student.train.state import CycleResult, TrainState, group_size
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.teacher.link import Scored
 
 
 class RlMode:

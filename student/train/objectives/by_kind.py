@@ -27,7 +27,7 @@ import torch
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory
 from miniverl.student.train.objectives.objective import Head, Objective, empty_loss
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.teacher.link import Scored
 
 
 def kind_parts(scored: Sequence[Scored]) -> list[tuple[str, np.ndarray, list[int]]]:

@@ -2,7 +2,7 @@
 with another tokenizer (``teacher.tokenizer: other``, docs/cross-tokenizer.md).
 
 Each selected position belongs to a group of student positions that, with a group of
-teacher positions, covers the same bytes (``student/train/xvocab_targets.py``). The
+teacher positions, covers the same bytes (``student/train/teacher/xvocab.py``). The
 group's advantage is ``log T(bytes) - log S(bytes)``: the teacher's log-prob of the
 bytes (``target_logprobs_P``, the same on every position of the group) minus the
 student's, the sum of its positions' log-probs of their sampled tokens
@@ -27,10 +27,10 @@ from typing import ClassVar
 import torch
 
 from miniverl.common.recipe_sections import LossConfig
-from miniverl.student.train.cross_vocab import group_logprob_G
 from miniverl.student.train.objectives.formulas import _student_logp
 from miniverl.student.train.objectives.group_uld import ByteGroupObjective
 from miniverl.student.train.objectives.objective import Head, TeacherTargets
+from miniverl.student.train.teacher.cross_vocab import group_logprob_G
 
 
 def group_sampled_token(logits_C_V: torch.Tensor, sampled_ids_P: torch.Tensor,

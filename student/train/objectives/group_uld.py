@@ -3,7 +3,7 @@ teacher with another tokenizer (``loss.cross_vocab: uld | hybrid``,
 docs/cross-tokenizer.md).
 
 Each selected position belongs to a group of student positions that, with a group of
-teacher positions, covers the same bytes (``student/train/xvocab_targets.py``). The
+teacher positions, covers the same bytes (``student/train/teacher/xvocab.py``). The
 targets carry one row per group, on the group's first position:
 
 - ``topk_logprobs_P_K``: the teacher's top-k merged over the group's teacher positions
@@ -11,7 +11,7 @@ targets carry one row per group, on the group's first position:
   probabilities of the group's later actual tokens), as log-probs, and in
   ``tail_logmass_P`` the mass outside it, merged the same way;
 - ``group_exact_P`` (``hybrid`` only): 1 where the group is one token per side and the
-  two tokens are a pair of the :class:`~miniverl.student.train.cross_vocab.VocabMap`;
+  two tokens are a pair of the :class:`~miniverl.student.train.teacher.cross_vocab.VocabMap`;
   the row is then the teacher's top-k carried into the student's vocabulary
   (``cross_vocab.project_topk``: ids in ``topk_ids_P_K``, ``-inf`` where a teacher
   token has no student twin).
@@ -37,16 +37,16 @@ import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe_sections import LossConfig
-from miniverl.student.train.cross_vocab import (
-    exact_forward_kl_P,
-    merge_group_probs,
-    uld_topk_distance_G,
-)
 from miniverl.student.train.objectives.objective import (
     Head,
     Objective,
     TeacherTargets,
     empty_loss,
+)
+from miniverl.student.train.teacher.cross_vocab import (
+    exact_forward_kl_P,
+    merge_group_probs,
+    uld_topk_distance_G,
 )
 
 
@@ -105,7 +105,7 @@ class ByteGroupObjective(Objective):
         self.check(targets)
         if not bool(targets.group_first_P[0]):
             raise ConfigError("xvocab targets must start a group at their first position; "
-                              "build them with student/train/xvocab_targets.py")
+                              "build them with student/train/teacher/xvocab.py")
         return self.over_groups(hidden_P_H, lm_head, targets,
                                 num_global_positions=num_global_positions)
 

@@ -52,7 +52,7 @@ from miniverl.student.train.objectives.formulas import (
     exact_divergence_P,
     sampled_token_reverse_kl_P,
 )
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.teacher.link import Scored
 
 Head = Callable[[torch.Tensor], torch.Tensor]  # [C, H] hidden -> [C, V] logits
 TARGETS = ("exact_full_vocab", "bucketed_topk_tail")  # the values of loss.objective
@@ -107,7 +107,7 @@ class TeacherTargets:
     topk_logprobs_P_K: torch.Tensor | None = None
     tail_logmass_P: torch.Tensor | None = None
     logprobs_P_V: torch.Tensor | None = None
-    # xvocab (student/train/xvocab_targets.py): 1 where a position starts a byte group;
+    # xvocab (student/train/teacher/xvocab.py): 1 where a position starts a byte group;
     # target_logprobs_P then holds the teacher's log-prob of the group's bytes.
     group_first_P: torch.Tensor | None = None
     # xvocab with loss.cross_vocab uld/hybrid: 1 where the group is an exact pair; the

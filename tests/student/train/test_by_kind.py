@@ -17,7 +17,7 @@ from miniverl.common.recipe import Recipe
 from miniverl.common.recipe_sections import LossConfig
 from miniverl.student.train.objectives.by_kind import ByKind, kind_parts
 from miniverl.student.train.objectives.table import objective_for_kind, run_kind
-from miniverl.student.train.teacher_link import Scored
+from miniverl.student.train.teacher.link import Scored
 from tests.toy_kit import recipe_dict
 
 V, H = 11, 6

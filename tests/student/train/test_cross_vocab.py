@@ -1,4 +1,4 @@
-"""Targets across vocabularies (student/train/cross_vocab.py) against their closed forms.
+"""Targets across vocabularies (student/train/teacher/cross_vocab.py) against their closed forms.
 
 What a user relies on: the vocabulary map pairs exactly the tokens that stand for the
 same bytes and is built once per tokenizer pair; each target reduces to its
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from miniverl.common.alignment import MODEL, Rendering, align
-from miniverl.student.train import cross_vocab as cv
+from miniverl.student.train.teacher import cross_vocab as cv
 from tests.common.cross_tokenizer_kit import byte_fallback_tokenizer, toy_tokenizer
 
 

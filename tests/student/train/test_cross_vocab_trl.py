@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from miniverl.common.alignment import MODEL, Rendering, align
-from miniverl.student.train import cross_vocab as cv
+from miniverl.student.train.teacher import cross_vocab as cv
 from tests.student.rollout.qwen_kit import qwen3_dir
 
 pytestmark = pytest.mark.slow

@@ -13,16 +13,16 @@ from miniverl.common.alignment import MODEL, Alignment
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe_sections import LossConfig
 from miniverl.protocol.xvocab import groups_of_alignment
-from miniverl.student.train.cross_vocab import (
+from miniverl.student.train.objectives import TeacherTargets
+from miniverl.student.train.objectives.group_uld import GroupULD, group_chunks
+from miniverl.student.train.objectives.table import objective_for_kind
+from miniverl.student.train.teacher.cross_vocab import (
     VocabMap,
     exact_forward_kl_P,
     merge_group_probs,
     uld_distance_G,
 )
-from miniverl.student.train.objectives import TeacherTargets
-from miniverl.student.train.objectives.group_uld import GroupULD, group_chunks
-from miniverl.student.train.objectives.table import objective_for_kind
-from miniverl.student.train.xvocab_targets import student_targets
+from miniverl.student.train.teacher.xvocab import student_targets
 
 SETTINGS = LossConfig(cross_vocab="uld", chunk_size=1024)
 GROUP_ULD = GroupULD(SETTINGS)
@@ -248,7 +248,7 @@ def test_hybrid_needs_the_teachers_tokenizer_directory_and_keeps_its_teacher():
     from types import SimpleNamespace as NS
 
     from miniverl.common.errors import TokenizerMismatch
-    from miniverl.student.train.teacher import require_xvocab, teacher_vocab_map
+    from miniverl.student.train.teacher.connect import require_xvocab, teacher_vocab_map
 
     assert teacher_vocab_map(_state("uld"), None) is None  # ULD needs no map
     with pytest.raises(ConfigError, match="give the teacher's model directory"):
@@ -278,7 +278,7 @@ def test_a_routes_vocabulary_map_is_read_from_its_own_section_and_named_in_its_e
 
     from miniverl.common.tokenizer_id import fingerprint_tokenizer
     from miniverl.common.toy import build_toy_tokenizer
-    from miniverl.student.train.teacher import teacher_vocab_map
+    from miniverl.student.train.teacher.connect import teacher_vocab_map
     from tests.common.cross_tokenizer_kit import byte_fallback_tokenizer
 
     teacher_tok = byte_fallback_tokenizer()

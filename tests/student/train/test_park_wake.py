@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from miniverl.student.train import teacher as link
+from miniverl.student.train.teacher import connect as link
 
 
 def _state(device: str, order: list[str]):

@@ -519,7 +519,7 @@ class _StubLink:
 
 def _routed(names, down=()):
     from miniverl.common.teacher_routes import Route
-    from miniverl.student.train.routes import RoutedLink, RouteSide
+    from miniverl.student.train.teacher.routed import RoutedLink, RouteSide
 
     sides, said = {}, []
     for name in names:

@@ -22,9 +22,9 @@ from miniverl.student.train.objectives import by_kind, objective
 from miniverl.student.train.objectives.group_sampled_token import GroupSampledToken
 from miniverl.student.train.objectives.group_uld import ByteGroupObjective, GroupULD
 from miniverl.student.train.objectives.variants import TaskReward, WithVariants, step_inputs
-from miniverl.student.train.routes import RoutedLink
-from miniverl.student.train.teacher_link import PrivilegedLink, TeacherLink, TeacherSide
-from miniverl.student.train.xvocab_targets import XvocabLink
+from miniverl.student.train.teacher.link import PrivilegedLink, TeacherLink, TeacherSide
+from miniverl.student.train.teacher.routed import RoutedLink
+from miniverl.student.train.teacher.xvocab import XvocabLink
 
 # Every function on the per-update path below the modes' cycles (OpdMode.cycle,
 # ReplayMode.cycle, OfflineKdMode.cycle and mixed_cycle, RlMode.cycle, SftMode.cycle and

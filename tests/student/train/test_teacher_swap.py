@@ -9,8 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from miniverl.common.errors import Unauthorized
-from miniverl.student.train import teacher
-from miniverl.student.train.teacher_link import TeacherSide
+from miniverl.student.train.teacher import connect as teacher
+from miniverl.student.train.teacher.link import TeacherSide
 
 
 class _Client:

@@ -53,7 +53,7 @@ def _state(top_k=16, objective="bucketed_topk_tail", vocab=32):
 
 
 def test_a_teacher_that_cannot_serve_the_route_is_refused_from_its_hello():
-    from miniverl.student.train.teacher import require_serves
+    from miniverl.student.train.teacher.connect import require_serves
 
     plain = SimpleNamespace(tokenizer=None)
     with TeacherHarness(backend=FakeBackend(adapters=SERVED)) as h, h.client() as client:

@@ -14,7 +14,7 @@ from miniverl.protocol.xvocab import groups_of_alignment
 from miniverl.student.train.objectives import TeacherTargets
 from miniverl.student.train.objectives.formulas import sampled_token_reverse_kl_P
 from miniverl.student.train.objectives.group_sampled_token import GroupSampledToken
-from miniverl.student.train.xvocab_targets import student_targets
+from miniverl.student.train.teacher.xvocab import student_targets
 
 
 class _Traj:
@@ -109,7 +109,7 @@ def test_a_request_renders_the_tool_schemas_the_episode_was_played_with():
     from miniverl.common.toy import build_toy_tokenizer
     from miniverl.student.environments import make_tasks
     from miniverl.student.rollout.oracle import oracle_trajectories
-    from miniverl.student.train.xvocab_targets import XvocabRequests
+    from miniverl.student.train.teacher.xvocab import XvocabRequests
 
     tok = build_toy_tokenizer()
     params = {"units": False}

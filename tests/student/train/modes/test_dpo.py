@@ -34,7 +34,7 @@ from miniverl.student.train.modes.dpo import (
 )
 from miniverl.student.train.optim import build_optimizer
 from miniverl.student.train.policy import load_policy
-from miniverl.student.train.teacher_link import TeacherLink
+from miniverl.student.train.teacher.link import TeacherLink
 from miniverl.student.train.updates import build_scheduler
 from miniverl.testing.fake_teacher import FakeTeacherClient
 from tests.toy_kit import ONE_LAYER, make_recipe, seeded, toy_dir

@@ -1,6 +1,6 @@
 """The student's teacher: connect, qualify, retarget, and how the two share one device.
 
-The functions here change a run's :class:`~miniverl.student.train.teacher_link.TeacherSide`
+The functions here change a run's :class:`~miniverl.student.train.teacher.link.TeacherSide`
 (client, endpoint, link, identity, memory strategy). The client is a
 :class:`~miniverl.protocol.scoring_client.ScoringClient`: the ``SyncTeacherClient`` made
 here from the run's endpoint, or one the trainer was handed.
@@ -28,7 +28,7 @@ here from the run's endpoint, or one the trainer was handed.
 - :func:`client_proof`: the CURVE keys (flags, else ``teacher.curve_*``) and the token
   file a client is built with.
 
-This module does not score trajectories (``teacher_link.py``) or train.
+This module does not score trajectories (``link.py``) or train.
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ from miniverl.protocol.engine_client import EngineTeacherClient, is_engine_endpo
 from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.sync_client import SyncTeacherClient
 from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
-from miniverl.student.train.cross_vocab import VocabMap, vocab_map
 from miniverl.student.train.objectives.table import teacher_kind
-from miniverl.student.train.routes import RouteSide, apply_route_retarget, connect_routes
 from miniverl.student.train.state import TrainState
-from miniverl.student.train.teacher_link import PrivilegedLink, TeacherLink, teacher_identity
-from miniverl.student.train.xvocab_targets import XvocabLink, XvocabRequests
+from miniverl.student.train.teacher.cross_vocab import VocabMap, vocab_map
+from miniverl.student.train.teacher.link import PrivilegedLink, TeacherLink, teacher_identity
+from miniverl.student.train.teacher.routed import RouteSide, apply_route_retarget, connect_routes
+from miniverl.student.train.teacher.xvocab import XvocabLink, XvocabRequests
 
 # The student's update needs roughly this many times its weight bytes free
 # (weights + grads + AdamW moments + activations) to keep the teacher resident.

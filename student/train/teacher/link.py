@@ -16,15 +16,15 @@ The client is a :class:`~miniverl.protocol.scoring_client.ScoringClient`: the Ze
 the in-process ``FakeTeacherClient`` of ``miniverl.testing``.
 
 What a trajectory's request holds is a strategy picked when the run connects
-(``teacher.py``): :class:`TeacherLink` sends the trajectory's own tokens;
+(``connect.py``): :class:`TeacherLink` sends the trajectory's own tokens;
 :class:`PrivilegedLink` the privileged teacher's view of them (``teacher.mode:
-privileged_context``, ``rollout/privileged.py``); ``xvocab_targets.XvocabLink`` the
+privileged_context``, ``rollout/privileged.py``); ``xvocab.XvocabLink`` the
 rendered messages of a teacher with another tokenizer. A plain run runs none of the
 other two.
 Its :meth:`~ScoringClient.wait` returns only replies its staleness rule accepted for the
 version and teacher this update bound, so this module does not check them again.
 
-This module does not compute losses, connect or qualify a teacher (``teacher.py``) and
+This module does not compute losses, connect or qualify a teacher (``connect.py``) and
 does not know how replies travel.
 """
 
@@ -69,8 +69,8 @@ class _Job:
 class Link(Protocol):
     """What one update asks of its teacher link, whichever the run picked when it
     connected: the plain :class:`TeacherLink`, :class:`PrivilegedLink`,
-    ``xvocab_targets.XvocabLink`` (a teacher with another tokenizer) or
-    ``routes.RoutedLink`` (several teachers, each route with one of the other three).
+    ``xvocab.XvocabLink`` (a teacher with another tokenizer) or
+    ``routed.RoutedLink`` (several teachers, each route with one of the other three).
 
     :meth:`begin_update` binds the update to one student version (replies up to ``lag``
     versions older accepted) and the teacher now live; :meth:`submit` sends one episode
@@ -103,7 +103,7 @@ def teacher_identity(client: ScoringClient) -> dict[str, Any]:
 
 @dataclass
 class RouteSide:
-    """One route's teacher (several teachers, ``routes.py``): where it is, its client and
+    """One route's teacher (several teachers, ``routed.py``): where it is, its client and
     link, who it is, what it did."""
 
     route: Route
@@ -133,7 +133,7 @@ class TeacherSide:
     """What a run knows about its teacher: the client (the real ``SyncTeacherClient``,
     made at connect, or one handed in, such as ``miniverl.testing.FakeTeacherClient``),
     where it is, the link an update scores through, who it is, how memory is shared
-    (``teacher.py`` changes it)."""
+    (``connect.py`` changes it)."""
 
     client: ScoringClient | None = None
     endpoint: str | None = None
@@ -154,7 +154,7 @@ class TeacherSide:
     # next update boundary.
     pending_endpoint: str | None = None
     # Several teachers (docs/several-teachers.md): route name -> its RouteSide, each with
-    # its own client and link; ``link`` is then a routes.RoutedLink. None: one teacher.
+    # its own client and link; ``link`` is then a routed.RoutedLink. None: one teacher.
     routes: dict[str, RouteSide] | None = None
 
     def counters(self) -> dict[str, Any]:

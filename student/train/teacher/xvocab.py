@@ -12,7 +12,7 @@ nowhere; :attr:`XvocabRequests.unaligned` counts them.
 
 The teacher's reply is over its own positions. :func:`student_targets` turns it into
 per-position targets over the trajectory's selected positions, the group sampled-token
-estimator of ``student/train/cross_vocab.py``: for each trainable group whose student
+estimator of ``student/train/teacher/cross_vocab.py``: for each trainable group whose student
 positions were all selected (a position ``p`` predicts token ``p + 1``) and whose
 teacher tokens were all scored, every position of the group carries the teacher's
 log-prob of the group's bytes (``target_logprobs``, the sum of its tokens' log-probs,
@@ -25,7 +25,7 @@ or ``hybrid`` each kept group also carries one row on its first position
 group that is one token per side and a pair of the :class:`VocabMap`, the teacher's
 top-k carried into the student's vocabulary (``objectives/group_uld.py`` reads them).
 
-:class:`XvocabLink` is the teacher link of such a run (``teacher_link.py``): it sends
+:class:`XvocabLink` is the teacher link of such a run (``link.py``): it sends
 the request :class:`XvocabRequests` builds and turns each reply into these targets.
 
 This module does not compute a loss or align.
@@ -43,14 +43,14 @@ from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.xvocab import alignment_of_groups, xvocab_request
 from miniverl.student.environments import get_environment
-from miniverl.student.train.cross_vocab import (
+from miniverl.student.train.teacher.cross_vocab import (
     PROB_EPS,
     VocabMap,
     group_logprob_G,
     merge_group_topk,
     project_topk,
 )
-from miniverl.student.train.teacher_link import Scored, TeacherLink, _Job
+from miniverl.student.train.teacher.link import Scored, TeacherLink, _Job
 
 ARRAYS = ("target_logprobs", "group_first")
 CROSS_VOCAB = ("sampled_token", "hybrid", "uld")  # the values of loss.cross_vocab
@@ -103,7 +103,7 @@ def student_targets(traj: Trajectory, positions_P: np.ndarray, arrays: dict[str,
                           f"{', '.join(CROSS_VOCAB)}; fix the recipe")
     if cross_vocab == "hybrid" and vmap is None:
         raise ConfigError("loss.cross_vocab: hybrid needs the vocabulary map of the two "
-                          "tokenizers (student/train/cross_vocab.py, vocab_map)")
+                          "tokenizers (student/train/teacher/cross_vocab.py, vocab_map)")
     alignment = alignment_of_groups(arrays["groups"])
     n_teacher = int(arrays["teacher_ids"].shape[0])
     teacher_lp_T = np.zeros(n_teacher, dtype=np.float64)

@@ -3,7 +3,7 @@
 A recipe that routes (``teachers:``, or a teacher's ``adapters:``; common/teacher_routes.py,
 docs/several-teachers.md) gets one :class:`RouteSide` per route: its own client (its own
 connection, HELLO, version binding and staleness rule, counters), and its own
-:class:`~miniverl.student.train.teacher_link.TeacherLink`. :class:`RoutedLink` is the
+:class:`~miniverl.student.train.teacher.link.TeacherLink`. :class:`RoutedLink` is the
 run's link then: the OPD cycle calls it exactly as it calls a plain link
 (``begin_update``, ``submit`` per episode, ``collect``), and it hands each episode to the
 link of the route its environment names, and gives the replies back in the order the
@@ -18,7 +18,7 @@ before the first rollout.
 ``miniverl teacher use NAME ENDPOINT`` retargets one route at an update boundary
 (:func:`apply_route_retarget`), gated like a new teacher; a refusal keeps the old one.
 
-This module does not compute losses or choose what a request holds (``teacher_link.py``).
+This module does not compute losses or choose what a request holds (``link.py``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from miniverl.common.teacher_routes import (
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import ScoreTimeout, ScoringClient
 from miniverl.student.train.state import TrainState
-from miniverl.student.train.teacher_link import (
+from miniverl.student.train.teacher.link import (
     RouteSide,
     Scored,
     TeacherLink,
