@@ -26,7 +26,7 @@ def _steps(clip: float, scales: list[float]) -> list[torch.Tensor]:
     weight = torch.nn.Parameter(torch.randn(64, 64) * 0.02)
     optimizer = torch.optim.AdamW([weight], lr=1e-3, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    policy = SimpleNamespace(quantization="none", model=None)
+    policy = SimpleNamespace(quantization="none", model=None, grad_scaler=None)
     gen = torch.Generator().manual_seed(1)
     seen = []
     for scale in scales:
