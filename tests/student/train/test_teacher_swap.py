@@ -35,7 +35,8 @@ def _state(refuse: bool, monkeypatch):
     run = SimpleNamespace(event=lambda name, **kw: events.append((name, kw)))
     state = SimpleNamespace(
         teacher=TeacherSide(client=_Client(refuse), memory="swap"), run=run, version=3,
-        recipe=SimpleNamespace(teacher=SimpleNamespace(memory="swap")))
+        recipe=SimpleNamespace(teacher=SimpleNamespace(memory="swap")),
+        policy=SimpleNamespace(device=SimpleNamespace(type="cpu")))
     return state, events, manifest
 
 
