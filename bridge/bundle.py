@@ -105,8 +105,8 @@ def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str
     """The nested overrides mapping (without the Hydra header) for ``target`` (None: the
     default verl release). ``entries``: several teachers
     (``mixture_bundle.teacher_entries``), each its own ``teacher_models`` entry;
-    ``teacher_gpus``: the one teacher's pool (unset: verl's default pool, as one
-    environment's bundle has always been written)."""
+    ``teacher_gpus``: the one teacher's pool (unset: ``DEFAULT_TEACHER_GPUS``; verl's own
+    default pool, 0 GPUs on 0 nodes, is refused by its trainer)."""
     files = profile.BUNDLE_FILES
     flat = profile.fixed_values(target or profile.verl_target(None))
     max_response = max(
@@ -152,8 +152,9 @@ def build_overrides(recipe, lora: dict | None, *, max_prompt: int, run_name: str
         flat.update(mixture_bundle.teacher_overrides(
             entries, max_prompt=max_prompt, max_response=max_response,
             temperature=recipe.rollout.temperature))
-    elif teacher_gpus is not None:
-        flat.update(mixture_bundle.single_pool(teacher_gpus))
+    else:
+        flat.update(mixture_bundle.single_pool(
+            mixture_bundle.DEFAULT_TEACHER_GPUS if teacher_gpus is None else teacher_gpus))
     if lora is not None:
         flat["actor_rollout_ref.model.lora_rank"] = lora["r"]
         flat["actor_rollout_ref.model.lora_alpha"] = lora["alpha"]
@@ -418,8 +419,7 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None,
         overrides = build_overrides(
             recipe, lora, max_prompt=max_prompt, run_name=recipe.run.name, target=target,
             entries=entries,
-            teacher_gpus=(gpus[SINGLE]
-                          if not routed and (mixture or teacher_gpus) else None))
+            teacher_gpus=None if routed else gpus[SINGLE])
         (tmp / files["overrides"]).write_text(overrides_text(overrides, target), encoding="utf-8")
         (tmp / files["tool_config"]).write_text(
             yaml.safe_dump(tool_config(tool_specs), sort_keys=False), encoding="utf-8"

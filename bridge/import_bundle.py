@@ -231,10 +231,11 @@ def _temperature(key, value, result, *_):
 def handlers(facts: BundleFacts | None = None) -> dict:
     """Handlers for the fields ``export-verl`` writes (on top of the generic whitelist);
     with ``facts`` of a mixture's bundle, also its teacher pool and entries."""
-    out = {key: _fixed(key, value) for key, value in profile.PROFILE_FIXED.items()}
-    if facts is not None and "environments" in facts.manifest:
-        from miniverl.bridge import import_mixture
+    from miniverl.bridge import import_mixture
 
+    out = {key: _fixed(key, value) for key, value in profile.PROFILE_FIXED.items()}
+    out.update(import_mixture.pool_handlers())
+    if facts is not None and "environments" in facts.manifest:
         out.update(import_mixture.handlers(facts))
     out.update({key: _release_fixed(key) for target in profile.VERL_TARGETS.values()
                 for key in target.fixed})

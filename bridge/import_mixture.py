@@ -1,7 +1,8 @@
 """Importing a bundle of a mixture or of several teachers (``mixture_bundle.py`` wrote it).
 
-On top of one environment's bundle (:mod:`miniverl.bridge.import_bundle`) such a bundle
-has the teacher pool (``distillation.nnodes``, ``n_gpus_per_node``), the routing key
+On top of one environment's bundle (:mod:`miniverl.bridge.import_bundle`, whose teacher
+pool ``distillation.nnodes``, ``n_gpus_per_node`` is :func:`pool_handlers`'s for every
+bundle) such a bundle has the routing key
 (``distillation.teacher_key: data_source``) and, with several teachers, one
 ``distillation.teacher_models`` entry per route. Each is understood exactly as the
 exporter wrote it, checked against ``provenance/manifest.json`` (itself checked against
@@ -111,14 +112,20 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def handlers(facts) -> dict:
-    """The fields a mixture's bundle adds, each checked against its manifest."""
-    routes = _routes(facts)
-    out: dict = {
+def pool_handlers() -> dict:
+    """The teacher pool every bundle writes (one teacher's too: verl's trainer refuses its
+    default pool of 0 GPUs on 0 nodes)."""
+    return {
         "distillation.nnodes": _info("the teacher pool's node (export-verl --teacher-gpus)", 1),
         "distillation.n_gpus_per_node": _info(
             "the teacher pool's GPUs (export-verl --teacher-gpus)", None, _count),
     }
+
+
+def handlers(facts) -> dict:
+    """The fields a mixture's bundle adds, each checked against its manifest."""
+    routes = _routes(facts)
+    out: dict = pool_handlers()
     if not routes:
         return out
     out["distillation.teacher_key"] = _info(

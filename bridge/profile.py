@@ -148,6 +148,11 @@ PROFILE_FIXED: dict[str, object] = {
     "reward.custom_reward_function.name": REWARD_FN_NAME,
     "distillation.enabled": True,
     "distillation.distillation_loss.use_policy_gradient": False,
+    # miniverl's OPD trains on the divergence alone. verl's default (true, both releases)
+    # adds its PPO policy loss on the task reward's advantages to the distillation loss
+    # (trainer/distillation/losses.py); export-verl refuses a run trained with
+    # loss.use_task_rewards set, so every bundle's run trained without a task reward.
+    "distillation.distillation_loss.use_task_rewards": False,
     "algorithm.use_kl_in_reward": False,
     # No critic: distillation trains on the teacher's targets, not on advantages. Left
     # unset, verl's need_critic() (both releases) builds one for the default gae

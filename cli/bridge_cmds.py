@@ -41,8 +41,8 @@ def export_verl(
     teacher_gpus: list[str] = typer.Option(
         None, "--teacher-gpus",
         help="GPUs of each teacher in verl's teacher pool: N for every teacher, or ROUTE=N "
-        "(repeatable). Default 1 each for a mixture's bundle; unset, a one-environment "
-        "bundle leaves verl's pool as it was.",
+        "(repeatable). Default 1 each (verl's trainer refuses its own default pool of 0 "
+        "nodes).",
     ),
 ) -> None:
     """Write a checksummed verl bundle (profile single-gpu-online-distillation-v1)."""

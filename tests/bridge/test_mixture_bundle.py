@@ -198,8 +198,10 @@ def test_refusals_are_one_line(two_teacher_run, toy_run, tmp_path):
 
 
 def test_a_single_environment_bundle_takes_teacher_gpus(toy_run, tmp_path):
-    # Unset, one environment's bundle is written as always (no pool); given, it has one.
-    assert "distillation.nnodes" not in _flat_of(toy_run, tmp_path / "a", None)
+    # Unset, one environment's bundle has the default pool (1 GPU on 1 node: verl's trainer
+    # refuses its own default of 0 nodes); given, the pool it names.
+    flat = _flat_of(toy_run, tmp_path / "a", None)
+    assert (flat["distillation.nnodes"], flat["distillation.n_gpus_per_node"]) == (1, 1)
     # Its lines come back to the command, its manifest and README stay as they were.
     manifest = _manifest(tmp_path / "a")
     assert "not_moved" not in manifest and "environments" not in manifest

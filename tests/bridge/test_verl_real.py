@@ -101,6 +101,12 @@ def test_bundle_passes_official_verl_code(target_bundle):
     compose = result["steps"]["compose"]
     assert compose["unknown_keys"] == [], compose["unknown_keys"]
     assert compose["entry_point"] == profile.VERL_TARGETS[version].trainer
+    # DistillationConfig accepts the default pool (no --teacher-gpus): one GPU on one node,
+    # the single teacher's one replica of tensor-parallel 1 (verl's trainer refuses 0
+    # nodes, its own default); and no task-reward policy loss beside the divergence.
+    assert compose["teacher_pool"] == [1, 1]
+    assert compose["teacher_world_sizes"] == {"default": 1}
+    assert compose["use_task_rewards"] is False
     assert result["steps"]["reward"]["ground_truth_score"] == 1.0
     assert result["steps"]["reward"]["garbage_score"] == 0.0
     assert (
@@ -168,6 +174,7 @@ def test_a_mixture_bundle_passes_official_verl_code(mixture_bundle):
         assert steps["routing"]["rows_by_route"] == {"teacher": rows}
     assert steps["compose"]["teacher_pool"][0] * steps["compose"]["teacher_pool"][1] == sum(
         steps["compose"]["teacher_world_sizes"].values())
+    assert steps["compose"]["use_task_rewards"] is False
     assert {s: t["rows"] for s, t in steps["reward"]["every_row"].items()} == rows
     assert steps["tools"]["called"]["miniverl/calculator"].keys() == {"calculator", "convert"}
     assert steps["tools"]["called"]["miniverl/jsonnav"].keys() == {"get", "keys", "find"}

@@ -143,6 +143,7 @@ def main(bundle: Path) -> int:
             "dataclasses": dataclasses,
             "loss_mode": cfg.distillation.distillation_loss.loss_mode,
             "topk": cfg.distillation.distillation_loss.topk,
+            "use_task_rewards": distillation.distillation_loss.use_task_rewards,
         }
 
     @step("dataset")
