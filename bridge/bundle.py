@@ -480,7 +480,7 @@ def export_verl(run: Path, out: Path, verl_version: str | None = None,
                 "shares": shares,
                 "rule": "verl draws train.parquet's rows uniformly (data.shuffle: "
                         "RandomSampler), so an environment's share of verl's episodes is its "
-                        "share of the rows; miniverl draws environment k with weight_k / sum"}
+                        "share of the rows; miniverl's mixture draws environment k with weight_k / sum"}
             manifest["teachers"] = _teachers_manifest(routed, entries, gpus)
         atomic_write_json(tmp / files["manifest"], manifest, default=str, allow_nan=True, shared=True)
         source_run = _source_run(run)
@@ -529,7 +529,7 @@ def _mixture_card(manifest: dict, not_moved: list[str]) -> str:
     moved = "\n".join(f"- {line}" for line in not_moved) or "- nothing"
     return (
         "\n## Environments and teachers in verl\n\n"
-        "| data_source | train / val rows | miniverl share | verl share | teacher (entry) |\n"
+        "| data_source | train / val rows | miniverl's share | verl's share | teacher (entry) |\n"
         "| --- | --- | --- | --- | --- |\n"
         f"{rows}\n\n"
         f"{manifest['weights']['rule']}.\n\n"
