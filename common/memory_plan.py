@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .toy import toy_model_dir
 
 GIB = 2**30
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -147,8 +148,7 @@ def read_shape(source: Any, *, offline: bool = True) -> ModelShape:
     """The shape of a recipe's ``ModelSource``: a local path's ``config.json``, a toy
     spec's, a hub model's cached ``config.json``, else :data:`KNOWN_CONFIGS`."""
     if getattr(source, "toy", None) is not None:
-        from .toy import toy_model_dir  # builds the (tiny) toy once; its config is the truth
-
+        # The toy is built once (tiny); its config.json is the truth.
         return _from_file(toy_model_dir(source.toy) / "config.json")
     if getattr(source, "path", None) is not None:
         return _from_file(Path(source.path).expanduser() / "config.json")

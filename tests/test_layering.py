@@ -43,7 +43,7 @@ HEAVY = ("torch", "transformers", "peft", "bitsandbytes", "accelerate")
 # Optional dependencies a module may import inside a function, so that the module still
 # imports (and `miniverl --help` stays fast) where they are missing or slow to load.
 OPTIONAL = (*HEAVY, "pyarrow", "gguf", "safetensors", "tokenizers", "huggingface_hub",
-            "zmq.auth", "chromium", "httpx")
+            "zmq.auth", "chromium", "httpx", "vllm")
 LAYER = {"miniverl.common": 0, "miniverl.protocol": 1, "miniverl.student.environments": 1,
          "miniverl.teacher_server": 2, "miniverl.student": 2, "miniverl.bridge": 2,
          "miniverl.cli": 3, "miniverl.testing": 3}

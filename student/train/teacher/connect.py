@@ -52,6 +52,7 @@ from miniverl.common.errors import (
     Unauthorized,
 )
 from miniverl.common.manifest import record_teacher, update_manifest
+from miniverl.common.memory_plan import GIB, check_recipe, read_shape
 from miniverl.common.modeling import load_tokenizer
 from miniverl.common.qualification import TeacherNotQualified, require_qualified
 from miniverl.common.teacher_routes import require_route_qualified
@@ -585,8 +586,6 @@ def _planned_memory(recipe: Any, total: int) -> tuple[str, str] | None:
     """``teacher.memory: auto`` from the memory plan (common/memory_plan.py): resident
     when the plan fits the device with the teacher resident, else swap; None when a
     model's config.json cannot be read here."""
-    from miniverl.common.memory_plan import GIB, check_recipe, read_shape
-
     try:
         student = read_shape(recipe.student.model)
         _, chosen, _ = check_recipe(recipe, total, student=student)
