@@ -7,8 +7,9 @@ left out of a wheel. This test reads the list and the tree and compares them.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
