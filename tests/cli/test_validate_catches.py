@@ -56,7 +56,8 @@ CASES = {
     "no adapters": (routed(adapters="{}"), "teacher.adapters: Dictionary should have at least 1"),
     "missing adapter": (routed(adapters="{x: ad/missing, y: ad/y}"),
                         "teacher.adapters.x: '{root}/ad/missing' does not exist"),
-    "etc": (routed(adapters="{x: ../../../../etc, y: ad/y}"), "holds no adapter_config.json"),
+    # ETC: the relative path from the recipe's folder to /etc, however deep that folder is.
+    "etc": (routed(adapters="{x: ETC, y: ad/y}"), "holds no adapter_config.json"),
     "file": (routed(adapters="{x: afile, y: ad/y}"), "'{root}/afile' is a file, not a folder"),
 }
 
@@ -65,7 +66,7 @@ CASES = {
 def test_each_mistake_is_one_line_of_validate(folder, case, capsys):
     text, words = CASES[case]
     recipe = folder / "r.yaml"
-    recipe.write_text(text)
+    recipe.write_text(text.replace("ETC", os.path.relpath("/etc", folder)))
     code = run(["validate", str(recipe)])
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

@@ -10,7 +10,9 @@ exists; no command changes the mode of a folder it did not create (a socket fold
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -88,9 +90,18 @@ def test_only_the_folders_made_are_made_private(tmp_path):
     assert after[str(shared / "s")] == 0o700 and after[str(shared / "run")] == 0o700
 
 
-def test_binding_a_socket_through_dot_dot_changes_no_existing_folder(tmp_path):
-    # The mechanism of issue 53: teacher-<name> with name '../../..' made the socket's
-    # folder resolve to an existing one, which check_bind_endpoint then chmod'ed 0700.
+@pytest.fixture
+def short_tmp():
+    folder = Path(tempfile.mkdtemp(prefix="mvn-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_binding_a_socket_through_dot_dot_changes_no_existing_folder(short_tmp):
+    # teacher-<name> with name '../../..' made the socket's folder resolve to an existing
+    # one, which check_bind_endpoint then chmod'ed 0700. (A short folder: an ipc path
+    # under pytest's per-worker folders passes the OS's 107-byte limit.)
+    tmp_path = short_tmp
     run_dir = tmp_path / "out" / "run-1"
     run_dir.mkdir(parents=True)
     for folder in (tmp_path, tmp_path / "out", run_dir):

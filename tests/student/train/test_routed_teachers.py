@@ -341,7 +341,8 @@ def test_a_routed_run_scores_each_episode_by_its_own_teacher(tmp_path, toy):
 
 @pytest.mark.slow  # one toy OPD run
 def test_teacher_use_moves_one_route_and_leaves_the_other(tmp_path, toy, monkeypatch):
-    from miniverl.student.train import loop, teacher
+    from miniverl.student.train import loop
+    from miniverl.student.train.teacher import connect as teacher
     from miniverl.student.train.trainer import Trainer
 
     recipe = Recipe.model_validate(_data(tmp_path, cycles=3, rollouts_per_cycle=8))

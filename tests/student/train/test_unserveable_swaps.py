@@ -117,7 +117,8 @@ def test_an_unserveable_swap_is_refused_and_the_run_completes_on_the_old_teacher
     from miniverl.cli.app import run
     from miniverl.student import control
     from miniverl.student.control import ControlServer
-    from miniverl.student.train import loop, teacher
+    from miniverl.student.train import loop
+    from miniverl.student.train.teacher import connect as teacher
     from miniverl.student.train.trainer import Trainer
 
     recipe = Recipe.model_validate(_data(tmp_path, cycles=4, rollouts_per_cycle=8))
