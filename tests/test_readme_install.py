@@ -24,7 +24,8 @@ def readme_install_line() -> str:
 
 def test_the_readme_venv_installs_exactly_the_readme_line_in_a_fresh_venv():
     script = SCRIPT.read_text(encoding="utf-8")
-    commands = [ln for ln in script.splitlines() if ln.strip() and not ln.startswith("#")]
+    commands = [ln.strip() for ln in script.splitlines()
+                if ln.strip() and not ln.strip().startswith("#")]
     installs = [ln for ln in commands if "pip install" in ln]
     assert installs == [readme_install_line()], installs
     venvs = [ln for ln in commands if " -m venv " in ln]
