@@ -24,8 +24,11 @@ def prep_cache_key(prep: Recipe) -> str:
     return recipe_digest(neutral).split(":", 1)[1][:20]
 
 
-def prepared_dir(prep_path: str | Path, *, adapter: bool = False) -> Path:
-    """Where the model the prep recipe at ``prep_path`` makes is put (or found); an
-    adapter's folder is under ``adapters/``, a whole model's under ``teachers/``."""
+def prepared_dir(prep_path: str | Path, *, adapter: bool = False,
+                 root: Path | None = None) -> Path:
+    """Where the model the prep recipe at ``prep_path`` makes is put (or found), under
+    ``root`` (default: the cache root); an adapter's folder is under ``adapters/``, a
+    whole model's under ``teachers/``."""
     kind = "adapters" if adapter else "teachers"
-    return cache_root() / kind / f"prepared-{prep_cache_key(load_recipe(prep_path))}"
+    base = cache_root() if root is None else root
+    return base / kind / f"prepared-{prep_cache_key(load_recipe(prep_path))}"

@@ -35,6 +35,7 @@ from filelock import FileLock
 from miniverl.common.errors import ConfigError
 from miniverl.common.prepared import prepared_dir as common_prepared_dir
 from miniverl.common.recipe import Recipe, load_recipe, recipe_digest
+from miniverl.common.toy import cache_root
 from miniverl.student.qualify import record_from_eval, save_record, stored_dir
 
 PREPARED_FILE = "miniverl_prepared.json"
@@ -66,7 +67,7 @@ def prepared_dir(recipe: Recipe | None, prep_path: str | Path, *, adapter: bool 
     """Where :func:`prepare_teacher` puts (or finds) the teacher for this prep recipe
     (the directory depends on the prep recipe only; an adapter's is under ``adapters/``;
     the rule is :func:`miniverl.common.prepared.prepared_dir`)."""
-    return common_prepared_dir(prep_path, adapter=adapter)
+    return common_prepared_dir(prep_path, adapter=adapter, root=cache_root())
 
 
 def prepare_teacher(
