@@ -620,7 +620,7 @@ def update_child(spec: dict[str, Any]) -> dict[str, Any]:
     from miniverl.common.modeling import use_fp32_head
     from miniverl.common.recipe_sections import LossConfig, TrainConfig
     from miniverl.common.trajectory import Span, SpanType, Trajectory
-    from miniverl.student.train.policy import Policy
+    from miniverl.student.train.policy import Policy, enable_checkpointing
     from miniverl.student.train.updates import sft_step
 
     cuda = spec["device"] == "cuda"
@@ -647,8 +647,7 @@ def update_child(spec: dict[str, Any]) -> dict[str, Any]:
                                              task_type="CAUSAL_LM"))
     use_fp32_head(model)
     if spec["checkpointing"]:
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.train()
     policy = Policy(model=model, tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=0),
                     tokenizer_fp="fp", model_dir=Path("."), device=torch.device(spec["device"]),

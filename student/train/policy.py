@@ -127,7 +127,7 @@ def load_policy(recipe: Recipe, *, offline: bool = False) -> Policy:
         # frozen) and keeps PEFT's adapters' gradients; a 4-bit model is prepared the same
         # way (its use_gradient_checkpointing above stays False, so this is the one switch).
         # Only forwards that record gradients recompute: rollouts keep their KV cache.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.train()
     device = next(model.parameters()).device
     return Policy(
@@ -172,3 +172,28 @@ def check_trainable_dtype(resolved: torch.dtype, wanted: str, *, lora: bool) -> 
             "the first AdamW step (its eps 1e-8 is 0 in float16); set student.dtype: "
             "float32, or train LoRA adapters (student.lora)"
         )
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Non-reentrant activation checkpointing in forwards that record gradients only.
+
+    transformers 5 calls it ``activation_checkpointing_enable`` and skips it in no-grad
+    forwards. The lowest version this project supports (4.56) has only
+    ``gradient_checkpointing_enable``, whose layers drop the KV cache in every forward of a
+    model in train mode; there a hook on each decoder turns its layers' checkpointing on
+    only while gradients are recorded, so rollouts keep their cache on both.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(getattr(module, "layers", None), torch.nn.ModuleList):
+            module.register_forward_pre_hook(_checkpoint_when_grad)
+
+
+def _checkpoint_when_grad(decoder: Any, _args: Any) -> None:
+    # The decoder's own flag turns use_cache off; its layers' flags drop the cache passed in.
+    for module in (decoder, *decoder.layers):
+        if hasattr(module, "gradient_checkpointing"):
+            module.gradient_checkpointing = torch.is_grad_enabled()

@@ -107,3 +107,26 @@ def test_gradient_checkpointing_is_on_in_training_forwards_only(tmp_path):
         out = policy.model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True)
     assert out.past_key_values is not None
     copy.deepcopy(policy.model)  # the checkpointed model still copies (the early forward's)
+
+
+def _saved_tensors(model) -> int:
+    count = 0
+
+    def pack(tensor):
+        nonlocal count
+        count += 1
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6]])).logits.sum().backward()
+    return count
+
+
+def test_gradient_checkpointing_keeps_fewer_activations_in_a_training_forward(tmp_path):
+    # On every supported transformers (4.56 names it gradient_checkpointing_enable, 5.x
+    # activation_checkpointing_enable): a forward that records gradients keeps only each
+    # layer's input, not its activations.
+    plain = load_policy(make_recipe("sft", tmp_path / "a"), offline=True).model
+    checkpointed = load_policy(
+        make_recipe("sft", tmp_path / "b", gradient_checkpointing=True), offline=True).model
+    assert _saved_tensors(checkpointed) < _saved_tensors(plain) / 2
