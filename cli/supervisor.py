@@ -45,6 +45,7 @@ from rich.console import Console
 
 from miniverl.common.errors import ConfigError, MiniverlError, TeacherUnavailable
 from miniverl.common.jsonl_tail import JsonlTail
+from miniverl.common.memory_plan import refuse_before_start
 from miniverl.common.names import path_inside
 from miniverl.common.recipe import Recipe, load_recipe
 from miniverl.common.recipe_paths import path_problems
@@ -145,6 +146,9 @@ class Supervisor:
                 "CURVE keys are for a remote teacher: pass --teacher tcp://HOST:PORT (or set "
                 "teacher.endpoint); the teacher `up` starts listens on a private ipc socket"
             )
+        # A CUDA student whose memory plan cannot fit its device is refused before any
+        # process starts (the student plans again before its weights load).
+        refuse_before_start(self.recipe, teacher_elsewhere=self.external is not None)
         self.resume = resume
         if resume and run_id is None:
             raise ConfigError("--resume needs --run-id ID (the run to continue)")

@@ -475,6 +475,40 @@ def check_recipe(recipe: Any, device_bytes: int, *, student: ModelShape | None =
     return lines, chosen, refusal(recipe, device_bytes, chosen, student=student, teacher=teacher)
 
 
+def cuda_total_bytes(device: str) -> int | None:
+    """The total memory of the CUDA device ``student.device`` names (``auto``: the first,
+    where torch sees one); None for a CPU student. Reads the device's properties only: no
+    CUDA context is made, so a process that starts others holds no device memory."""
+    if device == "cpu":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None  # auto is the CPU; cuda without CUDA is refused where it is resolved
+    index = torch.device("cuda" if device == "auto" else device).index
+    return int(torch.cuda.get_device_properties(index or 0).total_memory)
+
+
+def refuse_before_start(recipe: Any, *, teacher_elsewhere: bool = False) -> None:
+    """``miniverl up``'s check before it starts any process: on a CUDA student, raise
+    :class:`ConfigError` (one line) when the recipe's memory plan cannot fit the device
+    (``teacher_elsewhere``: the teacher is attached to, not on this device). A model whose
+    ``config.json`` is not here yet (a hub model to download) is left to the student,
+    which plans again once it has the model."""
+    total = cuda_total_bytes(recipe.student.device)
+    if total is None:
+        return
+    if teacher_elsewhere and recipe.teacher is not None:
+        attached = recipe.teacher.model_copy(update={"endpoint": "attached"})
+        recipe = recipe.model_copy(update={"teacher": attached})
+    try:
+        _, _, refused = check_recipe(recipe, total)
+    except ConfigError:
+        return
+    if refused is not None:
+        raise ConfigError(f"{recipe.student.device}: {refused}")
+
+
 def with_train_changes(recipe: Any, changes: dict[str, Any]) -> Any:
     """``recipe`` with the plan's ``train.*`` choices filled in (``teacher.memory`` is
     left to the run's memory strategy, which reads the same plan)."""

@@ -143,6 +143,43 @@ def test_a_cuda_student_is_planned_before_its_weights_load(monkeypatch, tmp_path
         state_mod.planned_for_device(recipe, run, offline=True)
 
 
+def _cuda_of(monkeypatch, total: int) -> None:
+    """torch sees one CUDA device of ``total`` bytes (no CUDA here)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(total_memory=total))
+
+
+def test_up_refuses_a_plan_that_cannot_fit_before_starting_anything(monkeypatch, tmp_path,
+                                                                    capsys):
+    import subprocess
+
+    from miniverl.cli.app import run
+    from miniverl.cli.supervisor import Supervisor
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"up started a process: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    recipe = load_recipe(QWEN_RECIPE)
+    both = check_recipe(recipe, GIB)[1].plan.peak  # the least the plan can do with both
+    alone = check_recipe(recipe.model_copy(update={"teacher": recipe.teacher.model_copy(
+        update={"endpoint": "tcp://127.0.0.1:5555"})}), GIB)[1].plan.peak
+    assert alone < both
+    _cuda_of(monkeypatch, (alone + both) // 2)
+    runs = tmp_path / "runs"
+    assert run(["up", str(QWEN_RECIPE), "--output-dir", str(runs)]) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: cuda: the memory plan needs")
+    assert not runs.exists()
+    # A teacher attached to elsewhere is not on this device: the student alone fits.
+    Supervisor(QWEN_RECIPE, output_dir=str(runs), teacher="tcp://127.0.0.1:5555")
+    _cuda_of(monkeypatch, 80 * GIB)
+    Supervisor(QWEN_RECIPE, output_dir=str(runs))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen3", "smollm2"])
 def test_plan_is_within_15_percent_of_the_cpus_measured_peak(arch):
