@@ -15,10 +15,12 @@ the importer also understands exactly the fields the exporter writes:
 - bundle-relative tool, reward and adapter paths: informational.
 
 What verl has no field for comes from the bundle's provenance, each labelled: the
-environment (``provenance/manifest.json``) and the per-turn and episode token caps
-(``provenance/source_run.json``, used when the overrides agree with it). Those files are
-checked against ``SHA256SUMS`` first; the overrides file itself may be edited, since
-every value in it is mapped and checked field by field.
+environment (``provenance/manifest.json``), the per-turn and episode token caps
+(``provenance/source_run.json``, used when the overrides agree with it) and every other
+field of the source run's recipe the overrides leave unsaid (device, dtypes, loss and
+train settings: :func:`finish`), so export -> import -> export writes the same files.
+Those files are checked against ``SHA256SUMS`` first; the overrides file itself may be
+edited, since every value in it is mapped and checked field by field.
 
 This module maps a bundle's fields; the driver, refusals and recipe validation are in
 :mod:`miniverl.bridge.importer`.
@@ -30,11 +32,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from miniverl.bridge import import_fields as fields
 from miniverl.bridge import import_mixture, profile
 from miniverl.bridge.teacher_source import model_source
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import SUMS_NAME, verify_sums
+from miniverl.common.recipe import Recipe, recipe_dict
+from miniverl.common.redact import HOME, SECRET
 
 BASE_SENTINEL = "BASE_MODEL_DIR"
 TEACHER_SENTINEL = "TEACHER_MODEL_DIR"
@@ -299,23 +305,105 @@ def _lengths(result, facts: BundleFacts) -> None:
                "bundle's source recipe)")
 
 
+def _environment(result, facts: BundleFacts) -> None:
+    env = facts.manifest.get("environment") or {}
+    rows = facts.manifest.get("rows") or {}
+    result.recipe["environment"] = {
+        "name": env.get("name"), "params": env.get("params") or {},
+        "difficulty": env.get("difficulty"), "split_seed": env.get("split_seed"),
+        "train_tasks": rows.get("train"), "eval_tasks": rows.get("val"),
+    }
+    result.add("provenance/manifest.json:environment", "derived", env, "environment",
+               "the bundle's environment, split and row counts (verl reads them as Parquet rows)")
+
+
+# Never taken from the source recipe: each section's model is the bundle's
+# (model/base_model.json), and a teacher's preparation, adapters, endpoint and keys say
+# where the source machine found it (its paths and servers, not this machine's).
+_MODEL_KEYS = ("model",)
+_TEACHER_PLACE = ("prepare", "adapter", "adapter_revision", "adapters", "endpoint", "api",
+                  "api_key_env", "curve_secret_key", "curve_server_key")
+
+
+def _redacted(value: object) -> bool:
+    """True when the export redacted ``value`` (a secret, a local path): it cannot come back."""
+    if isinstance(value, str):
+        return SECRET in value or "<path>/" in value or value == HOME or value.startswith(HOME + "/")
+    if isinstance(value, dict):
+        return any(_redacted(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_redacted(v) for v in value)
+    return False
+
+
+def _at(tree: object, path: list) -> object:
+    for part in path:
+        if isinstance(tree, dict):
+            tree = tree.get(part)
+        elif isinstance(tree, list) and isinstance(part, int) and part < len(tree):
+            tree = tree[part]
+        else:
+            return None
+    return tree
+
+
+def _carry(source: dict, mapped: dict, resolved: dict | None, path: list, result) -> None:
+    """Fill ``mapped`` with each value of ``source`` it leaves unsaid (see _source_fields)."""
+    teacher = bool(path) and path[0] in ("teacher", "teachers")
+    for key, value in source.items():
+        here = [*path, key]
+        if key in _MODEL_KEYS or (teacher and key in _TEACHER_PLACE):
+            continue
+        dotted = ".".join(str(part) for part in here)
+        if key in mapped:
+            inner = mapped[key]
+            if isinstance(value, dict) and isinstance(inner, dict):
+                _carry(value, inner, resolved, here, result)
+            elif key == "environments" and isinstance(value, list) and isinstance(inner, list):
+                for i, (was, now) in enumerate(zip(value, inner, strict=False)):
+                    if isinstance(was, dict) and isinstance(now, dict) and (
+                            was.get("name") == now.get("name")):
+                        _carry(was, now, resolved, [*here, i], result)
+            continue
+        if isinstance(value, dict) and value:
+            mapped[key] = {}
+            _carry(value, mapped[key], resolved, here, result)
+            if not mapped[key]:
+                del mapped[key]
+        elif _redacted(value):
+            result.add(f"provenance/source_run.json:recipe.{dotted}", "informational", value,
+                       None, "redacted by the export (a local path or secret); the default stands")
+        elif resolved is None or _at(resolved, here) != value:
+            mapped[key] = value
+            result.add(f"provenance/source_run.json:recipe.{dotted}", "derived", value, dotted,
+                       "the source run's value (verl has no field for it)")
+
+
+def _source_fields(result, facts: BundleFacts) -> None:
+    """Every recipe field the overrides leave unsaid, as the source run had it.
+
+    The source recipe (``provenance/source_run.json``, checked against SHA256SUMS) is the
+    run the bundle was exported from: its device, dtypes, loss and train settings that
+    verl has no field for come back as they were, so export -> import -> export writes
+    the same files. What the overrides say wins (an edited value stays edited); a value
+    the import would resolve to anyway is left out; a redacted one (a local path, a
+    secret) keeps its default, said in the report.
+    """
+    if facts.source_recipe is None:
+        return
+    try:
+        resolved: dict | None = recipe_dict(Recipe.model_validate(result.recipe))
+    except ValidationError:
+        resolved = None  # the recipe's own errors are reported once it is whole
+    _carry(facts.source_recipe, result.recipe, resolved, [], result)
+
+
 def finish(result, facts: BundleFacts) -> None:
     """Add what verl has no field for, from the bundle's provenance."""
     _batches(result)
     _lengths(result, facts)
     if "environments" in facts.manifest:
         import_mixture.finish(result, facts)
-        return
-    env = facts.manifest.get("environment") or {}
-    rows = facts.manifest.get("rows") or {}
-    environment = {
-        "name": env.get("name"), "params": env.get("params") or {},
-        "difficulty": env.get("difficulty"), "split_seed": env.get("split_seed"),
-        "train_tasks": rows.get("train"), "eval_tasks": rows.get("val"),
-    }
-    test_tasks = ((facts.source_recipe or {}).get("environment") or {}).get("test_tasks")
-    if isinstance(test_tasks, int):
-        environment["test_tasks"] = test_tasks
-    result.recipe["environment"] = environment
-    result.add("provenance/manifest.json:environment", "derived", env, "environment",
-               "the bundle's environment, split and row counts (verl reads them as Parquet rows)")
+    else:
+        _environment(result, facts)
+    _source_fields(result, facts)

@@ -21,7 +21,9 @@ exporter wrote it, checked against ``provenance/manifest.json`` (itself checked 
   refused, since it is a placement miniverl does not run;
 
 and ``finish`` writes ``environments:`` from the manifest's environments (name, params,
-difficulty, split seed, weight, train and eval rows; test tasks from the source recipe).
+difficulty, split seed, weight, train and eval rows; the rest, such as test tasks, comes
+from the source recipe with every other field verl has no field for, see
+:func:`miniverl.bridge.import_bundle.finish`).
 Anything a route was not exported as (an edited key, another model variable) is refused.
 """
 
@@ -155,7 +157,6 @@ def finish(result, facts) -> None:
     routes = _routes(facts)
     route_of = {env: (spec["teacher"], spec.get("adapter"))
                 for spec in routes.values() for env in spec.get("environments") or ()}
-    source = {m.get("name"): m for m in (facts.source_recipe or {}).get("environments") or ()}
     members = []
     for env in facts.manifest["environments"]:
         member = {
@@ -164,9 +165,6 @@ def finish(result, facts) -> None:
             "weight": env.get("weight"),
             "train_tasks": env["rows"]["train"], "eval_tasks": env["rows"]["val"],
         }
-        test_tasks = (source.get(env["name"]) or {}).get("test_tasks")
-        if isinstance(test_tasks, int):
-            member["test_tasks"] = test_tasks
         if env["name"] in route_of:
             teacher, adapter = route_of[env["name"]]
             if teacher != SINGLE:

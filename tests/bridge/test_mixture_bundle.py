@@ -5,6 +5,7 @@ are in test_verl_real.py (marker ``verl``)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -17,8 +18,8 @@ from miniverl.bridge.bundle import export_verl
 from miniverl.bridge.doctor import doctor
 from miniverl.bridge.importer import import_verl
 from miniverl.common.errors import ConfigError
-from miniverl.common.recipe import load_recipe
-from tests.bridge.conftest import make_run, mixture_recipe
+from miniverl.common.recipe import Recipe, diff_recipes, load_recipe
+from tests.bridge.conftest import RECIPE, make_run, mixture_recipe
 
 CALC_HUB, NAV_HUB = "org/calc-adapter@" + "a" * 40, "org/nav-adapter@" + "b" * 40
 
@@ -219,28 +220,48 @@ def _flat_of(run, out, gpus):
     return _flat(out)
 
 
+# The three kinds of bundle: one environment and one teacher, a mixture with one
+# teacher, a mixture routed to two teachers.
+KINDS = {"one environment": lambda: copy.deepcopy(RECIPE),
+         "a mixture": lambda: mixture_recipe(False),
+         "several teachers": lambda: mixture_recipe(True)}
+
+
+@pytest.fixture
+def one_clock(monkeypatch):
+    """Every run made in the test is created and finishes at the same instant: a second
+    run of the same recipe and weights then differs from the first in nothing it could
+    not repeat (its timestamps)."""
+    from miniverl.common import manifest, rundir
+
+    for module in (manifest, rundir):
+        monkeypatch.setattr(module, "utc_now_ms", lambda: "2026-01-31T12:00:00.000Z")
+
+
 @pytest.mark.parametrize("version", sorted(profile.VERL_TARGETS))
-def test_export_import_export_gives_the_same_bundle(two_teacher_run, toy_run, tmp_path, version):
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_export_import_export_gives_the_same_bundle(toy_run, tmp_path, one_clock, kind,
+                                                    version):
+    source = KINDS[kind]()
     first = tmp_path / "first"
-    export_verl(two_teacher_run, first, verl_version=version)
+    export_verl(make_run(toy_run, tmp_path / "runs", source, "source-run"), first,
+                verl_version=version)
     report, _ = import_verl(first, tmp_path / "imported" / "recipe.yaml")
     assert report["ok"] and not report["counts"]["refused"]
-    recipe = load_recipe(tmp_path / "imported" / "recipe.yaml")
-    assert recipe.teachers is not None and sorted(recipe.teachers) == ["calc", "nav"]
-    assert [(e.name, e.teacher, e.weight) for e in recipe.environments] == [
-        ("calculator", "calc", 2.0), ("jsonnav", "nav", 1.0)]
-    data = yaml.safe_load((tmp_path / "imported" / "recipe.yaml").read_text())
-    # The imported recipe trained again (same weights, same run id), exported again.
-    run = make_run(toy_run, tmp_path / "runs", data, two_teacher_run.name)
+    # The recipe comes back whole: what verl carries from the overrides, the rest (device,
+    # dtypes, test tasks) from the source run's recipe in the bundle's provenance.
+    imported = load_recipe(tmp_path / "imported" / "recipe.yaml")
+    assert diff_recipes(imported, Recipe.model_validate(source)) == []
+    assert {"student.device", "student.dtype"} <= {f["target"] for f in report["fields"]}
+    # The imported recipe trained again (same weights, same run id), exported again:
+    # every file of the bundle has the same checksum.
+    again = yaml.safe_load((tmp_path / "imported" / "recipe.yaml").read_text())
     second = tmp_path / "second"
-    export_verl(run, second, verl_version=version)
-    a, b = _sums(first), _sums(second)
-    # Every file but the two that describe the run it came from (its recipe as imported,
-    # with miniverl's defaults for what verl does not carry: device, dtype).
-    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
-        "README.md", "provenance/source_run.json"]
-    assert a == {**b, "README.md": a["README.md"],
-                 "provenance/source_run.json": a["provenance/source_run.json"]}
+    export_verl(make_run(toy_run, tmp_path / "runs2", again, "source-run"), second,
+                verl_version=version)
+    files = {str(f.relative_to(first)) for f in first.rglob("*") if f.is_file()}
+    assert set(_sums(first)) == files - {"SHA256SUMS"} and len(files) == 18
+    assert _sums(second) == _sums(first)
 
 
 def test_an_edited_route_key_is_refused_on_import(two_bundle, tmp_path):
