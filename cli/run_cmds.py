@@ -26,6 +26,8 @@ LOGGER_OPT = typer.Option(
     help="Add an experiment tracker to run.loggers: tensorboard, wandb, mlflow or trackio "
     "(repeatable; jsonl is always on).",
 )
+# Options `eval` and `status` share (a result printed as JSON instead of lines).
+JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
 def cuda_warning(recipe) -> str | None:
@@ -129,7 +131,7 @@ def register(app: typer.Typer) -> None:
         run: Path = typer.Option(..., "--run", help="Run directory."),
         split: str = typer.Option(None, "--split", help="eval or test (default: recipe's)."),
         checkpoint: str = typer.Option(None, "--checkpoint", help="Checkpoint dir."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPT,
     ) -> None:
         """Greedy success of a run's checkpoint on a held-out split."""
         from miniverl.common.errors import ConfigError
@@ -205,7 +207,7 @@ def register_up(app: typer.Typer) -> None:
     @app.command()
     def status(
         run: Path = typer.Argument(..., help="Run directory."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPT,
     ) -> None:
         """Progress of a running run (its control socket), or a finished run's summary."""
         import json

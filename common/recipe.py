@@ -326,27 +326,13 @@ class Recipe(BaseModel):
     @classmethod
     def _engine_samples_the_student(cls, rollout: RolloutConfig, info: ValidationInfo):
         student = info.data.get("student")
-        issues: list[tuple] = []
         if rollout.engine != "vllm":
-            for knob in ("engine_memory", "engine_check"):
-                if getattr(rollout, knob) is not None:
-                    issues.append(((knob,), f"rollout.{knob} sets up the vllm engine; remove "
-                                   "it or set rollout.engine: vllm"))
-            raise_issues(issues)
-            return rollout
-        if student is None:
-            return rollout
-        if student.quantization != "none":
-            issues.append((("engine",), (
-                f"rollout.engine vllm loads the student's weights into vLLM, which does not "
-                f"take a {student.quantization} student's LoRA merge; set rollout.engine: hf "
-                "or student.quantization: none")))
-        if student.device.startswith("cuda:") and student.device != "cuda:0":
-            issues.append((("engine",), (
-                f"rollout.engine vllm runs on the first CUDA device or the CPU, not "
-                f"student.device {student.device}; set student.device: cuda (or cpu), or "
-                "rollout.engine: hf")))
-        raise_issues(issues)
+            raise_issues([((knob,), f"rollout.{knob} sets up the vllm engine; remove it or set "
+                           "rollout.engine: vllm")
+                          for knob in ("engine_memory", "engine_check")
+                          if getattr(rollout, knob) is not None])
+        elif student is not None:
+            raise_issues(_vllm_student_issues(student))
         return rollout
 
     @field_validator("loss")
@@ -658,6 +644,23 @@ def _teacher_set_issues(teacher: TeacherConfig | None, rollout: RolloutConfig | 
         issues.append((("fixed_set",), (
             f"fixed_set 'teacher' trains on the plain view, rollout.view {rollout.view} on "
             "the privileged one; remove one of them")))
+    return issues
+
+
+def _vllm_student_issues(student: StudentConfig) -> list[tuple]:
+    """rollout.engine vllm loads the student's plain weights on the first CUDA device or
+    the CPU: a quantized student or another CUDA device cannot be sampled there."""
+    issues: list[tuple] = []
+    if student.quantization != "none":
+        issues.append((("engine",), (
+            f"rollout.engine vllm loads the student's weights into vLLM, which does not "
+            f"take a {student.quantization} student's LoRA merge; set rollout.engine: hf "
+            "or student.quantization: none")))
+    if student.device.startswith("cuda:") and student.device != "cuda:0":
+        issues.append((("engine",), (
+            f"rollout.engine vllm runs on the first CUDA device or the CPU, not "
+            f"student.device {student.device}; set student.device: cuda (or cpu), or "
+            "rollout.engine: hf")))
     return issues
 
 
