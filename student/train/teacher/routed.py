@@ -88,18 +88,18 @@ class RoutedLink:
     def keeps_positions(self) -> bool:
         """Every route's link keeps its episodes' positions (a route held back in an
         update still returns none of its episodes: ``updates.EarlyForward.covers``)."""
-        return all(side.link.keeps_positions for side in self.sides.values())
+        return all(_link(side).keeps_positions for side in self.sides.values())
 
     def begin_update(self, version: int, lag: int = 0) -> None:
         """Bind every route whose teacher is connected to ``version`` and its live
         teacher; a route whose teacher is not (while some other route's is) keeps its
         episodes unsent. With no teacher connected, every route binds (and waits)."""
-        up = {name for name, side in self.sides.items() if side.client.connected}
+        up = {name for name, side in self.sides.items() if _client(side).connected}
         self._held = {name: [] for name in self.sides if up and name not in up}
         self._bound_to = (version, lag)
         for name, side in self.sides.items():
             if name not in self._held:
-                side.link.begin_update(version, lag)
+                _link(side).begin_update(version, lag)
         self._order = []
         self.wait_s = 0.0
 
@@ -110,7 +110,7 @@ class RoutedLink:
         if name in self._held:
             self._held[name].append((traj, positions_P))
         else:
-            self.sides[name].link.submit(traj, positions_P)
+            _link(self.sides[name]).submit(traj, positions_P)
 
     def collect(self) -> list[Scored]:
         """Every answering route's replies, in the order their episodes were submitted;
@@ -127,7 +127,7 @@ class RoutedLink:
         while waiting:
             for name in list(waiting):
                 try:
-                    by_route[name] = self.sides[name].link.collect(timeout_s=POLL_S)
+                    by_route[name] = _link(self.sides[name]).collect(timeout_s=POLL_S)
                 except ScoreTimeout:
                     continue  # not answered yet: look at the others, then again
                 except TeacherUnavailable as exc:
@@ -139,13 +139,13 @@ class RoutedLink:
                                if isinstance(exc, TeacherRefusing)
                                else "its teacher stopped answering")
                 waiting.remove(name)
-            down = [name for name in waiting if not self.sides[name].client.connected]
+            down = [name for name in waiting if not _client(self.sides[name]).connected]
             if waiting and len(down) == len(waiting) and any(by_route.values()):
                 for name in down:  # only failed teachers left to wait for
                     self._hold(name, "its teacher went down while scoring")
                 waiting = []
         for name in bound:
-            self.sides[name].wait_s += self.sides[name].link.wait_s
+            self.sides[name].wait_s += _link(self.sides[name]).wait_s
         self.wait_s = time.perf_counter() - t0
         taken = dict.fromkeys(by_route, 0)
         out = []
@@ -168,7 +168,7 @@ class RoutedLink:
     def _send_held(self, name: str) -> None:
         """Bind ``name`` now (waiting for its teacher) and send the episodes it kept."""
         kept = self._held.pop(name)
-        link = self.sides[name].link
+        link = _link(self.sides[name])
         link.begin_update(*self._bound_to)
         for traj, positions_P in kept:
             link.submit(traj, positions_P)
@@ -178,7 +178,7 @@ class RoutedLink:
         if name in self._held:
             held = [traj for traj, _ in self._held[name]]
         else:
-            held = side.link.hold_back()
+            held = _link(side).hold_back()
             self._held[name] = []
         side.held_back += len(held)
         if held and self.on_held is not None:
@@ -197,6 +197,18 @@ class RoutedLink:
         """Who scores each route now (the run's teacher identity when routed)."""
         return {"name": "+".join(self.sides), "routes": {
             name: dict(side.identity) for name, side in self.sides.items()}}
+
+
+def _link(side: RouteSide) -> TeacherLink:
+    """The route's link: bound by :func:`connect_routes`, before the run routes anything."""
+    assert side.link is not None, f"route {side.route.name} is not connected"
+    return side.link
+
+
+def _client(side: RouteSide) -> ScoringClient:
+    """The route's client: made or handed in by :func:`connect_routes` at the latest."""
+    assert side.client is not None, f"route {side.route.name} is not connected"
+    return side.client
 
 
 def route_sides(recipe: Recipe, endpoints: dict[str, str] | None,
@@ -219,7 +231,7 @@ def routed_side(recipe: Recipe, endpoint: str | None, endpoints: dict[str, str] 
     a teacher section with adapters; several teachers are named one by one
     (``endpoints``: ``--teacher NAME=ENDPOINT``). Raises ``ConfigError`` for a teacher
     no one says how to reach."""
-    names = sorted(recipe.teachers or {SINGLE: None})
+    names = sorted(recipe.teachers or [SINGLE])
     if endpoint is not None:
         if len(names) > 1:
             raise ConfigError(
@@ -246,7 +258,8 @@ def connect_routes(state: TrainState, make_client: Callable[..., ScoringClient],
     """Connect every route's teacher (``make_client(route_side)`` builds a client;
     ``make_link(client, changed, route)`` the route's own link), record each one, and
     return the run's link."""
-    sides: dict[str, RouteSide] = state.teacher.routes
+    sides = state.teacher.routes
+    assert sides is not None  # a routing recipe's side (routed_side)
     for name, side in sides.items():
         if side.client is None:
             side.client = make_client(side)
@@ -291,8 +304,8 @@ def _on_changed(state: TrainState, side: RouteSide) -> Callable[[dict, int, str]
     return changed
 
 
-def apply_route_retarget(state: TrainState, side: RouteSide, vet: Callable[[RouteSide, str], None],
-                         ) -> None:
+def apply_route_retarget(state: TrainState, side: RouteSide,
+                         vet: Callable[[RouteSide, str], object]) -> None:
     """``teacher use NAME ENDPOINT``: move one route to another teacher at this update
     boundary; ``vet(side, endpoint)`` raises for a teacher the run would refuse, and a
     refusal keeps the old one (event ``teacher_swap_refused``)."""
@@ -302,14 +315,14 @@ def apply_route_retarget(state: TrainState, side: RouteSide, vet: Callable[[Rout
     old = dict(side.identity)
     try:
         vet(side, endpoint)
-        side.client.retarget(endpoint)
+        _client(side).retarget(endpoint)
     except Exception as exc:  # a refused swap keeps training on the old teacher
         state.run.event("teacher_swap_refused", endpoint=endpoint, reason=str(exc),
                         version=state.version, route=side.route.name)
         return
     side.endpoint = endpoint
-    side.link.binding = None
-    side.identity = teacher_identity(side.client)
+    _link(side).binding = None
+    side.identity = teacher_identity(_client(side))
     state.run.event("teacher_changed", how="retarget", old=old, new=side.identity,
                     version=state.version, endpoint=endpoint, route=side.route.name)
     record_teacher(state.run, state.version, side.identity, how="retarget",

@@ -33,14 +33,15 @@ This module does not compute a loss or align.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeGuard
 
 import numpy as np
 import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory
+from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.xvocab import alignment_of_groups, xvocab_request
 from miniverl.student.environments import get_environment
 from miniverl.student.train.teacher.cross_vocab import (
@@ -116,7 +117,10 @@ def student_targets(traj: Trajectory, positions_P: np.ndarray, arrays: dict[str,
     a = alignment
     t_group_G = group_logprob_G(torch.from_numpy(teacher_lp_T), torch.from_numpy(a.teacher_start_G),
                                 torch.from_numpy(a.teacher_end_G)).numpy()
-    kept, target, first, groups = [], [], [], []
+    kept: list[int] = []
+    target: list[float] = []
+    first: list[int] = []
+    groups: list[tuple[int, int, int, int]] = []
     for g in np.flatnonzero(a.trainable_G):
         lo, hi = int(a.student_start_G[g]) - 1, int(a.student_end_G[g]) - 1  # positions
         ts, te = int(a.teacher_start_G[g]), int(a.teacher_end_G[g])
@@ -161,7 +165,7 @@ def group_rows(traj: Trajectory, arrays: dict[str, np.ndarray], row_T: np.ndarra
     p = 0
     for lo, hi, ts, te in groups:
         rows = torch.as_tensor(row_T[ts:te])
-        if t_to_s is not None and hi - lo == 1 and te - ts == 1:
+        if vmap is not None and t_to_s is not None and hi - lo == 1 and te - ts == 1:
             s_tok = int(traj.tokens[lo + 1])
             if (s_tok < vmap.student_to_teacher_V.shape[0]
                     and int(vmap.student_to_teacher_V[s_tok]) == int(teacher_ids[ts])):
@@ -194,6 +198,20 @@ def empty_targets(cross_vocab: str = "sampled_token", k: int = 1) -> dict[str, n
     return out
 
 
+class XvocabClient(ScoringClient, Protocol):
+    """A client that also sends xvocab SCOREs (docs/protocol.md, "xvocab"): the ZeroMQ
+    client and the fake teacher's; an engine teacher's does not."""
+
+    def submit_xvocab(self, episode: Any, student_cuts: Any, student_pieces: Any, *,
+                      k: int = 16, temperature: float = 1.0, deadline_ms: int | None = None,
+                      deterministic: bool = False) -> int: ...
+
+
+def sends_xvocab(client: ScoringClient) -> TypeGuard[XvocabClient]:
+    """Whether ``client`` can send the xvocab SCOREs of a teacher with another tokenizer."""
+    return callable(getattr(client, "submit_xvocab", None))
+
+
 @dataclass
 class XvocabLink(TeacherLink):
     """The teacher link of ``teacher.tokenizer: other`` (kind ``xvocab``): a trajectory's
@@ -205,7 +223,8 @@ class XvocabLink(TeacherLink):
 
     # Its targets are over the aligned positions only (:func:`student_targets`).
     keeps_positions: ClassVar[bool] = False
-    xvocab: XvocabRequests | None = None
+    client: XvocabClient
+    xvocab: XvocabRequests = field(kw_only=True)
     cross_vocab: str = "sampled_token"
     vocab_map: VocabMap | None = None
     exact_groups: int = 0
