@@ -33,12 +33,12 @@ This module does not score trajectories (``link.py``) or train.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from miniverl.common.manifest import record_teacher, update_manifest
 from miniverl.common.memory_plan import GIB, check_recipe, read_shape
 from miniverl.common.modeling import load_tokenizer
 from miniverl.common.qualification import TeacherNotQualified, require_qualified
+from miniverl.common.recipe_sections import EnvironmentConfig
 from miniverl.common.teacher_routes import require_route_qualified
 from miniverl.common.tokenizer_id import fingerprint_tokenizer
 from miniverl.common.trajectory import Trajectory
@@ -68,7 +69,7 @@ from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher.cross_vocab import VocabMap, vocab_map
 from miniverl.student.train.teacher.link import PrivilegedLink, TeacherLink, teacher_identity
 from miniverl.student.train.teacher.routed import RouteSide, apply_route_retarget, connect_routes
-from miniverl.student.train.teacher.xvocab import XvocabLink, XvocabRequests
+from miniverl.student.train.teacher.xvocab import XvocabLink, XvocabRequests, sends_xvocab
 
 # The student's update needs roughly this many times its weight bytes free
 # (weights + grads + AdamW moments + activations) to keep the teacher resident.
@@ -111,6 +112,10 @@ def new_client(state: TrainState, endpoint: str | None = None, *,
     rt = state.recipe.runtime
     endpoint = endpoint or state.teacher.endpoint
     teacher = teacher or state.recipe.teacher
+    if endpoint is None:
+        raise ConfigError("the run has no teacher endpoint (teacher.endpoint is null); set "
+                          "it in the recipe, pass --teacher ENDPOINT, or start the run with "
+                          "`miniverl up`, which launches the teacher")
     if is_engine_endpoint(endpoint):
         return engine_client(state, endpoint, timeout_s=timeout_s, teacher=teacher)
     return SyncTeacherClient(
@@ -190,7 +195,9 @@ def check_handshake(state: TrainState, handshake: Handshake) -> None:
         if isinstance(error, REFUSALS):
             raise error
         return
-    identity = teacher_identity(state.teacher.client)
+    client = state.teacher.client
+    assert client is not None  # the handshake's future is this client's connect
+    identity = teacher_identity(client)
     check_qualified(state, identity)
     handshake.checked = identity
 
@@ -248,6 +255,16 @@ def connect_routed(state: TrainState) -> None:
                     reason="several teachers stay resident")
 
 
+class LinkSettings(TypedDict):
+    """What every link of a run is made with besides its client (:func:`teacher_link`)."""
+
+    kind: str
+    k: int
+    temperature: float
+    on_teacher_changed: Callable[[dict, int, str], None]
+    deterministic: bool
+
+
 def teacher_link(state: TrainState, client: ScoringClient,
                  changed: Callable[[dict, int, str], None], route: Any = None) -> TeacherLink:
     """The link this run (or one ``route`` of it) scores through, picked once: the
@@ -256,14 +273,19 @@ def teacher_link(state: TrainState, client: ScoringClient,
     (``teacher.tokenizer: other``), each episode with its own environment's tools."""
     recipe = state.recipe
     section = recipe.teacher if route is None else route.config
-    common = {"kind": teacher_kind(section, recipe.loss), "k": recipe.loss.top_k,
-              "temperature": recipe.loss.temperature, "on_teacher_changed": changed,
-              "deterministic": recipe.run.deterministic}
+    common: LinkSettings = {
+        "kind": teacher_kind(section, recipe.loss), "k": recipe.loss.top_k,
+        "temperature": recipe.loss.temperature, "on_teacher_changed": changed,
+        "deterministic": recipe.run.deterministic}
     if common["kind"] == "xvocab":
+        if not sends_xvocab(client):
+            raise ConfigError(f"teacher.tokenizer: other needs xvocab SCOREs, which the "
+                              f"{type(client).__name__} does not send; serve the teacher with "
+                              "`miniverl teacher serve`")
+        environments: Sequence[EnvironmentConfig] = recipe.environments or [recipe.environment]
         return XvocabLink(client, **common,
                           xvocab=XvocabRequests(state.policy.tokenizer, {
-                              env.name: env.params
-                              for env in recipe.environments or [recipe.environment]}),
+                              env.name: env.params for env in environments}),
                           cross_vocab=recipe.loss.cross_vocab or "sampled_token",
                           vocab_map=teacher_vocab_map(state, client, section,
                                                       None if route is None else route.name))
@@ -403,6 +425,7 @@ def wake(state: TrainState) -> None:
 
 def _swap_call(state: TrainState, what: str) -> None:
     side = state.teacher
+    assert side.client is not None  # bound at connect, before any update
     try:
         side.client.park() if what == "park" else side.client.wake()
     except Unauthorized as exc:
@@ -411,7 +434,9 @@ def _swap_call(state: TrainState, what: str) -> None:
         side.memory = "resident"
         reason = f"{what.upper()} refused ({exc}); the teacher stays resident"
         state.run.event("memory_swap_refused", reason=reason, version=state.version)
-        update_manifest(state.run, memory={"wanted": state.recipe.teacher.memory,
+        teacher = state.recipe.teacher
+        assert teacher is not None  # swap: one teacher section
+        update_manifest(state.run, memory={"wanted": teacher.memory,
                                            "chosen": "resident", "reason": reason})
 
 
@@ -422,6 +447,7 @@ def check_qualified(state: TrainState, identity: dict) -> None:
     if teacher is None or (teacher.min_success is None and teacher.min_recovery is None):
         return
     record = require_qualified(state.recipe, identity)
+    assert record is not None  # a gate is set: it returns the record that passed it
     state.run.event("teacher_qualified", teacher=identity, success=record["success"],
                     split=record["split"], n=record["n"], date=record["date"],
                     min_success=teacher.min_success, version=state.version,
@@ -451,9 +477,10 @@ def route_views(state: TrainState, route: Any) -> Callable | None:
     trajectory's environment; None for a standard teacher."""
     if route.config is None or route.config.mode != "privileged_context":
         return None
-    policy, mixture = state.policy, state.tasks.mixture
+    policy, mixture, members = state.policy, state.tasks.mixture, state.recipe.environments
+    assert mixture is not None and members is not None  # routes split a mixture's environments
     views = {}
-    for member in state.recipe.environments:
+    for member in members:
         if member.name not in route.environments:
             continue
         sizes = {"train": member.train_tasks, "eval": member.eval_tasks,
@@ -543,7 +570,8 @@ def apply_retarget(state: TrainState) -> None:
             try:
                 check_qualified(state, teacher_identity(side.client))
             except MiniverlError:
-                side.client.retarget(side.endpoint)  # back to the qualified teacher
+                if side.endpoint is not None:  # a client handed in names no endpoint
+                    side.client.retarget(side.endpoint)  # back to the qualified teacher
                 raise
     except Exception as exc:  # a refused swap keeps training on the old teacher
         state.run.event("teacher_swap_refused", endpoint=endpoint, reason=str(exc),
@@ -568,13 +596,15 @@ def _switch_client(state: TrainState, endpoint: str) -> None:
         client.close()
         raise
     old, side.client = side.client, client
-    if side.link is not None:
+    assert old is not None  # apply_retarget switches a connected client only
+    if isinstance(side.link, TeacherLink):  # one teacher's link: it binds the new client
         side.link.client, side.link.binding = client, None
     old.close()
 
 
 def choose_memory(state: TrainState) -> str:
     """resident or swap for this run (docs/up.md), recorded as an event and in the manifest."""
+    assert state.recipe.teacher is not None  # one teacher (several stay resident)
     wanted = state.recipe.teacher.memory
     strategy, reason = memory_strategy(state.recipe, state.policy.device)
     state.run.event("memory_strategy", wanted=wanted, chosen=strategy, reason=reason)
