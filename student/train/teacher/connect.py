@@ -11,7 +11,8 @@ here from the run's endpoint, or one the trainer was handed.
   spent; a teacher still loading (or being prepared by ``up``) answers in the background
   while the warm-up runs.
 - :func:`connect`: handshake, the competence gate (``teacher.min_success``), the view
-  the teacher is shown (``teacher.mode: privileged_context``), the memory strategy.
+  the teacher is shown (``teacher.mode: privileged_context``), how long an update waits
+  out a teacher that refuses its SCOREs (``link.Patience``), the memory strategy.
 - :func:`vet_endpoint`: handshake with another teacher on a throwaway client and gate
   it, so the control socket refuses a ``RETARGET`` the run would refuse at once.
 - :func:`apply_retarget`: a ``RETARGET`` from the control socket, at an update boundary;
@@ -67,7 +68,12 @@ from miniverl.student.rollout.privileged import PrivilegedViews, task_lookup
 from miniverl.student.train.objectives.table import teacher_kind
 from miniverl.student.train.state import TrainState
 from miniverl.student.train.teacher.cross_vocab import VocabMap, vocab_map
-from miniverl.student.train.teacher.link import PrivilegedLink, TeacherLink, teacher_identity
+from miniverl.student.train.teacher.link import (
+    Patience,
+    PrivilegedLink,
+    TeacherLink,
+    teacher_identity,
+)
 from miniverl.student.train.teacher.routed import RouteSide, apply_route_retarget, connect_routes
 from miniverl.student.train.teacher.xvocab import XvocabLink, XvocabRequests, sends_xvocab
 
@@ -224,7 +230,11 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     def changed(new: dict, version: int, how: str) -> None:
         teacher_changed(state, new, version, how)
 
-    side.link = teacher_link(state, side.client, changed)
+    link = teacher_link(state, side.client, changed)
+    # One teacher: an update waits out a teacher that refuses its SCOREs (link.py).
+    link.patience = Patience(state.recipe.runtime.unavailable_timeout_s, state.run.event,
+                             state.stop_event)
+    side.link = link
     side.identity = identity
     state.run.event("teacher_connected", teacher=identity, version=state.version,
                     endpoint=side.endpoint)

@@ -6,7 +6,10 @@ trajectory that should be trained on goes out as one ``SCORE`` as soon as it exi
 the replies the client's staleness rule accepted. If the bound teacher disappears (a
 restart gives a new ``instance``, a reload a new ``gen``), the client raises
 ``TeacherChanged``; the link then rebinds, records a ``teacher_changed`` event and
-re-sends the whole update, so one update never mixes teacher generations.
+re-sends the whole update, so one update never mixes teacher generations. In a run of
+one teacher, a teacher that refuses the update's SCOREs (a non-retryable ``ERROR``) is
+waited out the same way: the update sends them again after a backoff, for up to
+``runtime.unavailable_timeout_s`` (:class:`Patience`), and only then ends the run.
 
 ``Scored.student_version`` is the wire's ``student_version``: the version the targets
 were requested for (the version that sampled the trajectory, or 0 for a fixed set).
@@ -30,6 +33,7 @@ does not know how replies travel.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +41,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from miniverl.common.errors import TeacherRefusing, TeacherUnavailable
 from miniverl.common.teacher_routes import Route
 from miniverl.common.trajectory import Trajectory
 from miniverl.protocol.scoring_client import Identity, ScoringClient, TeacherChanged
@@ -64,6 +69,32 @@ class _Job:
     traj: Trajectory
     positions_P: np.ndarray
     request_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How an update of a run of one teacher outlasts a teacher that refuses its SCOREs
+    (docs/training.md, "A teacher that fails"): it sends them again after a backoff that
+    doubles from ``first_s`` to ``most_s``, for up to ``budget_s`` from the first refusal
+    (``runtime.unavailable_timeout_s``). ``event(name, **fields)`` records
+    ``teacher_refusing`` at the first refusal and ``teacher_unavailable`` when the update
+    gives up; ``stop`` set (a stop request) ends a backoff at once."""
+
+    budget_s: float
+    event: Callable[..., None]
+    stop: threading.Event
+    first_s: float = 0.25
+    most_s: float = 2.0
+
+
+@dataclass
+class _Waiting:
+    """One update's wait for a refusing teacher: its jobs, since when, the next backoff."""
+
+    jobs: list[_Job]
+    since: float
+    delay_s: float
+    resent: int = 0
 
 
 class Link(Protocol):
@@ -182,10 +213,14 @@ class TeacherLink:
     # run.deterministic: ask the teacher to score each SCORE alone (never coalesced, no
     # prefix cache), so pipelined scoring gives the same bits however replies race.
     deterministic: bool = False
+    # A run of one teacher: how an update outlasts a teacher that refuses its SCOREs
+    # (connect.py sets it; None: a refusal is raised, and a routed run holds the route back).
+    patience: Patience | None = None
     version: int = 0
     binding: Identity | None = None
     wait_s: float = 0.0
     _jobs: list[_Job] = field(default_factory=list)
+    _waiting: _Waiting | None = None
 
     def __post_init__(self) -> None:
         # What every SCORE of this run adds to its request (the default is omitted).
@@ -222,14 +257,8 @@ class TeacherLink:
                 try:
                     replies = self.client.wait(ids, timeout_s) if ids else {}
                     break
-                except TeacherChanged as changed:
-                    self.binding = tuple(self.client.bind())
-                    if self.on_teacher_changed is not None:
-                        self.on_teacher_changed(
-                            teacher_identity(self.client), self.version, changed.how
-                        )
-                    for job in self._jobs:
-                        job.request_id = self._request(job) if len(job.positions_P) else None
+                except (TeacherChanged, TeacherUnavailable) as failure:
+                    self._recover(failure, timeout_s)
         finally:
             self.wait_s += time.perf_counter() - t0
         identity = teacher_identity(self.client)
@@ -237,6 +266,55 @@ class TeacherLink:
         out = [self._scored(job, replies.get(job.request_id), identity) for job in self._jobs]
         self._jobs = []
         return out
+
+    def _recover(self, failure: TeacherChanged | TeacherUnavailable,
+                 timeout_s: float | None) -> None:
+        """:meth:`collect`'s failure path: re-send the update's SCOREs after rebinding to a
+        teacher that changed, or after a backoff while the teacher of a run of one
+        refuses them (:meth:`_outlast`); anything else is raised again (a run of several
+        teachers holds that route back, ``routed.py``)."""
+        if isinstance(failure, TeacherChanged):
+            self.binding = tuple(self.client.bind())
+            if self.on_teacher_changed is not None:
+                self.on_teacher_changed(teacher_identity(self.client), self.version, failure.how)
+        else:
+            self._outlast(failure, timeout_s)
+        for job in self._jobs:
+            job.request_id = self._request(job) if len(job.positions_P) else None
+
+    def _outlast(self, failure: TeacherUnavailable, timeout_s: float | None) -> None:
+        """Wait out one refusal of this update's SCOREs (``patience``: a run of one
+        teacher, a wait without ``timeout_s``), their requests forgotten, so that
+        :meth:`_recover` sends them again; or raise the failure that ends the run, in
+        one line, once ``patience.budget_s`` has passed since the first refusal, or when
+        the teacher is gone rather than refusing (the client has already waited
+        ``unavailable_timeout_s`` for it)."""
+        patience = self.patience
+        if patience is None or timeout_s is not None:
+            raise failure
+        if not isinstance(failure, TeacherRefusing):
+            patience.event("teacher_unavailable", why=str(failure), version=self.version)
+            raise failure
+        wait = self._waiting
+        # One wait per update: begin_update and collect give each update its own list.
+        if wait is None or wait.jobs is not self._jobs:
+            wait = self._waiting = _Waiting(self._jobs, time.monotonic(), patience.first_s)
+            patience.event("teacher_refusing", why=str(failure), version=self.version,
+                           episodes=len(self._jobs), budget_s=patience.budget_s)
+        waited = time.monotonic() - wait.since
+        if waited + wait.delay_s > patience.budget_s:
+            patience.event("teacher_unavailable", why=str(failure), version=self.version,
+                           waited_s=round(waited, 3), resent=wait.resent)
+            raise TeacherRefusing(
+                f"the teacher refused this update's SCOREs for {waited:.1f} s "
+                f"({wait.resent} re-sends, runtime.unavailable_timeout_s="
+                f"{patience.budget_s:g}; last: {' '.join(str(failure).split())}); check it "
+                "with `miniverl teacher status ENDPOINT`, then continue the run with `miniverl "
+                "up RECIPE --resume --run-id ID` (--teacher ENDPOINT for another)") from None
+        self.client.forget([j.request_id for j in self._jobs if j.request_id is not None])
+        patience.stop.wait(wait.delay_s)
+        wait.resent += 1
+        wait.delay_s = min(2 * wait.delay_s, patience.most_s)
 
     def hold_back(self) -> list[Trajectory]:
         """Give up this update's jobs (their teacher is down): the client forgets their
