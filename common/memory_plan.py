@@ -6,7 +6,8 @@ episode length, LoRA/4-bit and dtype, :func:`plan_memory` predicts, per process:
 - the **student**: weights, trainable parameters with their gradients and AdamW moments,
   the activations one micro-batch keeps for backward (with or without gradient
   checkpointing), the loss's chunk of ``[C, V]`` logits and the float32 output layer,
-  and, in the rollout phase, the KV cache of ``rollout.batch_size`` episodes;
+  and, in the rollout phase, the KV cache of ``rollout.batch_size`` episodes, or with
+  ``rollout.engine: vllm`` the engine's share of the device (``rollout.engine_memory``);
 - the **teacher**: its weights and the peak of scoring one batch of
   ``--batch-tokens`` (16,384) tokens.
 
@@ -59,6 +60,8 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The student's rollout parts that are free once its episodes are sampled.
+ROLLOUT_TRANSIENT = ("kv_cache", "prefill", "logits", "engine")
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,10 @@ class StudentSettings:
     # The share of a micro-batch's tokens the loss trains (its chunk is at most that many
     # positions); 1.0 bounds it (a recipe's prompts are not trained, so it is less).
     trained_share: float = 1.0
+    # rollout.engine vllm: the bytes the engine takes while it samples (its share of the
+    # device, rollout.engine_memory: its own weights and KV cache); 0 for hf, whose
+    # KV cache is counted from the batch. It sleeps outside its rollouts.
+    engine_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -254,12 +261,17 @@ def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan
     head = shape.vocab * shape.hidden * f32 if (s.fp32_head and b != f32) else 0
     update = {"weights": weights, "trainable": trainable, "activations": activations,
               "loss_chunk": loss, "fp32_head": head}
-    kv = 2 * shape.layers * shape.kv_dim * b * s.rollout_batch * s.episode_tokens
-    # A prefill of the batch: one layer's widest tensors at a time, and the last logits.
-    prefill = s.rollout_batch * s.episode_tokens * (3 * shape.intermediate) * b
-    rollout = {"weights": weights, "trainable": trainable, "kv_cache": kv,
-               "prefill": prefill, "logits": 2 * s.rollout_batch * shape.vocab * f32,
-               "fp32_head": head}
+    if s.engine_bytes:
+        # vLLM samples: the trainer's model holds no KV cache; the engine its share.
+        rollout = {"weights": weights, "trainable": trainable, "engine": s.engine_bytes,
+                   "fp32_head": head}
+    else:
+        kv = 2 * shape.layers * shape.kv_dim * b * s.rollout_batch * s.episode_tokens
+        # A prefill of the batch: one layer's widest tensors at a time, and the last logits.
+        prefill = s.rollout_batch * s.episode_tokens * (3 * shape.intermediate) * b
+        rollout = {"weights": weights, "trainable": trainable, "kv_cache": kv,
+                   "prefill": prefill, "logits": 2 * s.rollout_batch * shape.vocab * f32,
+                   "fp32_head": head}
     return {name: ProcessPlan(parts, sum(parts.values()))
             for name, parts in (("update", update), ("rollout", rollout))}
 
@@ -302,8 +314,10 @@ class MemoryPlan:
         if self.teacher is None:
             return max(s_up, s_roll) + CUDA_OVERHEAD_BYTES
         t_weights, t_peak = self.teacher.parts["weights"], self.teacher.peak
-        resting = s_roll - self.student["rollout"].parts["kv_cache"] - \
-            self.student["rollout"].parts["prefill"] - self.student["rollout"].parts["logits"]
+        # While the teacher scores, the student's rollout memory is free (a vLLM engine
+        # sleeps).
+        rollout = self.student["rollout"].parts
+        resting = s_roll - sum(rollout.get(k, 0) for k in ROLLOUT_TRANSIENT)
         scoring = resting + t_peak
         if self.memory == "swap":
             phases = (s_up, s_roll, scoring)
@@ -396,10 +410,12 @@ def parse_bytes(text: str) -> int:
     return int(value * units[unit])
 
 
-def settings_of(recipe: Any) -> StudentSettings:
-    """The recipe's student settings as the plan reads them, on a CUDA device (``dtype:
-    auto`` is bfloat16 there, or float16: two bytes either way)."""
+def settings_of(recipe: Any, device_bytes: int) -> StudentSettings:
+    """The recipe's student settings as the plan reads them, on a CUDA device of
+    ``device_bytes`` (``dtype: auto`` is bfloat16 there, or float16: two bytes either way;
+    ``rollout.engine: vllm`` takes ``rollout.engine_memory`` of it)."""
     st, train = recipe.student, recipe.train
+    vllm = recipe.rollout.engine == "vllm"
     dtype = "bfloat16" if st.dtype == "auto" else st.dtype
     lora = st.lora
     return StudentSettings(
@@ -412,6 +428,7 @@ def settings_of(recipe: Any) -> StudentSettings:
         gradient_checkpointing=bool(train.gradient_checkpointing),
         chunk_size=recipe.loss.chunk_size, fp32_head=recipe.fp32_head,
         rollout_batch=recipe.rollout.batch_size,
+        engine_bytes=int(recipe.rollout.engine_memory_share * device_bytes) if vllm else 0,
     )
 
 
@@ -423,7 +440,7 @@ def recipe_plan(recipe: Any, device_bytes: int, *, student: ModelShape,
     t = recipe.teacher if recipe.needs_teacher else None
     memory = "resident" if t is None or t.memory == "auto" else t.memory
     t_dtype = 2 if t is None or t.dtype in ("auto", "bfloat16", "float16") else 4
-    plan = plan_memory(student, settings_of(recipe), teacher if t is not None else None,
+    plan = plan_memory(student, settings_of(recipe, device_bytes), teacher if t is not None else None,
                        teacher_dtype_bytes=t_dtype,
                        teacher_quantization="none" if t is None else t.quantization,
                        memory=memory)
@@ -447,9 +464,10 @@ def refusal(recipe: Any, device_bytes: int, chosen: Fit, *, student: ModelShape,
         fix = ", ".join(f"{k}: {_yaml(v)}" for k, v in {**chosen.changes, **free.changes}.items())
         return (f"the memory plan needs {need} of {device_bytes / GIB:.1f} GiB "
                 f"(miniverl validate --device-memory shows it); set {fix}")
+    engine = "rollout.engine_memory, " if chosen.plan.settings.engine_bytes else ""
     return (f"the memory plan needs {need} of {device_bytes / GIB:.1f} GiB even with "
             f"gradient checkpointing, the teacher parked and one episode per micro-batch "
-            f"({free.plan.peak / GIB:.1f} GiB); lower rollout.max_total_tokens or "
+            f"({free.plan.peak / GIB:.1f} GiB); lower {engine}rollout.max_total_tokens or "
             "rollout.batch_size, or set teacher.quantization: nf4")
 
 

@@ -159,6 +159,12 @@ class RolloutConfig(Section):
         "forward.",
     )
 
+    @property
+    def engine_memory_share(self) -> float:
+        """``engine_memory`` resolved: the share of a GPU the vLLM engine takes (null: 0.3);
+        the engine is started with it and the memory plan counts it."""
+        return 0.3 if self.engine_memory is None else self.engine_memory
+
     @model_validator(mode="after")
     def _lengths(self) -> RolloutConfig:
         if self.max_total_tokens <= self.max_new_tokens_per_turn:

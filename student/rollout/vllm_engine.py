@@ -408,4 +408,4 @@ def start_engine(policy: Any, rollout: Any) -> VllmEngine:
     return VllmEngine(
         policy.model, policy.model_dir, dtype=policy.compute_dtype, device=policy.device,
         max_model_len=rollout.max_total_tokens, max_batch=rollout.batch_size,
-        memory=0.3 if rollout.engine_memory is None else rollout.engine_memory)
+        memory=rollout.engine_memory_share)

@@ -143,6 +143,27 @@ def test_a_cuda_student_is_planned_before_its_weights_load(monkeypatch, tmp_path
         state_mod.planned_for_device(recipe, run, offline=True)
 
 
+def _with_engine(recipe, engine_memory):
+    rollout = recipe.rollout.model_copy(update={"engine": "vllm", "engine_memory": engine_memory})
+    return recipe.model_copy(update={"rollout": rollout})
+
+
+def test_a_vllm_engines_share_of_the_device_is_counted_in_the_rollouts():
+    recipe = load_recipe(QWEN_RECIPE)
+    hf = check_recipe(recipe, 80 * GIB)[1].plan
+    for share in (None, 0.5):
+        lines, chosen, refused = check_recipe(_with_engine(recipe, share), 80 * GIB)
+        rollout = chosen.plan.student["rollout"].parts
+        # The engine takes its share (unset: 0.3) in place of the student's KV cache.
+        assert rollout["engine"] == int((share or 0.3) * 80 * GIB) and "kv_cache" not in rollout
+        assert chosen.plan.peak > rollout["engine"] + hf.teacher.parts["weights"]
+        assert chosen.plan.student["update"] == hf.student["update"]  # it sleeps there
+        assert refused is None and any("engine" in line for line in lines)
+    # A share that leaves no room beside the trainer and the teacher is refused, naming it.
+    _, chosen, refused = check_recipe(_with_engine(recipe, 0.9), 24 * GIB)
+    assert not chosen.fits and "lower rollout.engine_memory" in refused
+
+
 def _cuda_of(monkeypatch, total: int) -> None:
     """torch sees one CUDA device of ``total`` bytes (no CUDA here)."""
     import torch
