@@ -76,32 +76,29 @@ def parse_tool_calls(text: str) -> tuple[str, list[ParsedCall]]:
     first = text.find(TOOL_CALL_START)
     if first < 0:
         return text.strip(), []
-    content = text[:first].strip()
-    calls: list[ParsedCall] = []
-    for match in _CALL_RE.finditer(text, first):
-        body, closer = match.group(1), match.group(2)
-        if not closer:
-            calls.append(ParsedCall(None, None, "the <tool_call> block is not closed"))
-            continue
+    return text[:first].strip(), [_parse_call(match.group(1), match.group(2))
+                                  for match in _CALL_RE.finditer(text, first)]
+
+
+def _parse_call(body: str, closer: str) -> ParsedCall:
+    """One ``<tool_call>`` block's ``body``; ``closer`` is empty when it was not closed."""
+    if not closer:
+        return ParsedCall(None, None, "the <tool_call> block is not closed")
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError as exc:
+        return ParsedCall(None, None, f"the tool call is not valid JSON ({exc.msg})")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ParsedCall(None, None, 'the tool call needs a string "name"')
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
         try:
-            obj = json.loads(body.strip())
-        except json.JSONDecodeError as exc:
-            calls.append(ParsedCall(None, None, f"the tool call is not valid JSON ({exc.msg})"))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(ParsedCall(None, None, 'the tool call needs a string "name"'))
-            continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
-        if not isinstance(args, dict):
-            calls.append(ParsedCall(obj["name"], None, '"arguments" must be a JSON object'))
-            continue
-        calls.append(ParsedCall(obj["name"], args))
-    return content, calls
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            args = None
+    if not isinstance(args, dict):
+        return ParsedCall(obj["name"], None, '"arguments" must be a JSON object')
+    return ParsedCall(obj["name"], args)
 
 
 def parse_error_result(call: ParsedCall) -> str:
@@ -124,6 +121,13 @@ def stop_token_ids(tokenizer) -> list[int]:
             f"tokenizer has no {IM_END} token; miniverl needs a ChatML (Qwen-style) tokenizer"
         )
     return ids
+
+
+def _call_message(content: str, calls: list[ParsedCall]) -> dict[str, Any]:
+    """The assistant message of a turn with well-formed tool ``calls``."""
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls]}
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -247,16 +251,10 @@ class EpisodeBuilder:
         else:
             # Cut by a length limit without a call: model text, but not a final answer.
             self._append(SpanType.ASSISTANT_TEXT, ids)
-        message: dict[str, Any] = {"role": "assistant", "content": content if calls else text}
+        # The template renders the well-formed calls; a turn without any is its text.
         good = [c for c in calls if c.error is None]
-        if good:
-            message["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in good
-            ]
-        elif calls:
-            message["content"] = text
-        self.messages.append(message)
+        self.messages.append(_call_message(content, good) if good
+                             else {"role": "assistant", "content": text})
         return ParsedTurn(text=text, content=content, calls=calls, complete=complete)
 
     # -- context turns -------------------------------------------------------------

@@ -176,33 +176,27 @@ class HFEngine:
         return P, self._prefix[1]
 
     @torch.inference_mode()
-    def sample(
-        self,
-        requests: Sequence[TurnRequest],
-        sampling: Sampling,
-    ) -> list[SampledTurn]:
+    def sample(self, requests: Sequence[TurnRequest], sampling: Sampling) -> list[SampledTurn]:
         """One turn per request: prefill the batch, then one token per active row per
         step until every row has sampled a stop id or reached its budget."""
-        prompts = [r.tokens for r in requests]
         stop_ids = torch.tensor(sorted(sampling.stop_ids), device=self.device)
         P, prefix_cache = self._shared_prefix(requests)
-        ids_B_L, mask_B_S, pos_B_L = (t.to(self.device) for t in left_padded(prompts, P, self.pad_id))
+        ids_B_L, mask_B_S, pos_B_L = (t.to(self.device) for t in
+                                      left_padded([r.tokens for r in requests], P, self.pad_id))
         cache = KVCache(self._cache_kwarg)
         cache.start(prefix_cache, len(requests))
-        out = self.model(input_ids=ids_B_L, attention_mask=mask_B_S, position_ids=pos_B_L,
-                         use_cache=True, logits_to_keep=1, **cache.forward_kwargs())
-        cache.update(out)
-        logits_B_V = out.logits[:, -1, :]
+        # The prefill first, then one id per row still decoding.
+        inputs = {"input_ids": ids_B_L, "attention_mask": mask_B_S, "position_ids": pos_B_L}
         next_pos_B = pos_B_L[:, -1] + 1
-
         ids: list[list[int]] = [[] for _ in requests]
         logq: list[list[float]] = [[] for _ in requests]  # stays empty under argmax
         rows = list(range(len(requests)))  # the request of each batch row still decoding
         while True:
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1, **cache.forward_kwargs())
+            cache.update(out)
             next_B, logq_B = sample_with_logprobs(
-                logits_B_V, [requests[r].generator for r in rows], greedy=sampling.greedy,
-                temperature=sampling.temperature, top_p=sampling.top_p,
-            )
+                out.logits[:, -1, :], [requests[r].generator for r in rows],
+                greedy=sampling.greedy, temperature=sampling.temperature, top_p=sampling.top_p)
             stopped_B = torch.isin(next_B, stop_ids) if len(stop_ids) else None
             next_list = next_B.tolist()
             logq_list = logq_B.float().tolist() if logq_B is not None else None
@@ -222,11 +216,8 @@ class HFEngine:
                 mask_B_S, next_pos_B, next_B = mask_B_S[keep_K], next_pos_B[keep_K], next_B[keep_K]
                 rows = [rows[j] for j in keep]
             mask_B_S = torch.cat([mask_B_S, mask_B_S.new_ones((len(rows), 1))], dim=1)
-            out = self.model(input_ids=next_B.unsqueeze(-1), attention_mask=mask_B_S,
-                             position_ids=next_pos_B.unsqueeze(-1), use_cache=True,
-                             logits_to_keep=1, **cache.forward_kwargs())
-            cache.update(out)
-            logits_B_V = out.logits[:, -1, :]
+            inputs = {"input_ids": next_B.unsqueeze(-1), "attention_mask": mask_B_S,
+                      "position_ids": next_pos_B.unsqueeze(-1)}
             next_pos_B = next_pos_B + 1
         return [SampledTurn(ids=i, logprobs=q if len(q) == len(i) else None)
                 for i, q in zip(ids, logq, strict=True)]

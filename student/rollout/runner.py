@@ -40,7 +40,12 @@ from miniverl.common.trajectory import (
 )
 from miniverl.student.environments import get_environment
 from miniverl.student.environments.mixture import Mixture
-from miniverl.student.rollout.chat import EpisodeBuilder, parse_error_result, stop_token_ids
+from miniverl.student.rollout.chat import (
+    EpisodeBuilder,
+    ParsedCall,
+    parse_error_result,
+    stop_token_ids,
+)
 from miniverl.student.rollout.engine import SampledTurn, Sampling, SamplingEngine, TurnRequest
 from miniverl.student.rollout.hf_engine import HFEngine
 from miniverl.student.rollout.privileged import privileged_system
@@ -158,9 +163,8 @@ class RolloutRunner:
         if seeds is None:
             seeds = [int(t.seed) for t in tasks]
         if len(seeds) != len(tasks):
-            raise ConfigError(
-                f"got {len(seeds)} seeds for {len(tasks)} tasks; pass one seed per task"
-            )
+            raise ConfigError(f"got {len(seeds)} seeds for {len(tasks)} tasks; "
+                              "pass one seed per task")
         sampling = Sampling(greedy=greedy, temperature=self.temperature, top_p=self.top_p,
                             stop_ids=self._stop_ids)
         emit = on_finished if on_finished is not None else (lambda traj: None)
@@ -211,12 +215,9 @@ class RolloutRunner:
         # Privileged: each episode's system block is its own, no shared prefix to cache.
         system = (env.system_prompt() if self._privileged_system is None
                   else self._privileged_system(env, task))
-        builder = EpisodeBuilder(self.tokenizer, system,
-                                 task.prompt, env.tool_specs())
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(seed)
+        builder = EpisodeBuilder(self.tokenizer, system, task.prompt, env.tool_specs())
         ep = _Episode(task=task, seed=seed, env_name=name, env=env, builder=builder,
-                      generator=gen)
+                      generator=torch.Generator(device="cpu").manual_seed(seed))
         if len(builder.tokens) >= self.max_total:
             ep.stop = StopReason.MAX_TOKENS
         return ep
@@ -240,17 +241,21 @@ class RolloutRunner:
         ep.turns += 1
         if not turn.complete:
             ep.stop = StopReason.MAX_TOKENS
-            return
-        if turn.is_final:
-            ep.answer = turn.answer
-            ep.stop = StopReason.FINAL_ANSWER
-            return
+        elif turn.is_final:
+            ep.answer, ep.stop = turn.answer, StopReason.FINAL_ANSWER
+        else:
+            self._run_tools(ep, turn.calls)
+
+    def _run_tools(self, ep: _Episode, calls: list[ParsedCall]) -> None:
+        """Run a turn's tool calls in the episode's environment and append their results
+        as context, or end the episode: too many malformed turns in a row, a call
+        repeated too often, its last turn, or no room left for the results."""
         results: list[str] = []
         any_parse_error = False
         repeated = False
         by_name = dict(ep.stats.by_name)
         total, parse_errors, failed = ep.stats.total, ep.stats.parse_errors, ep.stats.failed
-        for call in turn.calls:
+        for call in calls:
             total += 1
             if call.error is not None:
                 parse_errors += 1
@@ -281,27 +286,13 @@ class RolloutRunner:
         """The ended episode as a trajectory of ``policy_version``, verified if it
         gave a final answer."""
         assert ep.stop is not None
-        if ep.stop == StopReason.FINAL_ANSWER:
-            verdict = ep.env.verify(ep.task, ep.answer or "")
-        else:
-            verdict = VerifierResult(
-                success=False, score=0.0, reason=f"no final answer ({ep.stop.value})"
-            )
+        task, builder, stop = ep.task, ep.builder, ep.stop
+        verdict = (ep.env.verify(task, ep.answer or "") if stop == StopReason.FINAL_ANSWER
+                   else VerifierResult(success=False, score=0.0,
+                                       reason=f"no final answer ({stop.value})"))
         return Trajectory(
-            id=f"{ep.env_name}/{ep.task.id}/v{policy_version}/s{ep.seed}",
-            tokens=ep.builder.tokens,
-            spans=ep.builder.spans,
-            policy_version=policy_version,
-            tokenizer_fp=self.tokenizer_fp,
-            environment=ep.env_name,
-            task_id=ep.task.id,
-            split=ep.task.split,
-            difficulty=ep.task.difficulty,
-            stop_reason=ep.stop,
-            tool_calls=ep.stats,
-            verifier=verdict,
-            seed=ep.seed,
-            source="rollout",
-            messages=ep.builder.messages,
-            sampling_logprobs=_float32_values(ep.sampling_logprobs),
-        )
+            id=f"{ep.env_name}/{task.id}/v{policy_version}/s{ep.seed}", tokens=builder.tokens,
+            spans=builder.spans, policy_version=policy_version, tokenizer_fp=self.tokenizer_fp,
+            environment=ep.env_name, task_id=task.id, split=task.split, difficulty=task.difficulty,
+            stop_reason=stop, tool_calls=ep.stats, verifier=verdict, seed=ep.seed, source="rollout",
+            messages=builder.messages, sampling_logprobs=_float32_values(ep.sampling_logprobs))

@@ -89,20 +89,23 @@ def _divergence_P(
     if divergence == "reverse_kl" or (divergence == "jsd" and jsd_beta == 1.0):
         return _kl_P(student_logp_P_V, teacher_logp_P_V)
     if divergence == "jsd":
-        if not 0.0 < jsd_beta < 1.0:
-            raise ConfigError(f"loss.jsd_beta={jsd_beta} must be in [0, 1]; set it in the recipe")
-        mixture_P_V = torch.logsumexp(
-            torch.stack(
-                [teacher_logp_P_V + math.log(jsd_beta), student_logp_P_V + math.log1p(-jsd_beta)]
-            ),
-            dim=0,
-        )
-        return jsd_beta * _kl_P(teacher_logp_P_V, mixture_P_V) + (1.0 - jsd_beta) * _kl_P(
-            student_logp_P_V, mixture_P_V
-        )
+        return _jsd_P(student_logp_P_V, teacher_logp_P_V, jsd_beta)
     raise ConfigError(
         f"loss.divergence={divergence!r} is not one of {', '.join(DIVERGENCES)}; fix the recipe"
     )
+
+
+def _jsd_P(student_logp_P_V: torch.Tensor, teacher_logp_P_V: torch.Tensor,
+           beta: float) -> torch.Tensor:
+    """``beta * KL(T || M) + (1 - beta) * KL(S || M)`` for ``0 < beta < 1``."""
+    if not 0.0 < beta < 1.0:
+        raise ConfigError(f"loss.jsd_beta={beta} must be in [0, 1]; set it in the recipe")
+    mixture_P_V = torch.logsumexp(
+        torch.stack([teacher_logp_P_V + math.log(beta), student_logp_P_V + math.log1p(-beta)]),
+        dim=0,
+    )
+    return (beta * _kl_P(teacher_logp_P_V, mixture_P_V)
+            + (1.0 - beta) * _kl_P(student_logp_P_V, mixture_P_V))
 
 
 def _student_logp(student_logits_P_V: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -224,13 +227,8 @@ def bucketed_topk_tail_divergence_P(
             (``-inf`` when ``K == V``).
     """
     student_B, teacher_B = bucketed_topk_tail_distributions(
-        student_logits_P_V,
-        teacher_ids_P_K,
-        teacher_logprobs_P_K,
-        teacher_tail_logmass_P,
-        temperature=temperature,
-        tail_epsilon=tail_epsilon,
-    )
+        student_logits_P_V, teacher_ids_P_K, teacher_logprobs_P_K, teacher_tail_logmass_P,
+        temperature=temperature, tail_epsilon=tail_epsilon)
     return _divergence_P(student_B, teacher_B, divergence, jsd_beta)
 
 
