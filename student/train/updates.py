@@ -16,6 +16,7 @@ This module does not load the policy (``policy.py``), hold or pick an objective
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -87,15 +88,13 @@ class Schedule:
 
     def lr_at(self, step: int, warmup_end: int | None = None) -> float:
         """The learning rate of optimizer step ``step`` (0-based)."""
-        if self.sft_lr is None:
-            return self.lr * lr_factor(step, warmup=self.warmup_steps, total=self.total,
-                                       schedule=self.schedule)
-        split = self.sft_steps if warmup_end is None else warmup_end
-        if step < split:
-            return self.sft_lr * lr_factor(step, warmup=self.warmup_steps, total=self.sft_steps,
-                                           schedule=self.schedule)
-        return self.lr * lr_factor(step - split, warmup=self.warmup_steps,
-                                   total=self.distill_total, schedule=self.schedule)
+        peak, start, total = self.lr, 0, self.total  # one schedule over the whole run
+        if self.sft_lr is not None:  # the SFT warm-up's own, then distillation's
+            split = self.sft_steps if warmup_end is None else warmup_end
+            peak, start, total = ((self.sft_lr, 0, self.sft_steps) if step < split
+                                  else (self.lr, split, self.distill_total))
+        return peak * lr_factor(step - start, warmup=self.warmup_steps, total=total,
+                                schedule=self.schedule)
 
 
 def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer, warmup_end=None):
@@ -130,15 +129,12 @@ def hidden_at_positions(
     order of the teacher's reply rows for the same request.
     """
     ids_B_T, mask_B_T = pad_batch(trajs, policy.pad_id, policy.device)
-    ctx = policy.autocast if policy.autocast is not None else torch.autocast("cpu", enabled=False)
-    with ctx:
-        # The system block every row shares is computed once (common/shared_prefix.py).
-        hidden_B_T_H = decoder_hidden(
-            policy.decoder, ids_B_T, mask_B_T, [len(t.tokens) for t in trajs]
-        )
-    rows_B = torch.cat(
-        [torch.full((len(p),), b, dtype=torch.long) for b, p in enumerate(positions)]
-    ).to(policy.device)
+    # The system block every row shares is computed once (common/shared_prefix.py).
+    with policy.autocast or contextlib.nullcontext():
+        hidden_B_T_H = decoder_hidden(policy.decoder, ids_B_T, mask_B_T,
+                                      [len(t.tokens) for t in trajs])
+    rows_B = torch.cat([torch.full((len(p),), b, dtype=torch.long)
+                        for b, p in enumerate(positions)]).to(policy.device)
     cols_P = torch.from_numpy(np.concatenate(positions).astype(np.int64)).to(policy.device)
     return hidden_B_T_H[rows_B, cols_P]
 
@@ -235,8 +231,7 @@ def early_forward(
     policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray]
 ) -> EarlyForward:
     """Run the student's forward for a micro-batch before its targets have arrived."""
-    return EarlyForward(trajs, hidden_at_positions(policy, trajs, [p.astype(np.int64)
-                                                                   for p in positions]))
+    return EarlyForward(trajs, hidden_at_positions(policy, trajs, positions))
 
 
 def distill_step(
@@ -263,12 +258,11 @@ def distill_step(
     loss_sum = div_sum = 0.0
     for part in step_micro_batches([len(s.traj.tokens) for s in scored], train):
         batch = [scored[i] for i in part]
-        trajs = [s.traj for s in batch]
-        positions = [s.positions_P.astype(np.int64) for s in batch]
         if early is not None and early.covers(batch):
             hidden_P_H, early = early.hidden_P_H, None
         else:
-            hidden_P_H = hidden_at_positions(policy, trajs, positions)
+            hidden_P_H = hidden_at_positions(policy, [s.traj for s in batch],
+                                             [s.positions_P for s in batch])
         loss, metrics = objective.batch_loss(
             hidden_P_H, policy.lm_head, batch, None if extra is None else [extra[i] for i in part],
             num_global_positions=total)
