@@ -295,7 +295,9 @@ class DpoMode:
                             tasks=n_groups, train_success=_success(trajs))
             return None
         t1 = time.perf_counter()
-        score_reference(state.teacher.link, pairs, state.version)
+        link = state.teacher.link
+        assert isinstance(link, TeacherLink)  # dpo's reference: one teacher's plain link
+        score_reference(link, pairs, state.version)
         t_wait = time.perf_counter() - t1
         t2 = time.perf_counter()
         stats = None
@@ -306,6 +308,7 @@ class DpoMode:
                 chunk_size=recipe.loss.chunk_size,
             )
             state.advance()
+        assert stats is not None  # train.updates_per_batch is at least 1
         extra.update(
             dpo_loss=stats.loss, dpo_chosen_reward=stats.chosen_reward,
             dpo_rejected_reward=stats.rejected_reward, dpo_margin=stats.margin,

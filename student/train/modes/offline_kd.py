@@ -62,7 +62,7 @@ from miniverl.student.train.state import (
     group_size,
 )
 from miniverl.student.train.steps import collect, sample
-from miniverl.student.train.teacher.link import Scored, TeacherSide
+from miniverl.student.train.teacher.link import Link, Scored, TeacherSide
 
 
 @dataclass
@@ -83,8 +83,9 @@ class LazyScoredSet:
         """``count`` trajectories drawn for ``cycle`` (``state.fixed_draw``) with their
         targets (from ``cache``, else scored by ``teacher`` now); those scored now; and
         the seconds spent waiting for the teacher."""
-        picked = fixed_draw(recipe, self.trajs, cycle, count)
-        if any(t is None for t in picked):
+        drawn = fixed_draw(recipe, self.trajs, cycle, count)
+        picked = [t for t in drawn if t is not None]
+        if len(picked) != len(drawn):
             raise RuntimeError(f"cycle {cycle} drew a fixed-set position the run did not "
                                "plan to draw; the set was built for other cycles")
         missing = [t for t in picked if t.id not in self.scored]
@@ -93,7 +94,7 @@ class LazyScoredSet:
         fresh = [t for t in missing if t.id not in self.scored]
         if not fresh:
             return [self.scored[t.id] for t in picked], [], 0.0
-        link = teacher.link
+        link = bound_link(teacher)
         link.begin_update(self.version, 0)
         for traj in fresh:
             link.submit(traj, select_positions_for(traj, recipe.loss, seed=recipe.run.seed))
@@ -124,10 +125,11 @@ class OfflineKdMode:
         ``train.on_policy_fraction``, part of the batch fresh: "GKD-style mixing" below)."""
         recipe, train = state.recipe, state.recipe.train
         if train.on_policy_fraction is not None:
-            return self.mixed_cycle(state)
+            return self.mixed_cycle(state, train.on_policy_fraction)
         scored, replies, t_wait = fixed_batch(self.fixed, state.cycle, teacher=state.teacher,
                                               cache=state.cache, recipe=recipe)
         t1 = time.perf_counter()
+        assert state.objective is not None  # a teacher's mode: run_objective made one
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, scored,
             objective=state.objective, train=train,
@@ -137,19 +139,22 @@ class OfflineKdMode:
         return CycleResult(stats, [s.traj for s in scored], 0.0, t_wait,
                            time.perf_counter() - t1, scored=replies or None)
 
-    def mixed_cycle(self, state: TrainState) -> CycleResult:
+    def mixed_cycle(self, state: TrainState, on_policy_fraction: float) -> CycleResult:
         """The cycle with ``train.on_policy_fraction`` (GKD-style mixing, below): fresh
         episodes of version v (scored for v) and a fixed-set draw (a lazy set scores its
         first draws here, before the fresh part binds version v), one optimizer step on
         both."""
         recipe, train, fixed = state.recipe, state.recipe.train, self.fixed
-        fresh_n, fixed_n = split(train.rollouts_per_cycle, train.on_policy_fraction)
+        fresh_n, fixed_n = split(train.rollouts_per_cycle, on_policy_fraction)
+        fixed_scored: list[Scored] = []
         if isinstance(fixed, list):
-            drawn, fixed_scored, t_fixed = fixed_draw(recipe, fixed, state.cycle, fixed_n), [], 0.0
+            drawn, t_fixed = fixed_draw(recipe, fixed, state.cycle, fixed_n), 0.0
         else:
             drawn, fixed_scored, t_fixed = fixed.draw(state.cycle, fixed_n, teacher=state.teacher,
                                                       cache=state.cache, recipe=recipe)
-        trajs, fresh, t_rollout, t_wait = [], [], 0.0, 0.0
+        trajs: list[Trajectory] = []
+        fresh: list[Scored] = []
+        t_rollout, t_wait = 0.0, 0.0
         if fresh_n:
             # The first fresh_n episodes strict OPD would sample in this cycle.
             tasks, seeds = state.tasks.episodes(state.cycle, fresh_n, group_size(recipe))
@@ -160,6 +165,7 @@ class OfflineKdMode:
             trajs, t_rollout = sampled.trajs, sampled.t_rollout
         t_wait += t_fixed
         t1 = time.perf_counter()
+        assert state.objective is not None  # a teacher's mode: run_objective made one
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, [*fresh, *drawn],
             objective=state.objective, train=train,
@@ -245,7 +251,7 @@ def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int
                     source: str, t_sample: float) -> list[Scored]:
     """Score, bound to ``version``, the trajectories the targets cache does not hold."""
     reused = latest_for_teacher(state.cache, state.recipe, state.teacher.identity, fixed_set)
-    link = state.teacher.link
+    link = bound_link(state.teacher)
     link.begin_update(version, 0)
     for traj in fixed_set:
         if traj.id not in reused:
@@ -258,7 +264,7 @@ def _prepare_student_set(state: TrainState) -> list[Scored]:
     """Frozen student states: the starting policy samples every cycle's episodes once."""
     recipe = state.recipe
     n = recipe.train.rollouts_per_cycle
-    link = state.teacher.link
+    link = bound_link(state.teacher)
     t0 = time.perf_counter()
     recorded = _recorded_set(state)
     if recorded:  # a resume: the set the run sampled, never one of the trained policy
@@ -294,10 +300,16 @@ def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored]
     state.run.event("offline_targets_scored", source=source, trajectories=len(scored),
                     reused_from_cache=len(reused),
                     positions=int(sum(len(s.positions_P) for s in scored)),
-                    time_sample_s=t_sample, time_teacher_wait_s=state.teacher.link.wait_s,
+                    time_sample_s=t_sample, time_teacher_wait_s=bound_link(state.teacher).wait_s,
                     bytes_sent=counters.get("bytes_sent", 0),
                     bytes_received=counters.get("bytes_received", 0))
     return ordered
+
+
+def bound_link(teacher: TeacherSide) -> Link:
+    """The link the run's teacher scores through: bound at connect, before any mode prepares."""
+    assert teacher.link is not None, "the run's teacher is not connected"
+    return teacher.link
 
 
 def fixed_batch(fixed: list[Scored] | LazyScoredSet, cycle: int, *, teacher: TeacherSide,
