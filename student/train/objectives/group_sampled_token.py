@@ -60,6 +60,8 @@ class GroupSampledToken(ByteGroupObjective):
                     num_global_positions: int | None) -> tuple[torch.Tensor, dict[str, float]]:
         settings = self.settings
         n = int(hidden_P_H.shape[0])
+        # Present: loss() checked every field this objective reads.
+        assert targets.group_first_P is not None and targets.target_logprobs_P is not None
         sampled_P, first_P = targets.sampled_ids_P, targets.group_first_P.bool()
         with torch.no_grad():
             logp_P = torch.cat([

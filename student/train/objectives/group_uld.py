@@ -103,6 +103,7 @@ class ByteGroupObjective(Objective):
         if int(hidden_P_H.shape[0]) == 0:
             return empty_loss(hidden_P_H, lm_head)
         self.check(targets)
+        assert targets.group_first_P is not None  # self.check: it reads group_first_P
         if not bool(targets.group_first_P[0]):
             raise ConfigError("xvocab targets must start a group at their first position; "
                               "build them with student/train/teacher/xvocab.py")
@@ -126,7 +127,7 @@ class GroupULD(ByteGroupObjective):
                                         "topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P")
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return ("xvocab group hybrid (exact + uld)" if self.settings.cross_vocab == "hybrid"
                 else "xvocab group uld")
 

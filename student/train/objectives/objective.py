@@ -155,9 +155,9 @@ class TeacherTargets:
 
     def rows(self, lo: int, hi: int) -> TeacherTargets:
         """Positions ``lo:hi`` of every field that is set (one chunk's targets)."""
-        return TeacherTargets(**{
+        return TeacherTargets(self.sampled_ids_P[lo:hi], **{
             f.name: None if (value := getattr(self, f.name)) is None else value[lo:hi]
-            for f in fields(self)
+            for f in fields(self)[1:]
         })
 
 
@@ -219,10 +219,23 @@ class Objective:
     the recipe's ``loss`` section it was built from (``settings``) and
     :meth:`per_position`, which calls its formula with them by name."""
 
-    name: str
-    reads: tuple[str, ...]
-    kind: str  # the targets it reads: topk, exact, xvocab, or none (the next token only)
     settings: LossConfig
+
+    @property
+    def name(self) -> str:
+        """How metrics and errors name it (a class constant, or built from ``settings``)."""
+        raise NotImplementedError
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The :class:`TeacherTargets` fields it reads."""
+        raise NotImplementedError
+
+    @property
+    def kind(self) -> str:
+        """The targets it reads: ``topk``, ``exact``, ``xvocab``, or ``none`` (the next
+        token only)."""
+        raise NotImplementedError
 
     def per_position(self, hidden_C_H: torch.Tensor, lm_head: Head,
                      t: TeacherTargets) -> tuple[torch.Tensor, torch.Tensor]:
@@ -380,7 +393,7 @@ class SampledToken(Objective):
     reads: ClassVar[tuple[str, ...]] = ("sampled_ids_P", "target_logprobs_P")
 
     @property
-    def kind(self) -> str:  # type: ignore[override]
+    def kind(self) -> str:
         return request_kind(self.settings)
 
     def per_position(self, hidden_C_H, lm_head, t):

@@ -69,7 +69,7 @@ class WithVariants(Objective):
     settings: LossConfig
 
     @property
-    def kind(self) -> str:  # type: ignore[override]
+    def kind(self) -> str:
         return self.base.kind
 
     @property
