@@ -527,6 +527,15 @@ def refuse_before_start(recipe: Any, *, teacher_elsewhere: bool = False) -> None
         raise ConfigError(f"{recipe.student.device}: {refused}")
 
 
+def refilled(recipe: Any, filled: dict[str, Any]) -> Any:
+    """``recipe`` with a run's recorded plan choices (``filled``, ``train.*``) set where
+    ``recipe`` leaves them null: a resumed run goes on with the settings it ran with; a
+    field ``recipe`` sets is left as it is (and differs like any other field)."""
+    unset = {k: v for k, v in filled.items()
+             if k.startswith("train.") and getattr(recipe.train, k.removeprefix("train.")) is None}
+    return with_train_changes(recipe, unset)
+
+
 def with_train_changes(recipe: Any, changes: dict[str, Any]) -> Any:
     """``recipe`` with the plan's ``train.*`` choices filled in (``teacher.memory`` is
     left to the run's memory strategy, which reads the same plan)."""

@@ -32,7 +32,7 @@ from .atomic import atomic_write_json, atomic_write_text
 from .clock import utc_now_ms
 from .errors import ConfigError, ProvenanceError, RunLockedError
 from .manifest import build_manifest, read_manifest, write_manifest
-from .recipe import Recipe, dump_resolved, load_recipe
+from .recipe import Recipe, dump_resolved, load_recipe, recipe_digest
 from .trajectory import iter_trajectories
 
 STATUSES = ("ready", "running", "completed", "failed", "interrupted")
@@ -151,6 +151,21 @@ class RunDir:
     def recipe(self) -> Recipe:
         """The resolved recipe this run was created with."""
         return load_recipe(self.resolved_recipe_path)
+
+    def record_filled(self, recipe: Recipe, filled: dict[str, Any]) -> None:
+        """Record the recipe that runs once the memory plan has filled in what the
+        submitted one left null (``filled``: ``{"train.micro_batch_tokens": 16384}``):
+        ``recipe.resolved.yaml`` and the manifest's ``recipe_digest`` become its, and the
+        manifest's ``memory_plan.filled`` names the fields (:meth:`filled`); ``recipe.yaml``
+        stays as it was submitted."""
+        atomic_write_text(self.resolved_recipe_path, dump_resolved(recipe))
+        write_manifest(self, None, recipe_digest=recipe_digest(recipe),
+                       memory_plan={"filled": filled})
+
+    def filled(self) -> dict[str, Any]:
+        """The fields the memory plan filled in for this run (:meth:`record_filled`); {}
+        when it filled none."""
+        return dict((read_manifest(self).get("memory_plan") or {}).get("filled") or {})
 
     def verify(self) -> None:
         """Check the run's sealed files (``manifest.json``, every line of

@@ -7,7 +7,8 @@ records and every mode reads, never what one step hands to the next (a step retu
 that) nor what one mode keeps (its own :class:`Mode` object holds that).
 :func:`build_state` makes it (seeds first, then the model, so the RNG draws happen in
 one fixed order); :func:`save_checkpoint` and :func:`restore` write and read it back, so
-a resumed run continues exactly where the uninterrupted one would be.
+a resumed run continues exactly where the uninterrupted one would be. What one cycle did
+(a :class:`CycleResult`) is logged from it as one metrics row (:func:`log_cycle`).
 
 Which episodes a cycle samples is here too (:class:`TrainTasks`, :func:`fixed_draw`),
 three batch rules, each a pure function of the recipe, the run seed and the cycle, so a
@@ -136,6 +137,50 @@ class CycleResult:
     extra: dict[str, Any] | None = None
 
 
+def log_cycle(state: TrainState, done: CycleResult) -> None:
+    """One metrics row for a cycle (or warm-up step), in the run's ``metrics.jsonl`` and
+    kept as ``state.last_metrics`` (the loop logs each cycle with it)."""
+    stats, trajs, scored = done.stats, done.trajs, done.scored
+    side = state.teacher
+    counters = side.counters()
+    positions_scored = int(sum(len(s.positions_P) for s in scored)) if scored else 0
+    row = {
+        "step": state.step,
+        "version": state.version,
+        "cycle": state.cycle,
+        "mode": state.recipe.run.mode,
+        "phase": done.phase or "train",
+        "on_policy": state.recipe.on_policy and done.phase is None,
+        "loss": stats.loss,
+        "divergence": stats.divergence,
+        "positions": stats.positions,
+        "tokens": stats.tokens,
+        "teacher": ({k: side.identity.get(k) for k in ("name", "instance", "gen")}
+                    if side.link is not None else None),
+        "stale_dropped": counters.get("stale_dropped", 0),
+        "nonfinite_replies": counters.get("nonfinite_replies", 0),
+        "time_rollout_s": done.t_rollout,
+        "time_teacher_wait_s": done.t_wait,
+        "time_update_s": done.t_update,
+        "positions_scored": positions_scored,
+        "positions_per_s": positions_scored / done.t_wait if done.t_wait > 0 else None,
+        "bytes_sent": counters.get("bytes_sent", 0),
+        "bytes_received": counters.get("bytes_received", 0),
+        # Several teachers: each one's counters, and the episodes held back (a teacher down).
+        **({k: counters[k] for k in ("by_teacher", "held_back")} if "by_teacher" in counters
+           else {}),
+        "lr": stats.lr,
+        "grad_norm": stats.grad_norm,
+        # Success of the student's own rollouts; oracle batches (SFT) have none.
+        "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
+                          if trajs and trajs[0].source == "rollout" else None),
+        "wall_s": state.wall(),
+        **(done.extra or {}),
+    }
+    state.last_metrics = row
+    state.run.metric(row)
+
+
 class Mode(Protocol):
     """One training mode as the loop drives it (``modes/``: one class each, peers).
 
@@ -244,7 +289,8 @@ def planned_for_device(recipe: Recipe, run: RunDir, *, offline: bool) -> Recipe:
     loaded (common/memory_plan.py). A recipe that cannot fit is refused in one line naming
     the setting that would make it fit; what the recipe left null
     (``train.gradient_checkpointing``, ``train.micro_batch_tokens``) is filled in with the
-    plan's choice, recorded as the ``memory_plan`` event. On the CPU: the recipe as is."""
+    plan's choice, recorded as the ``memory_plan`` event and in the run's resolved recipe
+    and manifest (``RunDir.record_filled``). On the CPU: the recipe as is."""
     device = resolve_device(recipe.student.device)
     if device.type != "cuda":
         return recipe
@@ -256,7 +302,11 @@ def planned_for_device(recipe: Recipe, run: RunDir, *, offline: bool) -> Recipe:
         raise ConfigError(f"{device}: {refused}")
     run.event("memory_plan", device_bytes=int(total), peak_bytes=chosen.plan.peak,
               chosen=chosen.changes, lines=lines)
-    return with_train_changes(recipe, chosen.changes)
+    planned = with_train_changes(recipe, chosen.changes)
+    filled = {k: v for k, v in chosen.changes.items() if k.startswith("train.")}
+    if filled:
+        run.record_filled(planned, {**run.filled(), **filled})
+    return planned
 
 
 def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: bool,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.common.errors import ConfigError
+from miniverl.common.memory_plan import refilled
 from miniverl.common.recipe import Recipe, diff_recipes
 from miniverl.common.rundir import RunDir
 from miniverl.common.teacher_routes import is_routed
@@ -55,14 +56,17 @@ def recipe_changes(old: Recipe, new: Recipe) -> list[str]:
 
 
 def open_run(recipe: Recipe, run_id: str | None, resume: bool,
-             recipe_text: str | None) -> RunDir:
-    """Create, resume or adopt the run directory, and take its lock."""
+             recipe_text: str | None) -> tuple[RunDir, Recipe]:
+    """Create, resume or adopt the run directory, and take its lock; returns it and the
+    recipe to run (a resumed run's: with what its memory plan filled in, from its
+    manifest, where ``recipe`` leaves it null)."""
     out = Path(recipe.run.output_dir)
     if resume:
         if run_id is None:
             raise ConfigError("--resume needs --run-id ID (the run to continue)")
         run_dir = RunDir.open(out / run_id)
         run_dir.verify()  # a tampered manifest or trajectory line stops the resume here
+        recipe = refilled(recipe, run_dir.filled())
         differing = recipe_changes(run_dir.recipe(), recipe)
         if differing:
             raise ConfigError(
@@ -81,7 +85,7 @@ def open_run(recipe: Recipe, run_id: str | None, resume: bool,
     else:
         run_dir = RunDir.create(out, recipe, recipe_text=recipe_text, run_id=run_id)
     run_dir.lock().__enter__()
-    return run_dir
+    return run_dir, recipe
 
 
 class Trainer:
@@ -134,7 +138,7 @@ class Trainer:
                 f"mode {recipe.run.mode!r} needs a teacher: pass --teacher ENDPOINT, set "
                 "teacher.endpoint, or start both processes with `miniverl up`"
             )
-        self.run = open_run(recipe, run_id, resume, recipe_text)
+        self.run, self.recipe = open_run(recipe, run_id, resume, recipe_text)
         self.resume = resume
 
     def train(self) -> TrainResult:

@@ -143,6 +143,42 @@ def test_a_cuda_student_is_planned_before_its_weights_load(monkeypatch, tmp_path
         state_mod.planned_for_device(recipe, run, offline=True)
 
 
+def test_what_the_plan_fills_in_is_the_runs_recorded_recipe_and_resume_keeps_it(monkeypatch,
+                                                                                 tmp_path):
+    import torch
+
+    from miniverl.common.manifest import read_manifest
+    from miniverl.common.recipe import recipe_digest
+    from miniverl.student.train import state as state_mod
+    from miniverl.student.train.trainer import open_run, recipe_changes
+    from tests.toy_kit import make_recipe
+
+    recipe = make_recipe("sft", tmp_path / "runs")
+    recipe = recipe.model_copy(update={"student": recipe.student.model_copy(
+        update={"device": "cuda"})})
+    assert recipe.train.gradient_checkpointing is None and recipe.train.micro_batch_tokens is None
+    written = check_recipe(recipe, 1024 * GIB)[1].plan.peak
+    run, _ = open_run(recipe, "planned", False, None)
+    submitted = run.recipe_path.read_text()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, written - 1))
+    planned = state_mod.planned_for_device(recipe, run, offline=True)
+    filled = check_recipe(recipe, written - 1)[1].changes
+    assert filled and planned == with_train_changes(recipe, filled)
+    # What ran is the run's resolved recipe and its digest; the submitted text stays.
+    manifest = read_manifest(run)
+    assert manifest["recipe_digest"] == recipe_digest(planned) != recipe_digest(recipe)
+    assert manifest["memory_plan"] == {"filled": filled}
+    assert recipe_changes(run.recipe(), planned) == []
+    assert run.recipe_path.read_text() == submitted
+    run.release()
+    # A resume of the submitted recipe goes on with what the plan filled in.
+    resumed_run, resumed = open_run(recipe, "planned", True, None)
+    assert resumed == planned
+    resumed_run.release()
+
+
 def _with_engine(recipe, engine_memory):
     rollout = recipe.rollout.model_copy(update={"engine": "vllm", "engine_memory": engine_memory})
     return recipe.model_copy(update={"rollout": rollout})
