@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from functools import partial
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -337,45 +336,45 @@ def given_logits(logits_C_V: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class ExactFullVocab(Objective):
-    """The exact full-vocabulary divergence against teacher log-probs ``[P, V]``; it is
-    both the loss and the figure."""
+class FullDivergence(Objective):
+    """``loss.divergence`` between the teacher's and the student's distributions, in the
+    form ``loss.objective`` names; it is both the loss and the figure, and its name is
+    those two values."""
 
     settings: LossConfig
-    divergence: str
-    reads: ClassVar[tuple[str, ...]] = ("logprobs_P_V",)
-    kind: ClassVar[str] = "exact"
 
     @property
     def name(self) -> str:
-        return f"exact_full_vocab {self.divergence}"
+        return f"{self.settings.objective} {self.settings.divergence}"
+
+
+@dataclass(frozen=True)
+class ExactFullVocab(FullDivergence):
+    """The exact full-vocabulary divergence against teacher log-probs ``[P, V]``."""
+
+    reads: ClassVar[tuple[str, ...]] = ("logprobs_P_V",)
+    kind: ClassVar[str] = "exact"
 
     def per_position(self, hidden_C_H, lm_head, t):
         s = self.settings
-        div_C = exact_divergence_P(lm_head(hidden_C_H), t.logprobs_P_V, divergence=self.divergence,
+        div_C = exact_divergence_P(lm_head(hidden_C_H), t.logprobs_P_V, divergence=s.divergence,
                                    jsd_beta=s.jsd_beta, temperature=s.temperature)
         return div_C, div_C
 
 
 @dataclass(frozen=True)
-class BucketedTopkTail(Objective):
+class BucketedTopkTail(FullDivergence):
     """The divergence between the ``K + 1``-bucket distributions of the teacher's top-k
-    and a tail bucket; it is both the loss and the figure."""
+    and a tail bucket."""
 
-    settings: LossConfig
-    divergence: str
     reads: ClassVar[tuple[str, ...]] = ("topk_ids_P_K", "topk_logprobs_P_K", "tail_logmass_P")
     kind: ClassVar[str] = "topk"
-
-    @property
-    def name(self) -> str:
-        return f"bucketed_topk_tail {self.divergence}"
 
     def per_position(self, hidden_C_H, lm_head, t):
         s = self.settings
         div_C = bucketed_topk_tail_divergence_P(
             lm_head(hidden_C_H), t.topk_ids_P_K, t.topk_logprobs_P_K, t.tail_logmass_P,
-            divergence=self.divergence, jsd_beta=s.jsd_beta, temperature=s.temperature,
+            divergence=s.divergence, jsd_beta=s.jsd_beta, temperature=s.temperature,
             tail_epsilon=s.tail_epsilon,
         )
         return div_C, div_C
@@ -427,9 +426,7 @@ def request_kind(settings: LossConfig) -> str:
 # The table the recipe picks from: (estimator, objective, divergence) -> the objective,
 # built from the recipe's ``loss`` section.
 OBJECTIVES: dict[tuple[str, str, str], Callable[[LossConfig], Objective]] = {
-    **{("full", "exact_full_vocab", d): partial(ExactFullVocab, divergence=d)
-       for d in DIVERGENCES},
-    **{("full", "bucketed_topk_tail", d): partial(BucketedTopkTail, divergence=d)
-       for d in DIVERGENCES},
+    **{("full", "exact_full_vocab", d): ExactFullVocab for d in DIVERGENCES},
+    **{("full", "bucketed_topk_tail", d): BucketedTopkTail for d in DIVERGENCES},
     **{("sampled_token", target, "reverse_kl"): SampledToken for target in TARGETS},
 }
