@@ -7,8 +7,8 @@ the teacher, then cycles until the recipe's count, a stop request or the wall bu
 A teacher failure between updates (a refused teacher, one that is gone) checkpoints
 the run before it fails, so no training is lost to it. Each cycle is one call of the
 mode's ``cycle`` (rollout, score, update: ``v -> v + 1`` per optimizer step), which
-returns what it did; this module logs it, evaluates and checkpoints on the recipe's
-schedule. The recipe's ``run.mode`` picks the mode's object from :data:`MODES`
+returns what it did; this module logs it (``state.log_cycle``: one metrics row),
+evaluates and checkpoints on the recipe's schedule. The recipe's ``run.mode`` picks the mode's object from :data:`MODES`
 (``modes/``, one class each); the modes are peers (none imports another; the steps they
 share are in ``steps.py``) and each object holds the state that belongs to it alone:
 
@@ -51,7 +51,7 @@ from miniverl.student.train.modes.sft import (
     warmup_step,
 )
 from miniverl.student.train.optim import planned_cycles, total_optimizer_steps
-from miniverl.student.train.state import CycleResult, Mode, TrainState, restore, save_checkpoint
+from miniverl.student.train.state import Mode, TrainState, log_cycle, restore, save_checkpoint
 from miniverl.student.train.teacher.connect import (
     TEACHER_FAILURES,
     apply_retarget,
@@ -134,7 +134,7 @@ def train_cycles(state: TrainState, mode: Mode, *, show_progress: bool) -> str:
     if state.warmup_end is not None:  # resumed after a warm-up that ended early
         total -= train.sft_warmup_steps - state.warmup_end
     handshake = None
-    if (recipe.needs_teacher and state.teacher.link is None and state.warmup_end is None
+    if (recipe.needs_teacher and not state.teacher.connected and state.warmup_end is None
             and state.step < train.sft_warmup_steps):
         # Gate early: a teacher this run would refuse stops it before the warm-up is
         # spent, not after (the connect below would otherwise be the first to ask).
@@ -159,7 +159,7 @@ def train_cycles(state: TrainState, mode: Mode, *, show_progress: bool) -> str:
             torch.set_num_threads(threads)  # the teacher works from here on
         if state.warmup_end is None:
             end_warmup(state, "steps")
-        if recipe.needs_teacher and state.teacher.link is None:
+        if recipe.needs_teacher and not state.teacher.connected:
             # Bind only now: under `up` the teacher loads (or is still being prepared)
             # while the student imports, evaluates and runs its SFT warm-up.
             connect(state, handshake)
@@ -196,49 +196,6 @@ def warmup_threads(state: TrainState) -> None:
     if wanted != torch.get_num_threads():
         torch.set_num_threads(wanted)
         state.run.event("warmup_threads", threads=wanted, step=state.step)
-
-
-def log_cycle(state: TrainState, done: CycleResult) -> None:
-    """One metrics row for a cycle (or warm-up step); kept as ``state.last_metrics``."""
-    stats, trajs, scored = done.stats, done.trajs, done.scored
-    side = state.teacher
-    counters = side.counters()
-    positions_scored = int(sum(len(s.positions_P) for s in scored)) if scored else 0
-    row = {
-        "step": state.step,
-        "version": state.version,
-        "cycle": state.cycle,
-        "mode": state.recipe.run.mode,
-        "phase": done.phase or "train",
-        "on_policy": state.recipe.on_policy and done.phase is None,
-        "loss": stats.loss,
-        "divergence": stats.divergence,
-        "positions": stats.positions,
-        "tokens": stats.tokens,
-        "teacher": ({k: side.identity.get(k) for k in ("name", "instance", "gen")}
-                    if side.link is not None else None),
-        "stale_dropped": counters.get("stale_dropped", 0),
-        "nonfinite_replies": counters.get("nonfinite_replies", 0),
-        "time_rollout_s": done.t_rollout,
-        "time_teacher_wait_s": done.t_wait,
-        "time_update_s": done.t_update,
-        "positions_scored": positions_scored,
-        "positions_per_s": positions_scored / done.t_wait if done.t_wait > 0 else None,
-        "bytes_sent": counters.get("bytes_sent", 0),
-        "bytes_received": counters.get("bytes_received", 0),
-        # Several teachers: each one's counters, and the episodes held back (a teacher down).
-        **({k: counters[k] for k in ("by_teacher", "held_back")} if "by_teacher" in counters
-           else {}),
-        "lr": stats.lr,
-        "grad_norm": stats.grad_norm,
-        # Success of the student's own rollouts; oracle batches (SFT) have none.
-        "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
-                          if trajs and trajs[0].source == "rollout" else None),
-        "wall_s": state.wall(),
-        **(done.extra or {}),
-    }
-    state.last_metrics = row
-    state.run.metric(row)
 
 
 def evaluate_now(state: TrainState) -> EvalSummary:

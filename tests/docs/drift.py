@@ -276,8 +276,8 @@ def emitted_events() -> set[str]:
 def metric_keys() -> set[str]:
     """Keys of a metrics row: ``log_cycle``'s row and every mode's ``extra``."""
     keys: set[str] = {"ts"}
-    loop = ast.parse((ROOT / "student/train/loop.py").read_text(encoding="utf-8"))
-    [log_cycle] = [n for n in ast.walk(loop) if isinstance(n, ast.FunctionDef)
+    state = ast.parse((ROOT / "student/train/state.py").read_text(encoding="utf-8"))
+    [log_cycle] = [n for n in ast.walk(state) if isinstance(n, ast.FunctionDef)
                    and n.name == "log_cycle"]
     [row] = [n.value for n in ast.walk(log_cycle) if isinstance(n, ast.Assign)
              and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "row"]
