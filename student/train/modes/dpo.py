@@ -50,6 +50,7 @@ from miniverl.student.train.updates import (
     finish_step,
     hidden_at_positions,
     micro_batches,
+    token_micro_batches,
 )
 
 
@@ -187,6 +188,19 @@ def score_reference(link: TeacherLink, pairs: list[PreferencePair], version: int
         pair.ref_chosen, pair.ref_rejected = sums[2 * i], sums[2 * i + 1]
 
 
+def pair_micro_batches(pairs: list[PreferencePair], *, grad_accum: int,
+                       micro_batch_tokens: int | None) -> list[range]:
+    """A DPO step's micro-batches, each of whole pairs (a pair's chosen and rejected
+    episodes are always in one forward): by ``train.micro_batch_tokens`` when it is set
+    (k pairs are 2k episodes padded to the longest of them, at most the budget; a pair
+    over it is a micro-batch alone), else ``train.grad_accum`` parts by count."""
+    if micro_batch_tokens is None:
+        return micro_batches(len(pairs), grad_accum)
+    longest = [max(len(p.chosen.tokens), len(p.rejected.tokens)) for p in pairs]
+    # k pairs hold 2k episodes: 2 * k * longest <= budget is k * longest <= budget // 2.
+    return token_micro_batches(longest, micro_batch_tokens // 2)
+
+
 def dpo_step(
     policy: Policy,
     optimizer,
@@ -195,17 +209,20 @@ def dpo_step(
     *,
     beta: float,
     grad_accum: int = 1,
+    micro_batch_tokens: int | None = None,
     max_grad_norm: float = 1.0,
     chunk_size: int = 1024,
 ) -> DpoStats:
-    """One optimizer step on the mean DPO loss over ``pairs`` (split in micro-batches)."""
+    """One optimizer step on the mean DPO loss over ``pairs``, split in micro-batches of
+    whole pairs (:func:`pair_micro_batches`)."""
     if not pairs:
         raise ConfigError("dpo_step needs at least one preference pair; skip the update instead")
     n = len(pairs)
     loss_sum = 0.0
     chosen_r: list[torch.Tensor] = []
     rejected_r: list[torch.Tensor] = []
-    for part in micro_batches(n, grad_accum):
+    for part in pair_micro_batches(pairs, grad_accum=grad_accum,
+                                   micro_batch_tokens=micro_batch_tokens):
         batch = [pairs[i] for i in part]
         trajs = [t for p in batch for t in (p.chosen, p.rejected)]
         logp_2B = sequence_logprobs(
@@ -304,8 +321,9 @@ class DpoMode:
         for _ in range(recipe.train.updates_per_batch):
             stats = dpo_step(
                 policy, state.optimizer, state.scheduler, pairs, beta=recipe.dpo.beta,
-                grad_accum=recipe.train.grad_accum, max_grad_norm=recipe.train.max_grad_norm,
-                chunk_size=recipe.loss.chunk_size,
+                grad_accum=recipe.train.grad_accum,
+                micro_batch_tokens=recipe.train.micro_batch_tokens,
+                max_grad_norm=recipe.train.max_grad_norm, chunk_size=recipe.loss.chunk_size,
             )
             state.advance()
         assert stats is not None  # train.updates_per_batch is at least 1

@@ -29,6 +29,7 @@ from miniverl.student.train.modes.dpo import (
     build_pairs,
     dpo_loss,
     dpo_step,
+    pair_micro_batches,
     score_reference,
     sequence_logprobs,
 )
@@ -126,6 +127,32 @@ def test_reference_scores_equal_the_initial_policy_log_probs(tmp_path):
         own = sequence_logprobs(policy, trajs, [t.target_positions() for t in trajs])
     ref = np.array([r for p in pairs for r in (p.ref_chosen, p.ref_rejected)])
     np.testing.assert_allclose(own.numpy(), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_dpo_honours_micro_batch_tokens_with_pairs_whole_and_the_same_step(tmp_path):
+    # train.micro_batch_tokens bounds a DPO forward too: whole pairs per micro-batch,
+    # within the budget, and the step is the one a single forward takes.
+    recipe = _recipe(tmp_path, lr=3e-3)
+    policies = [load_policy(recipe) for _ in range(2)]
+    pairs = _pairs(policies[0], 4)
+    for i, pair in enumerate(pairs):
+        pair.ref_chosen, pair.ref_rejected = -20.0 - i, -18.0 + i
+    longest = [max(len(p.chosen.tokens), len(p.rejected.tokens)) for p in pairs]
+    budget = 2 * 2 * max(longest)  # two pairs at most
+    parts = pair_micro_batches(pairs, grad_accum=1, micro_batch_tokens=budget)
+    assert len(parts) >= 2 and [i for part in parts for i in part] == list(range(len(pairs)))
+    assert all(2 * len(part) * max(longest[i] for i in part) <= budget for part in parts)
+    steps = []
+    for policy, tokens in zip(policies, (None, budget), strict=True):
+        optimizer = build_optimizer(recipe, policy.trainable_parameters())
+        steps.append(dpo_step(policy, optimizer, build_scheduler(recipe, optimizer), pairs,
+                              beta=0.5, micro_batch_tokens=tokens))
+    assert steps[1].loss == pytest.approx(steps[0].loss, rel=1e-5)
+    assert steps[1].grad_norm == pytest.approx(steps[0].grad_norm, rel=1e-4)
+    for whole, split in zip(policies[0].trainable_parameters(),
+                            policies[1].trainable_parameters(), strict=True):
+        # AdamW's first step moves each weight by about lr (3e-3): equal up to rounding.
+        torch.testing.assert_close(split, whole, rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow
