@@ -88,8 +88,8 @@ class TrainState:
     tasks: TrainTasks
     # The objective the recipe's loss section picks for the targets the run asks for
     # (its ``kind``: topk, exact, xvocab, or mixed for routes of both), made once when
-    # the run starts; None for a mode without a teacher.
-    objective: StepObjective | None
+    # the run starts; rl's task reward, sft's cross-entropy (objectives/table.py).
+    objective: StepObjective
     cache: TargetsCache | None
     teacher: TeacherSide
     stop_event: threading.Event
@@ -156,7 +156,7 @@ def log_cycle(state: TrainState, done: CycleResult) -> None:
         "positions": stats.positions,
         "tokens": stats.tokens,
         "teacher": ({k: side.identity.get(k) for k in ("name", "instance", "gen")}
-                    if side.link is not None else None),
+                    if side.connected else None),
         "stale_dropped": counters.get("stale_dropped", 0),
         "nonfinite_replies": counters.get("nonfinite_replies", 0),
         "time_rollout_s": done.t_rollout,

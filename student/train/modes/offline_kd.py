@@ -62,7 +62,7 @@ from miniverl.student.train.state import (
     group_size,
 )
 from miniverl.student.train.steps import collect, sample
-from miniverl.student.train.teacher.link import Link, Scored, TeacherSide
+from miniverl.student.train.teacher.link import Scored, TeacherSide
 
 
 @dataclass
@@ -94,7 +94,7 @@ class LazyScoredSet:
         fresh = [t for t in missing if t.id not in self.scored]
         if not fresh:
             return [self.scored[t.id] for t in picked], [], 0.0
-        link = bound_link(teacher)
+        link = teacher.link
         link.begin_update(self.version, 0)
         for traj in fresh:
             link.submit(traj, select_positions_for(traj, recipe.loss, seed=recipe.run.seed))
@@ -129,7 +129,6 @@ class OfflineKdMode:
         scored, replies, t_wait = fixed_batch(self.fixed, state.cycle, teacher=state.teacher,
                                               cache=state.cache, recipe=recipe)
         t1 = time.perf_counter()
-        assert state.objective is not None  # a teacher's mode: run_objective made one
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, scored,
             objective=state.objective, train=train,
@@ -165,7 +164,6 @@ class OfflineKdMode:
             trajs, t_rollout = sampled.trajs, sampled.t_rollout
         t_wait += t_fixed
         t1 = time.perf_counter()
-        assert state.objective is not None  # a teacher's mode: run_objective made one
         stats = updates.distill_step(
             state.policy, state.optimizer, state.scheduler, [*fresh, *drawn],
             objective=state.objective, train=train,
@@ -251,7 +249,7 @@ def _score_uncached(state: TrainState, fixed_set: list[Trajectory], version: int
                     source: str, t_sample: float) -> list[Scored]:
     """Score, bound to ``version``, the trajectories the targets cache does not hold."""
     reused = latest_for_teacher(state.cache, state.recipe, state.teacher.identity, fixed_set)
-    link = bound_link(state.teacher)
+    link = state.teacher.link
     link.begin_update(version, 0)
     for traj in fixed_set:
         if traj.id not in reused:
@@ -264,7 +262,7 @@ def _prepare_student_set(state: TrainState) -> list[Scored]:
     """Frozen student states: the starting policy samples every cycle's episodes once."""
     recipe = state.recipe
     n = recipe.train.rollouts_per_cycle
-    link = bound_link(state.teacher)
+    link = state.teacher.link
     t0 = time.perf_counter()
     recorded = _recorded_set(state)
     if recorded:  # a resume: the set the run sampled, never one of the trained policy
@@ -300,16 +298,10 @@ def _finish(state: TrainState, fixed_set: list[Trajectory], scored: list[Scored]
     state.run.event("offline_targets_scored", source=source, trajectories=len(scored),
                     reused_from_cache=len(reused),
                     positions=int(sum(len(s.positions_P) for s in scored)),
-                    time_sample_s=t_sample, time_teacher_wait_s=bound_link(state.teacher).wait_s,
+                    time_sample_s=t_sample, time_teacher_wait_s=state.teacher.link.wait_s,
                     bytes_sent=counters.get("bytes_sent", 0),
                     bytes_received=counters.get("bytes_received", 0))
     return ordered
-
-
-def bound_link(teacher: TeacherSide) -> Link:
-    """The link the run's teacher scores through: bound at connect, before any mode prepares."""
-    assert teacher.link is not None, "the run's teacher is not connected"
-    return teacher.link
 
 
 def fixed_batch(fixed: list[Scored] | LazyScoredSet, cycle: int, *, teacher: TeacherSide,

@@ -57,7 +57,6 @@ class ReplayMode:
         pick = rng.choice(len(self.buffer), size=n, replace=False)
         scored = [self.buffer[i] for i in sorted(pick)]
         t1 = time.perf_counter()
-        assert state.objective is not None  # a teacher's mode: run_objective made one
         stats: StepStats | None = None
         for _ in range(train.updates_per_batch):
             # Each update advances the version, so the lag is re-checked per update: a
@@ -83,8 +82,7 @@ class ReplayMode:
         path = state.run.trajectories_path
         if not Path(path).is_file():
             return
-        lag, objective = state.recipe.train.max_lag, state.objective
-        assert objective is not None  # a teacher's mode: run_objective made one
+        lag = state.recipe.train.max_lag
         seen: set[str] = set()
         missing = 0
         for traj in read_trajectories(path):
@@ -96,7 +94,7 @@ class ReplayMode:
             positions = select_positions_for(traj, state.recipe.loss,
                                              seed=state.recipe.run.seed).astype(np.int32)
             if len(positions) == 0:
-                arrays = empty_arrays(objective.kind, state.recipe.loss.top_k)
+                arrays = empty_arrays(state.objective.kind, state.recipe.loss.top_k)
                 self.buffer.append(Scored(traj, positions, arrays, traj.policy_version, {}))
                 continue
             hit = scored_for_version(state.cache, traj)

@@ -44,7 +44,6 @@ class RlMode:
 
         # 3. The policy gradient on the task reward and one optimizer step.
         t1 = time.perf_counter()
-        assert state.objective is not None  # rl's: the task reward (run_objective)
         episodes = [Scored(t, select_positions_for(t, recipe.loss, seed=recipe.run.seed), {},
                            state.version, {}) for t in trajs]
         stats = updates.distill_step(

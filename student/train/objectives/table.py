@@ -28,6 +28,7 @@ from miniverl.student.train.objectives.objective import (
     ESTIMATORS,
     OBJECTIVES,
     TARGETS,
+    CrossEntropy,
     Objective,
     StepObjective,
     request_kind,
@@ -60,14 +61,14 @@ def objective_for(config: LossConfig) -> Objective:
     )
 
 
-def run_objective(recipe: Any) -> StepObjective | None:
+def run_objective(recipe: Any) -> StepObjective:
     """The objective a run trains with, built once from its ``loss`` section when it
     starts: the pick for the targets its teachers give (:func:`objective_for_kind`,
-    :func:`run_kind`), the task reward for ``rl``; None for the modes that build their
-    own (``sft``, ``dpo``)."""
+    :func:`run_kind`; ``dpo`` trains on its own preference loss, ``modes/dpo.py``), the
+    task reward for ``rl``, the cross-entropy of ``sft`` (``updates.sft_step``'s)."""
     if recipe.needs_teacher:
         return objective_for_kind(recipe.loss, run_kind(recipe))
-    return TaskReward(recipe.loss) if recipe.run.mode == "rl" else None
+    return TaskReward(recipe.loss) if recipe.run.mode == "rl" else CrossEntropy(recipe.loss)
 
 
 def objective_for_kind(config: LossConfig, kind: str) -> StepObjective:

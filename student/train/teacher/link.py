@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NoReturn, Protocol
 
 import numpy as np
 
@@ -126,6 +126,33 @@ class Link(Protocol):
     def counters(self) -> dict[str, Any]: ...
 
 
+def _not_connected(*_: object) -> NoReturn:
+    """What a run asks of its teacher before ``connect.py`` has connected it."""
+    raise RuntimeError("the run's teacher is not connected yet: teacher/connect.py binds its "
+                       "link, park and wake before the first update")
+
+
+class Unconnected:
+    """The link of a run whose teacher has not connected yet (:class:`TeacherSide` until
+    ``connect.py`` binds the real one): it counts nothing, and scoring through it is an
+    error."""
+
+    wait_s: float = 0.0
+    keeps_positions: ClassVar[bool] = True
+
+    def begin_update(self, version: int, lag: int = 0) -> None:
+        _not_connected()
+
+    def submit(self, traj: Trajectory, positions_P: np.ndarray) -> None:
+        _not_connected()
+
+    def collect(self) -> list[Scored]:
+        _not_connected()
+
+    def counters(self) -> dict[str, Any]:
+        return {}
+
+
 def teacher_identity(client: ScoringClient) -> dict[str, Any]:
     """``{name, model, revision, adapter_sha256, instance, gen}`` of the client's teacher."""
     hello = client.hello
@@ -168,14 +195,14 @@ class TeacherSide:
 
     client: ScoringClient | None = None
     endpoint: str | None = None
-    link: Link | None = None  # bound by teacher.connect
+    link: Link = field(default_factory=Unconnected)  # bound by teacher.connect
     identity: dict[str, Any] = field(default_factory=dict)
     memory: str = "resident"
     # memory swap: move the teacher's weights off the device once an update's targets
     # are in, and back before the next update's scoring (teacher.py park / wake, bound
     # to the run when it connects).
-    park: Callable[[], None] | None = None
-    wake: Callable[[], None] | None = None
+    park: Callable[[], None] = _not_connected
+    wake: Callable[[], None] = _not_connected
     # How to prove who we are: (CURVE secret key file, server public key file) for a
     # remote teacher (else the recipe's teacher.curve_*), and the admin token file that
     # lets swap PARK/WAKE (else the default beside the teacher's socket; teacher.py).
@@ -188,12 +215,16 @@ class TeacherSide:
     # its own client and link; ``link`` is then a routed.RoutedLink. None: one teacher.
     routes: dict[str, RouteSide] | None = None
 
+    @property
+    def connected(self) -> bool:
+        """Whether ``connect.py`` has bound the link an update scores through."""
+        return not isinstance(self.link, Unconnected)
+
     def counters(self) -> dict[str, Any]:
         """The client's counters (sent, stale_dropped, bytes, ...) and the link's own
         (:meth:`TeacherLink.counters`); empty without a client."""
-        out = dict(self.client.counters) if self.client is not None else {}
-        if self.link is not None:
-            out.update(self.link.counters())
+        out: dict[str, Any] = dict(self.client.counters) if self.client is not None else {}
+        out.update(self.link.counters())
         return out
 
 
