@@ -212,7 +212,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     """Handshake with the teacher, refuse an unqualified one, bind a link, pick memory."""
     recipe, side = state.recipe, state.teacher
     if side.routes is not None:
-        if side.link is None:  # else connected (and gated) before the warm-up
+        if not side.connected:  # else connected (and gated) before the warm-up
             connect_routed(state)
         return
     if side.client is None:
