@@ -298,11 +298,19 @@ def teacher_link(state: TrainState, client: ScoringClient,
                               env.name: env.params for env in environments}),
                           cross_vocab=recipe.loss.cross_vocab or "sampled_token",
                           vocab_map=teacher_vocab_map(state, client, section,
-                                                      None if route is None else route.name))
+                                                      None if route is None else route.name),
+                          on_too_large=partial(too_large, state, route))
     view = teacher_view(state) if route is None else route_views(state, route)
     if view is not None:
         return PrivilegedLink(client, **common, view=view)
     return TeacherLink(client, **common)
+
+
+def too_large(state: TrainState, route: Any, why: str) -> None:
+    """Record an episode the client refused to send, over the teacher's limits (event
+    ``xvocab_too_large``, ``why`` the refusal's line)."""
+    state.run.event("xvocab_too_large", why=why, version=state.version,
+                    **({} if route is None else {"route": route.name}))
 
 
 def require_xvocab(state: TrainState, client: ScoringClient, section: Any = None,

@@ -55,7 +55,8 @@ from miniverl.student.train.teacher.link import (
 SUMMED = ("sent", "received", "stale_dropped", "nonfinite_replies", "retries", "reconnects",
           "bytes_sent", "bytes_received", "held_back")
 # ... and those of the routes whose teacher has another tokenizer, when some route's does.
-XVOCAB_SUMMED = ("xvocab_sent", "xvocab_unaligned", "xvocab_exact_groups", "xvocab_uld_groups")
+XVOCAB_SUMMED = ("xvocab_sent", "xvocab_unaligned", "xvocab_too_large", "xvocab_exact_groups",
+                 "xvocab_uld_groups")
 # How often RoutedLink.collect looks again at each route while it waits (seconds).
 POLL_S = 0.2
 

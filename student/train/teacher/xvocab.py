@@ -8,7 +8,9 @@ must be the trajectory's own tokens (the rendering may add the template's last
 newline). They are not when the model wrote bytes that are not UTF-8 (a byte-level
 student can): the messages then hold replacement characters, no rendering holds the
 bytes the student trained on, and the trajectory is sent nothing and trained on
-nowhere; :attr:`XvocabRequests.unaligned` counts them.
+nowhere; :attr:`XvocabRequests.unaligned` counts them. An episode over the teacher's
+limits (``max_episode_bytes``) is refused by the client before it is sent, and is sent
+nothing and trained on nowhere too (:attr:`XvocabLink.too_large`).
 
 The teacher's reply is over its own positions. :func:`student_targets` turns it into
 per-position targets over the trajectory's selected positions, the group sampled-token
@@ -33,6 +35,7 @@ This module does not compute a loss or align.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeGuard
 
@@ -41,6 +44,7 @@ import torch
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.trajectory import Trajectory
+from miniverl.protocol.messages import ErrorCode, ProtocolViolation
 from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.protocol.xvocab import alignment_of_groups, xvocab_request
 from miniverl.student.environments import get_environment
@@ -229,13 +233,17 @@ class XvocabLink(TeacherLink):
     vocab_map: VocabMap | None = None
     exact_groups: int = 0
     uld_groups: int = 0
+    too_large: int = 0  # episodes over the teacher's limits: not sent (_refused_here)
+    on_too_large: Callable[[str], None] | None = None
 
     def counters(self) -> dict[str, Any]:
-        """How many trajectories were sent (``xvocab_sent``) and how many could not be
-        aligned and were trained on nowhere (``xvocab_unaligned``); with
+        """How many trajectories were sent (``xvocab_sent``), how many could not be
+        aligned and how many were over the teacher's limits, both sent nothing and
+        trained on nowhere (``xvocab_unaligned``, ``xvocab_too_large``); with
         ``loss.cross_vocab`` hybrid or uld, how many trained groups were exact pairs
         (``xvocab_exact_groups``) and how many ULD (``xvocab_uld_groups``)."""
-        out = {"xvocab_sent": self.xvocab.sent, "xvocab_unaligned": self.xvocab.unaligned}
+        out = {"xvocab_sent": self.xvocab.sent, "xvocab_unaligned": self.xvocab.unaligned,
+               "xvocab_too_large": self.too_large}
         if self.cross_vocab != "sampled_token":
             out.update(xvocab_exact_groups=self.exact_groups, xvocab_uld_groups=self.uld_groups)
         return out
@@ -244,9 +252,25 @@ class XvocabLink(TeacherLink):
         req = self.xvocab(job.traj)
         if req is None:  # its rendering is not its tokens: nothing to align
             return None
-        return self.client.submit_xvocab(
-            req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
-            temperature=self.temperature, **self._flags)
+        try:
+            return self.client.submit_xvocab(
+                req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
+                temperature=self.temperature, **self._flags)
+        except ProtocolViolation as refused:
+            return self._refused_here(refused)
+
+    def _refused_here(self, refused: ProtocolViolation) -> None:
+        """An episode over the teacher's limits (``max_episode_bytes``, ``max_tokens`` of
+        its HELLO_OK), refused by the client before it is sent with the line the teacher
+        would answer ``TOO_LARGE`` with: sent nothing, trained on nowhere, counted
+        (``xvocab_too_large``) and said (``on_too_large``). Any other refusal is a bug
+        of the request, raised."""
+        if refused.code != ErrorCode.TOO_LARGE:
+            raise refused
+        self.xvocab.sent -= 1
+        self.too_large += 1
+        if self.on_too_large is not None:
+            self.on_too_large(str(refused))
 
     def _scored(self, job: _Job, reply: Any, identity: dict[str, Any]) -> Scored:
         if reply is None:  # not sent (unaligned or nothing selected): trained on nowhere
