@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_HEADER_BYTES = 65536
 """docs/protocol.md, "Framing": the msgpack header (frame 0) is at most 64 KiB."""
+CONTROL_MESSAGES = 16
+"""Room in a socket's receive queue beyond the SCOREs and their resends: HELLO, PING,
+STATUS, admin messages and their replies (:meth:`Limits.receive_hwm`)."""
 
 
 class Limits(BaseModel):
@@ -81,6 +84,15 @@ class Limits(BaseModel):
             fields["max_k"] = min(base.max_k, max(hello.kinds.topk.k_max, xvocab.k_max))
             fields["max_episode_bytes"] = min(base.max_episode_bytes, xvocab.max_episode_bytes)
         return cls(**fields)
+
+    def receive_hwm(self) -> int:
+        """Messages a socket queues unread from one peer before ZeroMQ stops reading that
+        peer's connection until the queue drains (``RCVHWM``): every SCORE a client may
+        have open (``max_inflight``), a resend of each, and :data:`CONTROL_MESSAGES`
+        more. With frames bounded by the socket's cap, this bounds what one peer can
+        make the other buffer (docs/protocol.md, "`xvocab`: a teacher with another
+        tokenizer", its frame sizes)."""
+        return 2 * self.max_inflight + CONTROL_MESSAGES
 
     def for_context(self, context: int | None) -> Limits:
         """These limits for a model that attends over ``context`` tokens (None: unknown).

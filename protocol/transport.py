@@ -19,6 +19,7 @@ import zmq.asyncio
 
 from miniverl.common.errors import ConfigError
 from miniverl.protocol.endpoints import CurveClientKeys, apply_curve_client, check_endpoint
+from miniverl.protocol.limits import Limits
 
 
 class Transport(Protocol):
@@ -84,6 +85,9 @@ class ZmqTransport:
         self.endpoint = endpoint
         self._socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # The teacher's replies wait unread up to what the client may ask at once
+        # (Limits.receive_hwm), not ZeroMQ's default of 1000 messages.
+        self._socket.setsockopt(zmq.RCVHWM, Limits().receive_hwm())
         if curve is not None:
             apply_curve_client(self._socket, curve)
         self._socket.connect(endpoint)

@@ -171,6 +171,9 @@ def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
     # The cap once sat just above the largest legal frame, so a 10 MB episode got no
     # reply at all and its client waited out its timeout (issue 53).
     sock.setsockopt(zmq.MAXMSGSIZE, socket_cap(srv.limits))
+    # Per client, at most this many messages wait unread (ZeroMQ's default is 1000, a
+    # thousand frames of up to the cap each); past it that client's sends wait.
+    sock.setsockopt(zmq.RCVHWM, srv.limits.receive_hwm())
     sock.setsockopt(zmq.LINGER, cfg.linger_ms)
     if curve is not None:
         srv.auth = start_curve_authenticator(ctx, curve)

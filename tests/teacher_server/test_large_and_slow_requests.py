@@ -6,7 +6,9 @@ socket's own size cap is part of the contract): a 10 MB xvocab episode is answer
 ``max_episode_bytes`` (it once got no reply: the socket dropped the client before the
 server read the frame); and while the teacher refuses a 30,000-message xvocab episode
 (its rendering and alignment: work whose cost a client controls), another client's
-valid SCORE is answered within 1 s (the refusal once held it 6.6 s).
+valid SCORE is answered within 1 s (the refusal once held it 6.6 s). A frame over the
+socket's own cap gets no reply, as documented, while the others are served; each side
+bounds the messages it queues unread from its peer.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ XVOCAB = {"v": 1, "t": "SCORE", "student_version": 0, "kind": "xvocab", "k": 4,
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A teacher serving xvocab on an ipc socket, and a DEALER factory."""
+    """A DEALER factory of a teacher serving xvocab on an ipc socket, its vocabulary
+    size and the server."""
     tok = byte_fallback_tokenizer()
     folder = tmp_path_factory.mktemp("sock")
     server = TeacherServer(ServerConfig(endpoint=f"ipc://{folder}/teacher.sock",
@@ -64,7 +67,7 @@ def served(tmp_path_factory):
         assert call(sock, header, timeout_s=30)[0].t == "HELLO_OK"
         return sock
 
-    yield connect, len(tok)
+    yield connect, len(tok), server
     for sock in socks:
         sock.close(0)
     server.shutdown_threadsafe("abort")
@@ -78,7 +81,7 @@ def base_arrays():
 
 
 def test_a_10_mb_xvocab_episode_is_answered_too_large_naming_the_limit(served):
-    connect, _ = served
+    connect, _, _ = served
     student = connect(FAKE_TOKENIZER_FP, FAKE_VOCAB, ["xvocab"])
     arrays = base_arrays()
     arrays["episode"] = np.frombuffer(b"x" * 10_000_000, np.uint8)
@@ -95,7 +98,7 @@ def test_a_10_mb_xvocab_episode_is_answered_too_large_naming_the_limit(served):
 
 @pytest.mark.slow  # the teacher renders 30,000 messages (tens of seconds on a busy CPU)
 def test_another_clients_score_is_answered_while_a_huge_episode_is_refused(served):
-    connect, vocab = served
+    connect, vocab, _ = served
     student = connect(FAKE_TOKENIZER_FP, FAKE_VOCAB, ["xvocab"])
     other = connect(TEACHER_FP, vocab)
     # A request the student side renders honestly: within every size limit on the wire
@@ -126,7 +129,7 @@ def test_another_clients_score_is_answered_while_a_huge_episode_is_refused(serve
                          ids=["1 MB adapter name", "200 names of 60 kB"])
 def test_a_header_over_its_limit_is_answered_too_large_under_its_id(served, field, value):
     # Both once got no reply at all: the header could not be decoded, so it was dropped.
-    connect, vocab = served
+    connect, vocab, _ = served
     student = connect(TEACHER_FP, vocab)
     header = {"v": 1, "t": "HELLO", "id": 11, "client": "t", "tokenizer_fp": TEACHER_FP,
               "vocab_size": vocab, field: value}
@@ -136,3 +139,35 @@ def test_a_header_over_its_limit_is_answered_too_large_under_its_id(served, fiel
     msg = reply[0]
     assert msg.t == "ERROR" and msg.code == "TOO_LARGE" and msg.ref_id == 11
     assert "the limit is 65536" in msg.message
+
+
+def test_a_frame_over_the_sockets_cap_gets_no_reply_and_the_others_are_served(served):
+    # What docs/protocol.md says instead of a TOO_LARGE: ZeroMQ drops the frame (and the
+    # connection) before the server could read it; nothing else is disturbed.
+    from miniverl.teacher_server.server import socket_cap
+
+    connect, vocab, server = served
+    student = connect(FAKE_TOKENIZER_FP, FAKE_VOCAB, ["xvocab"])
+    other = connect(TEACHER_FP, vocab)
+    cap = socket_cap(server.srv.limits)
+    arrays = base_arrays()
+    arrays["episode"] = np.zeros(cap + 1, np.uint8)
+    send(student, {**XVOCAB, "id": 13}, arrays)
+    assert recv(student, 1.0) is None  # a 10 MB episode's TOO_LARGE takes under 0.1 s
+    assert call(other, score_header(4), score_arrays())[0].t == "SCORE_OK"
+
+
+def test_each_side_queues_a_bounded_number_of_messages_from_its_peer(served):
+    # ZeroMQ's default is 1000 unread messages per peer, each up to the socket's cap (64
+    # MiB or more): tens of gigabytes one client could make the teacher buffer. Past the
+    # bound ZeroMQ stops reading that peer (its sends wait); nothing is dropped.
+    from miniverl.protocol.transport import ZmqTransport
+
+    _, _, server = served
+    limits = server.srv.limits
+    assert server.srv.sock.getsockopt(zmq.RCVHWM) == 2 * limits.max_inflight + 16
+    client = ZmqTransport(server.endpoint)
+    try:
+        assert client._socket.getsockopt(zmq.RCVHWM) == 2 * Limits().max_inflight + 16
+    finally:
+        client.close()
