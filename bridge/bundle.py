@@ -51,7 +51,6 @@ from miniverl.student.environments import make_tasks
 
 BASE_SENTINEL = "BASE_MODEL_DIR"
 TEACHER_SENTINEL = "TEACHER_MODEL_DIR"
-_LOSS_MODES = {"forward_kl": "forward_kl_topk", "reverse_kl": "k3"}
 
 
 def _template(name: str) -> str:
@@ -68,11 +67,11 @@ def _loss_mode(recipe) -> str:
                 f"loss.{name} {value!r} has no counterpart in the verl bundle this exports "
                 "(it would be dropped silently); export a run trained without it"
             )
-    mode = _LOSS_MODES.get(recipe.loss.divergence)
+    mode = profile.EXPORTED_LOSS_MODES.get(recipe.loss.divergence)
     if mode is None:
         raise ConfigError(
             f"loss.divergence {recipe.loss.divergence!r} has no verl distillation loss; "
-            f"export a run trained with one of {sorted(_LOSS_MODES)}"
+            f"export a run trained with one of {sorted(profile.EXPORTED_LOSS_MODES)}"
         )
     return mode
 

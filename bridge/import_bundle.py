@@ -29,18 +29,21 @@ This module maps a bundle's fields; the driver, refusals and recipe validation a
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel
 
 from miniverl.bridge import import_fields as fields
 from miniverl.bridge import import_mixture, profile
-from miniverl.bridge.teacher_source import model_source
+from miniverl.bridge.teacher_source import model_source, prep_recipe_of, prepared_teacher_dir
 from miniverl.common.errors import ConfigError
 from miniverl.common.hashing import SUMS_NAME, verify_sums
-from miniverl.common.recipe import Recipe, recipe_dict
+from miniverl.common.recipe import Recipe
 from miniverl.common.redact import HOME, SECRET
+from miniverl.common.teacher_routes import SINGLE
 
 BASE_SENTINEL = "BASE_MODEL_DIR"
 TEACHER_SENTINEL = "TEACHER_MODEL_DIR"
@@ -206,6 +209,21 @@ def _remember(name: str, note: str):
     return handler
 
 
+def _loss_mode(key, value, result, *rest):
+    """verl's loss mode; where it is the mode the source run's loss exported to, the source
+    run's estimator comes back with it (verl has one estimator per mode, miniverl two)."""
+    fields.HANDLERS[key](key, value, result, *rest)
+    source = (result.bundle.source_recipe or {}).get("loss") or {}
+    divergence, estimator = source.get("divergence"), source.get("estimator")
+    if (profile.EXPORTED_LOSS_MODES.get(divergence) == value
+            and result.recipe["loss"].get("divergence") == divergence
+            and result.recipe["loss"].get("estimator") not in (None, estimator)):
+        result.recipe["loss"]["estimator"] = estimator
+        result.add(key, "derived", value, "loss.estimator",
+                   f"the source run's estimator {estimator} (provenance/source_run.json), which "
+                   f"export-verl writes as {value}")
+
+
 def _temperature(key, value, result, *_):
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 5:
         result.add(key, "unsupported", value, "rollout.temperature", "expected 0..5")
@@ -249,6 +267,7 @@ def handlers(facts: BundleFacts | None = None) -> dict:
             "train_batch", "equals ppo_mini_batch_size (one fresh batch per update)"),
         "actor_rollout_ref.rollout.n": fields.required_value(1, "one rollout per task"),
         "actor_rollout_ref.rollout.temperature": _temperature,
+        "distillation.distillation_loss.loss_mode": _loss_mode,
         "actor_rollout_ref.rollout.top_p": fields.exact(
             "rollout.top_p", (int, float), "0 < top_p <= 1", lambda v: 0 < v <= 1),
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": fields.exact(
@@ -321,6 +340,7 @@ def _environment(result, facts: BundleFacts) -> None:
 # (model/base_model.json), and a teacher's preparation, adapters, endpoint and keys say
 # where the source machine found it (its paths and servers, not this machine's).
 _MODEL_KEYS = ("model",)
+_NO_DEFAULT = object()
 _TEACHER_PLACE = ("prepare", "adapter", "adapter_revision", "adapters", "endpoint", "api",
                   "api_key_env", "curve_secret_key", "curve_server_key")
 
@@ -347,7 +367,41 @@ def _at(tree: object, path: list) -> object:
     return tree
 
 
-def _carry(source: dict, mapped: dict, resolved: dict | None, path: list, result) -> None:
+def _inner(annotation) -> tuple[type[BaseModel] | None, bool]:
+    """The recipe section an annotation holds (``X``, ``X | None``, ``dict[str, X]``,
+    ``list[X]``), and whether a key or index comes before its fields."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    if get_origin(annotation) in (dict, list):
+        return _inner(get_args(annotation)[-1])[0], True
+    for arg in get_args(annotation):
+        model, keyed = _inner(arg)
+        if model is not None:
+            return model, keyed
+    return None, False
+
+
+def _default(path: list) -> object:
+    """The schema default of the recipe field at ``path`` (``_NO_DEFAULT`` where none)."""
+    model: type[BaseModel] | None = Recipe
+    keyed = False
+    for i, part in enumerate(path):
+        if keyed:
+            keyed = False
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return _NO_DEFAULT
+        if i == len(path) - 1:
+            if field.is_required():
+                return _NO_DEFAULT
+            value = field.get_default(call_default_factory=True)
+            return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        model, keyed = _inner(field.annotation)
+    return _NO_DEFAULT
+
+
+def _carry(source: dict, mapped: dict, path: list, result) -> None:
     """Fill ``mapped`` with each value of ``source`` it leaves unsaid (see _source_fields)."""
     teacher = bool(path) and path[0] in ("teacher", "teachers")
     for key, value in source.items():
@@ -358,22 +412,24 @@ def _carry(source: dict, mapped: dict, resolved: dict | None, path: list, result
         if key in mapped:
             inner = mapped[key]
             if isinstance(value, dict) and isinstance(inner, dict):
-                _carry(value, inner, resolved, here, result)
+                _carry(value, inner, here, result)
             elif key == "environments" and isinstance(value, list) and isinstance(inner, list):
                 for i, (was, now) in enumerate(zip(value, inner, strict=False)):
                     if isinstance(was, dict) and isinstance(now, dict) and (
                             was.get("name") == now.get("name")):
-                        _carry(was, now, resolved, [*here, i], result)
+                        _carry(was, now, [*here, i], result)
             continue
         if isinstance(value, dict) and value:
             mapped[key] = {}
-            _carry(value, mapped[key], resolved, here, result)
+            _carry(value, mapped[key], here, result)
             if not mapped[key]:
                 del mapped[key]
+        elif value == _default(here):
+            continue  # the recipe resolves to it anyway
         elif _redacted(value):
             result.add(f"provenance/source_run.json:recipe.{dotted}", "informational", value,
                        None, "redacted by the export (a local path or secret); the default stands")
-        elif resolved is None or _at(resolved, here) != value:
+        else:
             mapped[key] = value
             result.add(f"provenance/source_run.json:recipe.{dotted}", "derived", value, dotted,
                        "the source run's value (verl has no field for it)")
@@ -386,16 +442,46 @@ def _source_fields(result, facts: BundleFacts) -> None:
     run the bundle was exported from: its device, dtypes, loss and train settings that
     verl has no field for come back as they were, so export -> import -> export writes
     the same files. What the overrides say wins (an edited value stays edited); a value
-    the import would resolve to anyway is left out; a redacted one (a local path, a
-    secret) keeps its default, said in the report.
+    that is the field's default is left out; a redacted one (a local path, a secret)
+    keeps its default, said in the report.
     """
-    if facts.source_recipe is None:
-        return
-    try:
-        resolved: dict | None = recipe_dict(Recipe.model_validate(result.recipe))
-    except ValidationError:
-        resolved = None  # the recipe's own errors are reported once it is whole
-    _carry(facts.source_recipe, result.recipe, resolved, [], result)
+    if facts.source_recipe is not None:
+        _carry(facts.source_recipe, result.recipe, [], result)
+
+
+def _teacher_sections(facts: BundleFacts):
+    """``(recipe path, base_model.json identity)`` of each teacher the bundle names whole
+    (an adapter route's teacher is its base with the adapter merged)."""
+    if "teacher" in facts.base:
+        yield ["teacher"], facts.base.get("teacher") or {}
+    for route, spec in ((facts.manifest.get("teachers") or {}).get("routes") or {}).items():
+        if spec.get("teacher") != SINGLE and spec.get("adapter") is None:
+            yield ["teachers", spec["teacher"]], (facts.base.get("teachers") or {}).get(route) or {}
+
+
+def prepared_back(result, facts: BundleFacts, recipe_dir: Path) -> None:
+    """A teacher the source run prepared (``prepare:``) comes back prepared: its model as
+    it was prepared from and ``prepare:`` naming the prep recipe that made the cached
+    directory (relative to ``recipe_dir``, the imported recipe's folder), where that recipe
+    is still on this machine and still prepares that directory; else it stays the cached
+    directory the import found."""
+    for path, identity in _teacher_sections(facts):
+        section, source = _at(result.recipe, path), _at(facts.source_recipe, path)
+        if (identity.get("source") != "prepared" or not isinstance(section, dict)
+                or not isinstance(source, dict) or not source.get("prepare")):
+            continue
+        cached, _ = prepared_teacher_dir(identity)
+        prep = prep_recipe_of(cached) if cached is not None else None
+        model, note = model_source(identity.get("prepared_from") or {})
+        if prep is None or model is None:
+            continue
+        section.update(model=model, prepare=os.path.relpath(prep, recipe_dir.resolve()))
+        where = ".".join(path)
+        result.add(f"model/base_model.json:{where}", "derived", identity.get("name"),
+                   f"{where}.prepare",
+                   f"the run prepared this teacher: {note} (prepared_from) and prepare: "
+                   f"{section['prepare']}, the prep recipe that made {identity.get('name')} "
+                   "in this machine's cache")
 
 
 def finish(result, facts: BundleFacts) -> None:

@@ -263,6 +263,8 @@ def import_verl(
         base_dir=base_dir,
         bundle=facts,
     )
+    if facts is not None:
+        import_bundle.prepared_back(result, facts, out_path.parent)
     report = result.report(config_path.name)
     errors = [] if result.refused else _validate(result.recipe)
     report["recipe_errors"] = errors

@@ -187,6 +187,10 @@ PROFILE_FROM_RUN = (
     "trainer.logger",
 )
 
+# loss.divergence -> the distillation_loss.loss_mode export-verl writes for it (verl's k3
+# estimates the reverse KL from the sampled token, whichever estimator miniverl trained).
+EXPORTED_LOSS_MODES = {"forward_kl": "forward_kl_topk", "reverse_kl": "k3"}
+
 # run.loggers -> verl's trainer.logger (verl/utils/tracking.py of 0.8.0 supports each).
 # miniverl's jsonl files (always on) become verl's console logger, which is always on too.
 VERL_LOGGERS = {"jsonl": "console", "tensorboard": "tensorboard", "wandb": "wandb",

@@ -102,17 +102,24 @@ def _prepared_dir(run: Path, route: str | None = None,
     return Path(prepared_events[-1]) if prepared_events and prepared_events[-1] else None
 
 
-def _prepared_from(model_dir: Path, record: dict, dest: str) -> dict | None:
-    """The raw model a prepared teacher was made from: its prep recipe's student model,
-    when that recipe is still where the record says and still prepares this directory
-    (the cache names a prepared teacher by its prep recipe)."""
+def prep_recipe_of(model_dir: Path) -> Path | None:
+    """The prep recipe that made the prepared teacher ``model_dir``, when that recipe is
+    still where the directory's record says and still prepares this directory (the cache
+    names a prepared teacher by its prep recipe); else None."""
+    record = _read_json(model_dir / PREPARED_FILE) or {}
     path = Path(str(record.get("prep_recipe") or ""))
-    if not path.is_file():
-        return None
     try:
-        if prepared_dir(path).name != model_dir.name:
-            return None
-        return artifacts.base_identity(load_recipe(path).student.model, dest=dest)
+        return path if path.is_file() and prepared_dir(path).name == model_dir.name else None
+    except ConfigError:
+        return None
+
+
+def _prepared_from(model_dir: Path, dest: str) -> dict | None:
+    """The raw model a prepared teacher was made from: its prep recipe's student model."""
+    path = prep_recipe_of(model_dir)
+    try:
+        return None if path is None else artifacts.base_identity(
+            load_recipe(path).student.model, dest=dest)
     except ConfigError:
         return None
 
@@ -164,7 +171,7 @@ def teacher_identity(run: Path, recipe, route: str | None = None,
             f"first (RECIPE: teacher.model as prepared_from, teacher.prepare: "
             f"{Path(str(record.get('prep_recipe') or 'PREP.yaml')).name})"
         ),
-        "prepared_from": (_prepared_from(model_dir, record, dest) or raw) if model_dir == named
+        "prepared_from": (_prepared_from(model_dir, dest) or raw) if model_dir == named
         else raw,
     }
 

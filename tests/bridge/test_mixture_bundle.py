@@ -300,47 +300,70 @@ def test_one_teacher_of_another_tokenizer_is_refused(toy_run, tmp_path):
         export_verl(run, tmp_path / "b")
 
 
-def test_prepared_teachers_come_back_the_same(toy_run, tmp_path):
-    # Each route trained against a prepared teacher (as `up` with teachers.<name>.prepare
-    # records it); the bundle names both, import-verl brings back their cached directories,
-    # and the re-export names the same prepared teachers, prepared from the same models.
-    import os
-
+def _prepared_run(toy_run, root: Path, data: dict, preps: dict[str, Path]) -> Path:
+    """A run of ``data`` whose routes trained against the teachers ``preps`` prepared
+    (recorded as `up` records them)."""
     from miniverl.common.manifest import record_teacher
     from miniverl.common.rundir import RunDir
     from miniverl.student.teacher_prep import prepared_dir
+
+    run_dir = make_run(toy_run, root, data, "prepared-two")
+    for name, prep in preps.items():
+        path = prepared_dir(None, prep)
+        identity = {"name": path.name, "model": str(path), "revision": None,
+                    "adapter_sha256": None}
+        record_teacher(RunDir.open(run_dir), 0, identity, "connect", route=name)
+    return run_dir
+
+
+@pytest.mark.parametrize("prepare", [True, False], ids=["prepare", "recorded only"])
+def test_prepared_teachers_come_back_the_same(toy_run, tmp_path, one_clock, prepare):
+    # Each route trained against a prepared teacher; the bundle names both. A recipe that
+    # prepared them (teachers.<name>.prepare) comes back as it was: each teacher's model
+    # and its prepare: (the prep recipe that made the cached directory, relative to the
+    # imported recipe), and exports to the same files. Where the recipe did not say
+    # prepare:, each teacher comes back as its cached directory, which exports as the
+    # same prepared teacher, from the same model (the recipe itself differs).
+    import os
+
+    from miniverl.student.teacher_prep import prepared_dir
     from tests.bridge.conftest import TEACHERS, prepared_teacher_dir
 
-    data = mixture_recipe(True)
-    run_dir = make_run(toy_run, tmp_path / "runs", data, "prepared-two")
-    run = RunDir.open(run_dir)
+    data, preps = mixture_recipe(True), {}
     for name, spec in TEACHERS.items():
-        prep = tmp_path / f"prep_{name}.yaml"
-        prep.write_text(yaml.safe_dump({
+        preps[name] = tmp_path / f"prep_{name}.yaml"
+        preps[name].write_text(yaml.safe_dump({
             "schema_version": 1, "run": {"name": "p", "mode": "sft"},
             "student": {"model": spec["model"], "lora": None},
             "environment": {"name": "calculator"}}))
-        path = prepared_teacher_dir(prepared_dir(None, prep).name, spec["model"]["toy"])
+        path = prepared_teacher_dir(prepared_dir(None, preps[name]).name, spec["model"]["toy"])
         record = json.loads((path / "miniverl_prepared.json").read_text())
         (path / "miniverl_prepared.json").write_text(json.dumps(
-            {**record, "prep_recipe": str(prep)}))
-        identity = {"name": path.name, "model": str(path), "revision": None,
-                    "adapter_sha256": None}
-        record_teacher(run, 0, identity, "connect", route=name)
+            {**record, "prep_recipe": str(preps[name])}))
+        if prepare:
+            data["teachers"][name]["prepare"] = preps[name].name
     first = tmp_path / "first"
-    export_verl(run_dir, first, verl_version="0.9.1")
+    export_verl(_prepared_run(toy_run, tmp_path / "runs", data, preps), first,
+                verl_version="0.9.1")
     base = json.loads((first / "model/base_model.json").read_text())
     assert base["teachers"]["nav"]["source"] == "prepared"
     assert base["teachers"]["nav"]["prepared_from"]["toy"]["seed"] == 2
-    import_verl(first, tmp_path / "imp" / "recipe.yaml")
-    again = yaml.safe_load((tmp_path / "imp" / "recipe.yaml").read_text())
-    assert os.path.basename(again["teachers"]["nav"]["model"]["path"]).startswith("prepared-")
+    import_verl(first, tmp_path / "recipe.yaml")
+    again = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
     second = tmp_path / "second"
-    export_verl(make_run(toy_run, tmp_path / "runs2", again, "prepared-two"), second,
+    export_verl(_prepared_run(toy_run, tmp_path / "runs2", again, preps), second,
                 verl_version="0.9.1")
     a, b = _sums(first), _sums(second)
-    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
-        "README.md", "provenance/source_run.json"]
+    if prepare:
+        assert again["teachers"]["nav"]["prepare"] == "prep_nav.yaml"
+        assert list(again["teachers"]["nav"]["model"]) == ["toy"]
+        assert again["teachers"]["nav"]["model"]["toy"]["seed"] == 2
+        assert a == b
+    else:
+        assert os.path.basename(again["teachers"]["nav"]["model"]["path"]).startswith(
+            "prepared-")
+        assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
+            "README.md", "provenance/source_run.json"]
 
 
 def test_loss_settings_verl_lacks_are_named(toy_run, tmp_path):
@@ -356,19 +379,39 @@ def test_loss_settings_verl_lacks_are_named(toy_run, tmp_path):
     assert _flat(tmp_path / "b")["distillation.distillation_loss.loss_mode"] == "k3"
 
 
-def test_a_reverse_kl_run_round_trips_too(toy_run, tmp_path):
-    # Its bundle says the full reverse-KL estimator does not move (verl trains k3); the
-    # recipe it imports as has verl's estimator, and exports to the same files again.
+def test_loss_settings_verl_lacks_round_trip_too(toy_run, tmp_path, one_clock):
+    # Its bundle says the full reverse-KL estimator, the positions and the temperature do
+    # not move (verl trains k3 on every token at 1.0); the recipe comes back with the run's
+    # own (the bundle's provenance), and exports to the same files again.
     data = mixture_recipe(True)
-    data["loss"] = {"top_k": 8, "divergence": "reverse_kl"}
+    data["loss"] = {"top_k": 8, "divergence": "reverse_kl", "positions": "uniform",
+                    "position_ratio": 0.5, "temperature": 2.0}
+    data["rollout"] = {**data["rollout"], "temperature": 2.0}
     first = tmp_path / "first"
     lines = export_verl(make_run(toy_run, tmp_path / "runs", data, "rkl"), first)["not_moved"]
     assert any(line.startswith("loss.estimator full") for line in lines)
-    import_verl(first, tmp_path / "imp" / "recipe.yaml")
+    report, _ = import_verl(first, tmp_path / "imp" / "recipe.yaml")
     again = yaml.safe_load((tmp_path / "imp" / "recipe.yaml").read_text())
-    assert again["loss"]["estimator"] == "sampled_token"
+    assert (again["loss"]["estimator"], again["loss"]["positions"],
+            again["loss"]["temperature"]) == ("full", "uniform", 2.0)
+    assert "loss.estimator" in {f["target"] for f in report["fields"]}
     second = tmp_path / "second"
     export_verl(make_run(toy_run, tmp_path / "runs2", again, "rkl"), second)
-    a, b = _sums(first), _sums(second)
-    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == [
-        "README.md", "provenance/source_run.json"]
+    assert _sums(first) == _sums(second)
+
+
+def test_an_edited_loss_mode_imports_as_verl_trains_it(toy_run, tmp_path):
+    # The overrides say another loss than the run's: the recipe trains what they say.
+    data = mixture_recipe(True)
+    data["loss"] = {"top_k": 8, "divergence": "reverse_kl"}
+    bundle = tmp_path / "b"
+    export_verl(make_run(toy_run, tmp_path / "runs", data, "rkl"), bundle)
+    path = bundle / "recipe/verl-overrides.yaml"
+    path.write_text(path.read_text().replace("loss_mode: k3", "loss_mode: forward_kl_topk"))
+    import_verl(bundle, tmp_path / "recipe.yaml")
+    loss = load_recipe(tmp_path / "recipe.yaml").loss
+    assert (loss.divergence, loss.estimator) == ("forward_kl", "full")
+    path.write_text(path.read_text().replace("loss_mode: forward_kl_topk", "loss_mode: k1"))
+    import_verl(bundle, tmp_path / "again.yaml")
+    loss = load_recipe(tmp_path / "again.yaml").loss
+    assert (loss.divergence, loss.estimator) == ("reverse_kl", "sampled_token")
