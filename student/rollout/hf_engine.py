@@ -48,12 +48,8 @@ def sample_next(
 
 
 def sample_with_logprobs(
-    logits_B_V: torch.Tensor,
-    generators: Sequence[torch.Generator],
-    *,
-    greedy: bool,
-    temperature: float,
-    top_p: float,
+    logits_B_V: torch.Tensor, generators: Sequence[torch.Generator], *, greedy: bool,
+    temperature: float, top_p: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`sample_next` and ``logq_B``, the float32 log-prob each drawn token had under
     the distribution it was drawn from (temperature and top-p applied, renormalised): the
@@ -62,13 +58,8 @@ def sample_with_logprobs(
     if greedy or temperature <= 0.0:
         return logits_B_V.argmax(dim=-1), None
     probs_B_V = torch.softmax(logits_B_V.float() / temperature, dim=-1)
-    order_B_V = None
-    if top_p < 1.0:
-        # Keep the smallest prefix (by probability) whose mass reaches top_p; the most
-        # likely token always stays. Without top-p no sort is needed (hot path).
-        probs_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
-        drop_B_V = (probs_B_V.cumsum(dim=-1) - probs_B_V) >= top_p
-        probs_B_V = probs_B_V.masked_fill(drop_B_V, 0.0)
+    # Without top-p no sort is needed (hot path).
+    probs_B_V, order_B_V = _top_p(probs_B_V, top_p) if top_p < 1.0 else (probs_B_V, None)
     cum_B_V = probs_B_V.cumsum(dim=-1)
     u_B = torch.cat([torch.rand(1, generator=g) for g in generators]).to(cum_B_V.device)
     target_B1 = (u_B * cum_B_V[:, -1]).unsqueeze(-1)
@@ -81,6 +72,15 @@ def sample_with_logprobs(
     if order_B_V is not None:
         idx_B = order_B_V.gather(-1, idx_B)
     return idx_B.squeeze(-1), logq_B.clamp(max=0.0)
+
+
+def _top_p(probs_B_V: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs_B_V sorted in descending order, order_B_V)``, each row's probabilities kept
+    for the smallest prefix whose mass reaches ``top_p`` (the most likely token always
+    stays) and zeroed after it; ``order_B_V`` the vocabulary id of each sorted column."""
+    probs_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
+    drop_B_V = (probs_B_V.cumsum(dim=-1) - probs_B_V) >= top_p
+    return probs_B_V.masked_fill(drop_B_V, 0.0), order_B_V
 
 
 class KVCache:

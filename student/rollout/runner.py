@@ -146,15 +146,9 @@ class RolloutRunner:
 
     # -- public --------------------------------------------------------------------
 
-    def run(
-        self,
-        tasks: Sequence[Any],
-        *,
-        policy_version: int,
-        seeds: Sequence[int] | None = None,
-        greedy: bool = False,
-        on_finished: Callable[[Trajectory], None] | None = None,
-    ) -> list[Trajectory]:
+    def run(self, tasks: Sequence[Any], *, policy_version: int,
+            seeds: Sequence[int] | None = None, greedy: bool = False,
+            on_finished: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """Play one episode per task; trajectories come back in task order.
 
         ``seeds[i]`` seeds episode ``i`` (default: each task's own seed). The same

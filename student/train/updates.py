@@ -106,9 +106,8 @@ def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer, warmup_end
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: plan.lr_at(step, end()) / peak)
 
 
-def pad_batch(
-    trajs: list[Trajectory], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(trajs: list[Trajectory], pad_id: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids_B_T`` and ``attention_mask_B_T``."""
     width = max(len(t.tokens) for t in trajs)
     ids_B_T = torch.full((len(trajs), width), pad_id, dtype=torch.long)  # host: moved below
@@ -119,9 +118,8 @@ def pad_batch(
     return ids_B_T.to(device), mask_B_T.to(device)
 
 
-def hidden_at_positions(
-    policy: Policy, trajs: list[Trajectory], positions: list[np.ndarray]
-) -> torch.Tensor:
+def hidden_at_positions(policy: Policy, trajs: list[Trajectory],
+                        positions: list[np.ndarray]) -> torch.Tensor:
     """``hidden_P_H``: the decoder's final (normed) hidden states at the selected positions,
     computed under the policy's autocast.
 
@@ -234,16 +232,9 @@ def early_forward(
     return EarlyForward(trajs, hidden_at_positions(policy, trajs, positions))
 
 
-def distill_step(
-    policy: Policy,
-    optimizer,
-    scheduler,
-    scored: list[Scored],
-    *,
-    objective: StepObjective,
-    train: TrainConfig,
-    early: EarlyForward | None = None,
-) -> StepStats:
+def distill_step(policy: Policy, optimizer, scheduler, scored: list[Scored], *,
+                 objective: StepObjective, train: TrainConfig,
+                 early: EarlyForward | None = None) -> StepStats:
     """One optimizer step: ``objective`` on the scored positions of every trajectory in
     ``scored``, over ``train.grad_accum`` micro-batches, then clip (``train.max_grad_norm``)
     and step.

@@ -77,12 +77,8 @@ def _kl_P(logp_P_V: torch.Tensor, logq_P_V: torch.Tensor) -> torch.Tensor:
     return (p_P_V * diff_P_V).sum(-1)
 
 
-def _divergence_P(
-    student_logp_P_V: torch.Tensor,
-    teacher_logp_P_V: torch.Tensor,
-    divergence: str,
-    jsd_beta: float,
-) -> torch.Tensor:
+def _divergence_P(student_logp_P_V: torch.Tensor, teacher_logp_P_V: torch.Tensor,
+                  divergence: str, jsd_beta: float) -> torch.Tensor:
     """Divergence between two normalised log-distributions over the last axis."""
     if divergence == "forward_kl" or (divergence == "jsd" and jsd_beta == 0.0):
         return _kl_P(teacher_logp_P_V, student_logp_P_V)
@@ -172,13 +168,9 @@ def exact_jsd_P(student_logits_P_V, teacher_logprobs_P_V, *, beta=0.5, temperatu
 
 
 def bucketed_topk_tail_distributions(
-    student_logits_P_V: torch.Tensor,
-    teacher_ids_P_K: torch.Tensor,
-    teacher_logprobs_P_K: torch.Tensor,
-    teacher_tail_logmass_P: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    tail_epsilon: float = 0.0,
+    student_logits_P_V: torch.Tensor, teacher_ids_P_K: torch.Tensor,
+    teacher_logprobs_P_K: torch.Tensor, teacher_tail_logmass_P: torch.Tensor, *,
+    temperature: float = 1.0, tail_epsilon: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Student and teacher log-distributions over ``K + 1`` buckets, ``([P, K+1], [P, K+1])``.
 

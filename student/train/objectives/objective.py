@@ -123,14 +123,8 @@ class TeacherTargets:
     advantage_P: torch.Tensor | None = None
 
     @classmethod
-    def from_arrays(
-        cls,
-        arrays: dict[str, np.ndarray],
-        sampled_ids_P: np.ndarray | torch.Tensor,
-        *,
-        kind: str,
-        device: torch.device | str = "cpu",
-    ) -> TeacherTargets:
+    def from_arrays(cls, arrays: dict[str, np.ndarray], sampled_ids_P: np.ndarray | torch.Tensor,
+                    *, kind: str, device: torch.device | str = "cpu") -> TeacherTargets:
         """Build from a ``SCORE_OK`` / cache entry's arrays, each into the field
         :data:`FIELDS_OF_KIND` names for ``kind`` (kind ``none`` reads none: SFT and RL,
         where the next token is all the target there is)."""
@@ -274,14 +268,8 @@ class Objective:
             targets = targets.with_inputs(inputs, hidden_P_H.device)
         return self.loss(hidden_P_H, lm_head, targets, num_global_positions=num_global_positions)
 
-    def loss(
-        self,
-        hidden_P_H: torch.Tensor,
-        lm_head: Head,
-        targets: TeacherTargets,
-        *,
-        num_global_positions: int | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, hidden_P_H: torch.Tensor, lm_head: Head, targets: TeacherTargets, *,
+             num_global_positions: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective over ``P`` selected positions (``hidden_P_H``: the student's final
         hidden states there; ``targets`` in the same order), chunk by chunk, each chunk's
         ``[C, V]`` logits under ``torch.utils.checkpoint``; the sum divided by
