@@ -28,9 +28,7 @@ from miniverl.student.train.objectives.formulas import (
     sampled_token_reverse_kl_P,
 )
 from miniverl.student.train.objectives.objective import (
-    ESTIMATORS,
     OBJECTIVES,
-    TARGETS,
     CrossEntropy,
     Objective,
     StepObjective,
@@ -44,9 +42,7 @@ from miniverl.student.train.objectives.table import (
 
 __all__ = [
     "DIVERGENCES",
-    "ESTIMATORS",
     "OBJECTIVES",
-    "TARGETS",
     "CrossEntropy",
     "Objective",
     "StepObjective",
