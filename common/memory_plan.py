@@ -258,7 +258,10 @@ def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan
     activations += 2 * tokens * shape.hidden * b
     chunk = min(s.chunk_size, math.ceil(tokens * s.trained_share))
     loss = LOSS_CHUNK_COPIES * chunk * shape.vocab * f32
-    head = shape.vocab * shape.hidden * f32 if (s.fp32_head and b != f32) else 0
+    # The float32 head's kept copy of a half-precision weight (a quantized student's head
+    # is float32 already, after prepare_model_for_kbit_training).
+    half_head = b != f32 and s.quantization == "none"
+    head = shape.vocab * shape.hidden * f32 if (s.fp32_head and half_head) else 0
     update = {"weights": weights, "trainable": trainable, "activations": activations,
               "loss_chunk": loss, "fp32_head": head}
     if s.engine_bytes:
@@ -278,8 +281,9 @@ def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan
 
 def teacher_plan(shape: ModelShape, *, dtype_bytes: int, quantization: str,
                  fp32_head: bool = True, batch_tokens: int = TEACHER_BATCH_TOKENS) -> ProcessPlan:
-    """The teacher's weights and the peak of one scoring batch (no gradients: one layer's
-    widest tensors at a time, then head chunks of float32 logits)."""
+    """The teacher's weights (with the float32 head's kept copy of its weight, which parks
+    with them) and the peak of one scoring batch (no gradients: one layer's widest tensors
+    at a time, then head chunks of float32 logits)."""
     b = dtype_bytes
     if quantization == "nf4":
         weights = int(shape.layers * shape.layer_params() * (0.5 + 4 / 64)) \
@@ -289,10 +293,9 @@ def teacher_plan(shape: ModelShape, *, dtype_bytes: int, quantization: str,
     else:
         weights = shape.params() * b
     forward = batch_tokens * (3 * shape.intermediate + 2 * shape.hidden) * b
-    head = 3 * min(TEACHER_HEAD_CHUNK_ELEMENTS, batch_tokens * shape.vocab) * 4
-    if fp32_head and b != 4:
-        head += shape.vocab * shape.hidden * 4
-    parts = {"weights": weights, "scoring": forward + head}
+    chunks = 3 * min(TEACHER_HEAD_CHUNK_ELEMENTS, batch_tokens * shape.vocab) * 4
+    head = shape.vocab * shape.hidden * 4 if (fp32_head and b != 4) else 0
+    parts = {"weights": weights, "fp32_head": head, "scoring": forward + chunks}
     return ProcessPlan(parts, sum(parts.values()))
 
 
@@ -313,7 +316,9 @@ class MemoryPlan:
         s_up, s_roll = self.student["update"].peak, self.student["rollout"].peak
         if self.teacher is None:
             return max(s_up, s_roll) + CUDA_OVERHEAD_BYTES
-        t_weights, t_peak = self.teacher.parts["weights"], self.teacher.peak
+        # What the teacher holds between its batches (parked together under swap).
+        t_weights = self.teacher.parts["weights"] + self.teacher.parts["fp32_head"]
+        t_peak = self.teacher.peak
         # While the teacher scores, the student's rollout memory is free (a vLLM engine
         # sleeps).
         rollout = self.student["rollout"].parts

@@ -11,6 +11,7 @@ are imported inside the functions, so ``miniverl.common`` imports without them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -162,23 +163,77 @@ def autocast_dtype(resolved: Any, device_type: str):
     return resolved
 
 
+# The output layer's float32 copy of its weight (a non-persistent buffer: it moves with
+# the model, parks with a teacher's weights, and stays out of checkpoints).
+FP32_WEIGHT = "fp32_weight"
+
+
 def fp32_head_forward(head: Any, hidden: Any) -> Any:
-    """The output layer in float32: ``hidden @ W.T (+ b)`` with hidden and weight widened
-    first and autocast off, so a bfloat16 model's logits carry no bf16 rounding (up to
-    ~0.06 at logits near 20-30). On a float32 model it is the layer's own computation."""
+    """The output layer in float32: ``hidden @ W.T (+ b)`` with hidden widened, the weight
+    in float32 (:func:`fp32_weight`: one kept copy, not one per call) and autocast off, so
+    a bfloat16 model's logits carry no bf16 rounding (up to ~0.06 at logits near 20-30).
+    On a float32 model it is the layer's own computation."""
     import torch
 
     with torch.autocast(hidden.device.type, enabled=False):
         bias = None if head.bias is None else head.bias.float()
-        return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+        return torch.nn.functional.linear(hidden.float(), fp32_weight(head), bias)
+
+
+def fp32_weight(head: Any) -> Any:
+    """``head.weight`` in float32, gradients flowing back to the weight in its own dtype
+    (exactly as ``weight.float()`` would send them): the weight itself when it is float32,
+    else the head's one float32 copy. The copy is made on the first call and refreshed in
+    place only when the weight has changed since (an optimizer step or a loaded
+    checkpoint moves torch's version counter; a move to another device or storage changes
+    its address), so a trained head's copy stays in step and a frozen one is never copied
+    again."""
+    import torch
+
+    weight = head.weight
+    if weight.dtype == torch.float32:
+        return weight
+    stamp = (weight._version, weight.data_ptr(), weight.device)
+    copy = getattr(head, FP32_WEIGHT, None)
+    if copy is None or head.fp32_stamp != stamp:
+        # Made outside any inference mode, so a training forward may save it for backward.
+        with torch.inference_mode(False), torch.no_grad():
+            if copy is None or copy.device != weight.device or copy.shape != weight.shape:
+                head.register_buffer(FP32_WEIGHT, weight.float(), persistent=False)
+            else:
+                copy.copy_(weight)
+        head.fp32_stamp = stamp
+    return _widened_weight().apply(weight, getattr(head, FP32_WEIGHT))
+
+
+@functools.cache
+def _widened_weight() -> Any:
+    """The autograd step from a weight to its kept float32 copy (made once: torch is
+    imported on first use)."""
+    import torch
+
+    class WidenedWeight(torch.autograd.Function):
+        """Forward: the kept copy as it is. Backward: the gradient in the weight's dtype."""
+
+        @staticmethod
+        def forward(ctx: Any, weight: Any, widened: Any) -> Any:
+            ctx.dtype = weight.dtype
+            return widened.view_as(widened)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad.to(ctx.dtype), None
+
+    return WidenedWeight
 
 
 def use_fp32_head(model: Any) -> None:
     """Make ``model``'s output layer compute in float32 wherever it is called (the loss's
     chunks, the rollout's ``logits_to_keep`` forward, the teacher's scoring head).
 
-    The layer keeps its weights, parameters and state-dict keys; only its ``forward`` is
-    replaced (a bound method, so a deep copy binds it to the copy). Raises
+    The layer keeps its weights, parameters and state-dict keys; its ``forward`` is
+    replaced (a bound method, so a deep copy binds it to the copy), and a half-precision
+    layer keeps one float32 copy of its weight beside it (:func:`fp32_weight`). Raises
     :class:`ConfigError` for an output layer that is not a plain linear map.
     """
     import types

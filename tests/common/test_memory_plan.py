@@ -55,6 +55,20 @@ def test_the_shipped_qwen_recipe_fits_24_and_80_gib():
     assert chosen.plan.student["update"].peak > 100 * GIB
 
 
+def test_the_fp32_heads_kept_copies_are_counted_where_they_live():
+    # One float32 copy of each half-precision head weight, held all run long: in both of
+    # the student's phases, and with the teacher's weights (it parks with them).
+    recipe = load_recipe(QWEN_RECIPE)
+    plan = check_recipe(recipe, 80 * GIB)[1].plan
+    vocab = KNOWN_CONFIGS["Qwen/Qwen3-0.6B"]["vocab_size"]
+    assert plan.student["update"].parts["fp32_head"] == vocab * 1024 * 4
+    assert plan.student["rollout"].parts["fp32_head"] == vocab * 1024 * 4
+    assert plan.teacher.parts["fp32_head"] == vocab * 2048 * 4
+    off = recipe.model_copy(update={"loss": recipe.loss.model_copy(update={"fp32_head": False})})
+    plain = check_recipe(off, 80 * GIB)[1].plan
+    assert plan.peak - plain.peak == vocab * (1024 + 2048) * 4  # a resident phase holds both
+
+
 def test_null_settings_are_chosen_to_fit():
     recipe = load_recipe(QWEN_RECIPE)
     open_recipe = with_train_changes(recipe, {"train.gradient_checkpointing": None,

@@ -5,7 +5,8 @@
   student whose first parameter is float32 still computes in bfloat16;
 - ``dtype: auto`` is resolved before the full-fine-tune float16 refusal;
 - ``loss.fp32_head`` computes the output layer in float32 (student and teacher), and
-  changes nothing on a float32 model;
+  changes nothing on a float32 model; a half-precision head keeps one float32 copy of its
+  weight, in step with the trained weight, not one per call;
 - ``run.deterministic`` sets ``CUBLAS_WORKSPACE_CONFIG`` (and every process the allocator
   setting) before CUDA starts, in the student's and the teacher's process.
 """
@@ -21,7 +22,15 @@ import pytest
 import torch
 
 from miniverl.common.errors import ConfigError
-from miniverl.common.modeling import DTYPES, QUANTIZATIONS, fp32_head_forward, use_fp32_head
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from miniverl.common.modeling import (
+    DTYPES,
+    FP32_WEIGHT,
+    QUANTIZATIONS,
+    fp32_head_forward,
+    use_fp32_head,
+)
 from miniverl.common.recipe_models import StudentConfig
 from miniverl.common.runtime import CUBLAS_WORKSPACE, CUDA_ALLOC_CONF, cuda_process_env
 from miniverl.student.train.policy import Policy, check_trainable_dtype, student_compute_dtype
@@ -122,6 +131,57 @@ def test_fp32_head_computes_the_logits_in_float32():
     assert out.logits.dtype == torch.float32
     twin = copy.deepcopy(model)  # a copy's head is its own
     assert twin.get_output_embeddings().forward.__self__ is twin.get_output_embeddings()
+
+
+class _NewTensors(TorchDispatchMode):
+    """Counts the tensors of ``numel`` elements the ops under it make in new memory."""
+
+    def __init__(self, numel: int, old: set[int]):
+        super().__init__()
+        self.numel, self.old, self.made = numel, old, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() == self.numel \
+                    and t.untyped_storage().data_ptr() not in self.old:
+                self.made += 1
+        return out
+
+
+def test_fp32_head_keeps_one_float32_copy_in_step_with_the_trained_weight():
+    # The copy was made on every call (595 MiB at Qwen's vocabulary); now once, refreshed
+    # only when an optimizer step changes the weight, with the same logits and gradients.
+    torch.manual_seed(0)
+    model = _head_model(torch.bfloat16)
+    head = model.get_output_embeddings()
+    head.weight.requires_grad_(True)
+    hidden = torch.randn(5, head.weight.shape[1]).to(torch.bfloat16)
+
+    def per_call(h):  # what every call computed before: the weight widened each time
+        return torch.nn.functional.linear(h.float(), head.weight.float())
+
+    keys = list(model.state_dict())
+    use_fp32_head(model)
+    results = []
+    for fn in (head, per_call):
+        h = hidden.clone().requires_grad_(True)
+        out = fn(h)
+        out.square().mean().backward()
+        results.append((out.detach(), h.grad, head.weight.grad))
+        head.weight.grad = None
+    for kept, fresh in zip(*results, strict=True):
+        assert torch.equal(kept, fresh)
+    assert results[0][2].dtype == torch.bfloat16
+    assert list(model.state_dict()) == keys  # the copy is not in checkpoints
+    old = {head.weight.untyped_storage().data_ptr(),
+           getattr(head, FP32_WEIGHT).untyped_storage().data_ptr()}
+    with _NewTensors(head.weight.numel(), old) as counting:
+        head(hidden)
+    assert counting.made == 0  # no weight-sized tensor was made: no per-call copy
+    torch.optim.AdamW([head.weight], lr=0.1).step()
+    with torch.no_grad():
+        assert torch.equal(head(hidden), per_call(hidden))  # in step with the trained weight
 
 
 def test_fp32_head_changes_nothing_on_a_float32_model():
