@@ -145,22 +145,16 @@ def log_cycle(state: TrainState, done: CycleResult) -> None:
     counters = side.counters()
     positions_scored = int(sum(len(s.positions_P) for s in scored)) if scored else 0
     row = {
-        "step": state.step,
-        "version": state.version,
-        "cycle": state.cycle,
-        "mode": state.recipe.run.mode,
-        "phase": done.phase or "train",
+        "step": state.step, "version": state.version, "cycle": state.cycle,
+        "mode": state.recipe.run.mode, "phase": done.phase or "train",
         "on_policy": state.recipe.on_policy and done.phase is None,
-        "loss": stats.loss,
-        "divergence": stats.divergence,
-        "positions": stats.positions,
-        "tokens": stats.tokens,
+        "loss": stats.loss, "divergence": stats.divergence,
+        "positions": stats.positions, "tokens": stats.tokens,
         "teacher": ({k: side.identity.get(k) for k in ("name", "instance", "gen")}
                     if side.connected else None),
         "stale_dropped": counters.get("stale_dropped", 0),
         "nonfinite_replies": counters.get("nonfinite_replies", 0),
-        "time_rollout_s": done.t_rollout,
-        "time_teacher_wait_s": done.t_wait,
+        "time_rollout_s": done.t_rollout, "time_teacher_wait_s": done.t_wait,
         "time_update_s": done.t_update,
         "positions_scored": positions_scored,
         "positions_per_s": positions_scored / done.t_wait if done.t_wait > 0 else None,
@@ -169,8 +163,7 @@ def log_cycle(state: TrainState, done: CycleResult) -> None:
         # Several teachers: each one's counters, and the episodes held back (a teacher down).
         **({k: counters[k] for k in ("by_teacher", "held_back")} if "by_teacher" in counters
            else {}),
-        "lr": stats.lr,
-        "grad_norm": stats.grad_norm,
+        "lr": stats.lr, "grad_norm": stats.grad_norm,
         # Success of the student's own rollouts; oracle batches (SFT) have none.
         "train_success": (sum(t.verifier.success for t in trajs) / len(trajs)
                           if trajs and trajs[0].source == "rollout" else None),
