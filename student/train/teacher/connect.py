@@ -230,11 +230,7 @@ def connect(state: TrainState, handshake: Handshake | None = None) -> None:
     def changed(new: dict, version: int, how: str) -> None:
         teacher_changed(state, new, version, how)
 
-    link = teacher_link(state, side.client, changed)
-    # One teacher: an update waits out a teacher that refuses its SCOREs (link.py).
-    link.patience = Patience(state.recipe.runtime.unavailable_timeout_s, state.run.event,
-                             state.stop_event)
-    side.link = link
+    side.link = teacher_link(state, side.client, changed)
     side.identity = identity
     state.run.event("teacher_connected", teacher=identity, version=state.version,
                     endpoint=side.endpoint)
@@ -273,6 +269,7 @@ class LinkSettings(TypedDict):
     temperature: float
     on_teacher_changed: Callable[[dict, int, str], None]
     deterministic: bool
+    patience: Patience
 
 
 def teacher_link(state: TrainState, client: ScoringClient,
@@ -286,7 +283,7 @@ def teacher_link(state: TrainState, client: ScoringClient,
     common: LinkSettings = {
         "kind": teacher_kind(section, recipe.loss), "k": recipe.loss.top_k,
         "temperature": recipe.loss.temperature, "on_teacher_changed": changed,
-        "deterministic": recipe.run.deterministic}
+        "deterministic": recipe.run.deterministic, "patience": patience(state, route)}
     if common["kind"] == "xvocab":
         if not sends_xvocab(client):
             raise ConfigError(f"teacher.tokenizer: other needs xvocab SCOREs, which the "
@@ -304,6 +301,18 @@ def teacher_link(state: TrainState, client: ScoringClient,
     if view is not None:
         return PrivilegedLink(client, **common, view=view)
     return TeacherLink(client, **common)
+
+
+def patience(state: TrainState, route: Any = None) -> Patience:
+    """How an update waits out a teacher that refuses its SCOREs (``link.Patience``): up to
+    ``runtime.unavailable_timeout_s``, its events naming ``route`` when there is one (a
+    routed update waits only when no other route has episodes to train on)."""
+    named = {} if route is None else {"route": route.name}
+
+    def event(name: str, **fields: Any) -> None:
+        state.run.event(name, **fields, **named)
+
+    return Patience(state.recipe.runtime.unavailable_timeout_s, event, state.stop_event)
 
 
 def too_large(state: TrainState, route: Any, why: str) -> None:

@@ -127,8 +127,11 @@ class RoutedLink:
         bound = list(waiting)  # the routes whose links began this update
         while waiting:
             for name in list(waiting):
+                # No other route's episodes to train on: wait for this one as a run of one
+                # teacher does (its link outlasts refusals, link.Patience).
+                poll = POLL_S if self._others_have(name) else None
                 try:
-                    by_route[name] = _link(self.sides[name]).collect(timeout_s=POLL_S)
+                    by_route[name] = _link(self.sides[name]).collect(timeout_s=poll)
                 except ScoreTimeout:
                     continue  # not answered yet: look at the others, then again
                 except TeacherUnavailable as exc:

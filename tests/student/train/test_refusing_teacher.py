@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 from miniverl.common.errors import TeacherRefusing, TeacherUnavailable
+from miniverl.common.teacher_routes import Route
 from miniverl.protocol.messages import ErrorCode
 from miniverl.protocol.scoring_client import StopRequested
 from miniverl.student.train.teacher.link import Patience, TeacherLink
+from miniverl.student.train.teacher.routed import RoutedLink, RouteSide
 from miniverl.testing import FakeTeacher, answer, error
 from tests.toy_kit import events, make_recipe, metrics
 
@@ -125,6 +127,40 @@ def test_without_patience_a_refusal_is_raised_at_once():
         with pytest.raises(TeacherRefusing, match="UNSUPPORTED"):
             link.collect()
     assert teacher.count("SCORE") == 1
+
+
+def test_a_route_alone_in_its_update_waits_out_refusals_and_one_with_others_is_held():
+    calc, nav = FakeTeacher(), FakeTeacher(instance="teacher-N")
+    nav.script(REFUSED, REFUSED)  # both of nav's SCOREs of the first update, once
+    said, held = [], []
+    with calc.client() as to_calc, nav.client() as to_nav:
+        sides = {}
+        for name, client in (("calc", to_calc), ("nav", to_nav)):
+            patience = Patience(5.0, lambda event, **fields: said.append(event),
+                                threading.Event(), first_s=0.05)
+            route = Route(name=name, teacher=name, adapter=None, environments=(name,),
+                          config=None)
+            sides[name] = RouteSide(route, None, client=client, link=TeacherLink(
+                client, kind="topk", k=4, temperature=1.0, patience=patience))
+        link = RoutedLink(sides, {"calc": "calc", "nav": "nav"},
+                          on_held=lambda route, n, why: held.append((route, n)))
+
+        def update(version, envs):
+            link.begin_update(version)
+            trajs = [SimpleNamespace(environment=env, tokens=[1, 2, 3, 4]) for env in envs]
+            for traj in trajs:
+                link.submit(traj, np.arange(3))
+            return trajs, link.collect()
+
+        # Nothing but nav's episodes: waited for, as a run of one teacher waits.
+        trajs, scored = update(1, ["nav", "nav"])
+        assert [s.traj for s in scored] == trajs and held == []
+        assert said == ["teacher_refusing"]
+        # With calc's episode beside it, nav's refusal holds nav's back at once.
+        nav.default = REFUSED
+        trajs, scored = update(2, ["nav", "calc"])
+        assert [s.traj for s in scored] == [trajs[1]] and held == [("nav", 1)]
+        assert said == ["teacher_refusing"]
 
 
 # -- a run of one teacher ----------------------------------------------------------------
