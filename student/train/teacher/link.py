@@ -128,8 +128,8 @@ class Link(Protocol):
 
 def _not_connected(*_: object) -> NoReturn:
     """What a run asks of its teacher before ``connect.py`` has connected it."""
-    raise RuntimeError("the run's teacher is not connected yet: teacher/connect.py binds its "
-                       "link, park and wake before the first update")
+    raise RuntimeError("the teacher is not connected yet: teacher/connect.py connects it, "
+                       "and binds the run's link, park and wake, before the first update")
 
 
 class Unconnected:
@@ -155,7 +155,7 @@ class Unconnected:
 
 def teacher_identity(client: ScoringClient) -> dict[str, Any]:
     """``{name, model, revision, adapter_sha256, instance, gen}`` of the client's teacher."""
-    hello = client.hello
+    hello = client.hello or _not_connected()
     return {**hello.teacher.model_dump(), "instance": hello.instance, "gen": int(hello.gen)}
 
 
@@ -178,7 +178,7 @@ class RouteSide:
     def counters(self) -> dict[str, Any]:
         """The client's counters, the link's own (a teacher with another tokenizer:
         ``xvocab_sent``, ...) and what this route scored."""
-        out = dict(self.client.counters) if self.client is not None else {}
+        out: dict[str, Any] = dict(self.client.counters) if self.client is not None else {}
         if self.link is not None:
             out.update(self.link.counters())
         out.update(positions_scored=self.positions_scored, episodes=self.episodes,
@@ -261,7 +261,7 @@ class TeacherLink:
         """Bind the next update to ``version`` and the teacher ``(instance, gen)`` now live."""
         self.version = version
         self.client.set_version(version, lag)
-        previous, self.binding = self.binding, tuple(self.client.bind())
+        previous, self.binding = self.binding, self.client.bind()
         if previous is not None and self.binding != previous and self.on_teacher_changed:
             # A reload or restart that lands between updates (while the student updates
             # or evaluates) drops no reply, so no TeacherChanged is raised; without this
@@ -286,7 +286,7 @@ class TeacherLink:
             while True:
                 ids = [j.request_id for j in self._jobs if j.request_id is not None]
                 try:
-                    replies = self.client.wait(ids, timeout_s) if ids else {}
+                    replies: dict[Any, Any] = self.client.wait(ids, timeout_s) if ids else {}
                     break
                 except (TeacherChanged, TeacherUnavailable) as failure:
                     self._recover(failure, timeout_s)
@@ -305,7 +305,7 @@ class TeacherLink:
         refuses them (:meth:`_outlast`); anything else is raised again (a run of several
         teachers holds that route back, ``routed.py``)."""
         if isinstance(failure, TeacherChanged):
-            self.binding = tuple(self.client.bind())
+            self.binding = self.client.bind()
             if self.on_teacher_changed is not None:
                 self.on_teacher_changed(teacher_identity(self.client), self.version, failure.how)
         else:
@@ -384,7 +384,7 @@ class PrivilegedLink(TeacherLink):
     aligned with the trajectory's own ``positions_P``."""
 
     mode: ClassVar[str] = "privileged_context"
-    view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+    view: Callable[[Trajectory, np.ndarray], tuple[np.ndarray, np.ndarray]] = field(kw_only=True)
 
     def _request(self, job: _Job) -> int | None:
         return self._submit(*self.view(job.traj, job.positions_P))
