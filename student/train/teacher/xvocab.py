@@ -257,7 +257,8 @@ class XvocabLink(TeacherLink):
                 req["episode"], req["student_cuts"], req["student_pieces"], k=self.k,
                 temperature=self.temperature, **self._flags)
         except ProtocolViolation as refused:
-            return self._refused_here(refused)
+            self._refused_here(refused)
+            return None  # sent nothing
 
     def _refused_here(self, refused: ProtocolViolation) -> None:
         """An episode over the teacher's limits (``max_episode_bytes``, ``max_tokens`` of
