@@ -223,6 +223,26 @@ def _cuda_of(monkeypatch, total: int) -> None:
                         lambda index: SimpleNamespace(total_memory=total))
 
 
+def test_a_cpu_student_is_not_planned_by_up(monkeypatch):
+    import glob
+
+    import torch
+
+    from miniverl.common import memory_plan
+
+    def asked(*args):
+        raise AssertionError("torch was asked about CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", asked)
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])  # no NVIDIA device node
+    assert memory_plan.cuda_total_bytes("cpu") is None
+    assert memory_plan.cuda_total_bytes("auto") is None
+    _cuda_of(monkeypatch, 8 * GIB)
+    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/nvidia0"])
+    assert memory_plan.cuda_total_bytes("auto") == memory_plan.cuda_total_bytes("cuda:0") \
+        == 8 * GIB
+
+
 def test_up_refuses_a_plan_that_cannot_fit_before_starting_anything(monkeypatch, tmp_path,
                                                                     capsys):
     import subprocess
