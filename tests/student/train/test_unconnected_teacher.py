@@ -3,8 +3,9 @@
 
 What a user relies on: scoring through, parking or waking a teacher the run has not
 connected is one error naming where it gets connected, never a ``None`` failing deep in
-an update; and a run with no teacher endpoint at all is one ``ConfigError`` naming the
-ways to give it one.
+an update; a run with no teacher endpoint at all is one ``ConfigError`` naming the ways
+to give it one; and a teacher with another tokenizer behind a client that cannot send its
+xvocab SCOREs is refused when the link is made, not at the first episode.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from miniverl.common.errors import ConfigError
-from miniverl.student.train.teacher.connect import new_client
+from miniverl.student.train.teacher.connect import new_client, teacher_link
 from miniverl.student.train.teacher.link import TeacherSide
 from miniverl.student.train.teacher.routed import RoutedLink
 
@@ -37,3 +38,13 @@ def test_a_run_without_a_teacher_endpoint_is_one_config_error():
                             teacher=TeacherSide())
     with pytest.raises(ConfigError, match=r"teacher.endpoint is null.*--teacher ENDPOINT"):
         new_client(state)
+
+
+def test_a_client_without_xvocab_scores_is_refused_for_a_teacher_with_another_tokenizer():
+    recipe = SimpleNamespace(teacher=SimpleNamespace(tokenizer="other"),
+                             loss=SimpleNamespace(top_k=4, temperature=1.0),
+                             run=SimpleNamespace(deterministic=False),
+                             runtime=SimpleNamespace(unavailable_timeout_s=1.0))
+    state = SimpleNamespace(recipe=recipe, stop_event=None)
+    with pytest.raises(ConfigError, match="needs xvocab SCOREs, which the SimpleNamespace"):
+        teacher_link(state, SimpleNamespace(), lambda *_: None)
