@@ -462,9 +462,9 @@ def _teacher_sections(facts: BundleFacts):
 def prepared_back(result, facts: BundleFacts, recipe_dir: Path) -> None:
     """A teacher the source run prepared (``prepare:``) comes back prepared: its model as
     it was prepared from and ``prepare:`` naming the prep recipe that made the cached
-    directory (relative to ``recipe_dir``, the imported recipe's folder), where that recipe
-    is still on this machine and still prepares that directory; else it stays the cached
-    directory the import found."""
+    directory (relative to ``recipe_dir``, the imported recipe's folder, or absolute where
+    the run's was), where that recipe is still on this machine and still prepares that
+    directory; else it stays the cached directory the import found."""
     for path, identity in _teacher_sections(facts):
         section, source = _at(result.recipe, path), _at(facts.source_recipe, path)
         if (identity.get("source") != "prepared" or not isinstance(section, dict)
@@ -475,7 +475,9 @@ def prepared_back(result, facts: BundleFacts, recipe_dir: Path) -> None:
         model, note = model_source(identity.get("prepared_from") or {})
         if prep is None or model is None:
             continue
-        section.update(model=model, prepare=os.path.relpath(prep, recipe_dir.resolve()))
+        # An absolute prepare: (redacted in the bundle) is written as the record's path.
+        section.update(model=model, prepare=str(prep) if _redacted(source["prepare"])
+                       else os.path.relpath(prep, recipe_dir.resolve()))
         where = ".".join(path)
         result.add(f"model/base_model.json:{where}", "derived", identity.get("name"),
                    f"{where}.prepare",

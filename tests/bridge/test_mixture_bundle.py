@@ -316,12 +316,12 @@ def _prepared_run(toy_run, root: Path, data: dict, preps: dict[str, Path]) -> Pa
     return run_dir
 
 
-@pytest.mark.parametrize("prepare", [True, False], ids=["prepare", "recorded only"])
+@pytest.mark.parametrize("prepare", ["relative", "absolute", None])
 def test_prepared_teachers_come_back_the_same(toy_run, tmp_path, one_clock, prepare):
     # Each route trained against a prepared teacher; the bundle names both. A recipe that
     # prepared them (teachers.<name>.prepare) comes back as it was: each teacher's model
     # and its prepare: (the prep recipe that made the cached directory, relative to the
-    # imported recipe), and exports to the same files. Where the recipe did not say
+    # imported recipe, or absolute as the run's was), and exports to the same files. Where the recipe did not say
     # prepare:, each teacher comes back as its cached directory, which exports as the
     # same prepared teacher, from the same model (the recipe itself differs).
     import os
@@ -340,22 +340,25 @@ def test_prepared_teachers_come_back_the_same(toy_run, tmp_path, one_clock, prep
         record = json.loads((path / "miniverl_prepared.json").read_text())
         (path / "miniverl_prepared.json").write_text(json.dumps(
             {**record, "prep_recipe": str(preps[name])}))
-        if prepare:
-            data["teachers"][name]["prepare"] = preps[name].name
+        if prepare is not None:
+            data["teachers"][name]["prepare"] = (
+                preps[name].name if prepare == "relative" else str(preps[name]))
     first = tmp_path / "first"
     export_verl(_prepared_run(toy_run, tmp_path / "runs", data, preps), first,
                 verl_version="0.9.1")
     base = json.loads((first / "model/base_model.json").read_text())
     assert base["teachers"]["nav"]["source"] == "prepared"
     assert base["teachers"]["nav"]["prepared_from"]["toy"]["seed"] == 2
-    import_verl(first, tmp_path / "recipe.yaml")
-    again = yaml.safe_load((tmp_path / "recipe.yaml").read_text())
+    # Beside the prep recipes, as the source recipe was (an absolute prepare: anywhere).
+    recipe = tmp_path / ("imp/recipe.yaml" if prepare == "absolute" else "recipe.yaml")
+    import_verl(first, recipe)
+    again = yaml.safe_load(recipe.read_text())
     second = tmp_path / "second"
     export_verl(_prepared_run(toy_run, tmp_path / "runs2", again, preps), second,
                 verl_version="0.9.1")
     a, b = _sums(first), _sums(second)
-    if prepare:
-        assert again["teachers"]["nav"]["prepare"] == "prep_nav.yaml"
+    if prepare is not None:
+        assert again["teachers"]["nav"]["prepare"] == data["teachers"]["nav"]["prepare"]
         assert list(again["teachers"]["nav"]["model"]) == ["toy"]
         assert again["teachers"]["nav"]["model"]["toy"]["seed"] == 2
         assert a == b
