@@ -252,6 +252,20 @@ def route_identity(run, recipe, route: Route) -> dict:
     }
 
 
+def _teacher_settings(where: str, config) -> list[str]:
+    """One line for each setting of the teacher section ``where`` that verl has no field
+    for (its teacher is a model verl starts and asks for log-probs, nothing else)."""
+    return [f"{where}.{field} {value!r} does not move ({why})" for field, value, why in (
+        ("endpoint", config.endpoint, "verl starts its own teacher from model_path"),
+        ("scorer", None if config.scorer == "causal_lm" else config.scorer,
+         "verl's teacher is the causal LM itself"),
+        ("mode", None if config.mode == "standard" else config.mode,
+         "verl's teacher scores the student's own tokens, never a privileged view"),
+        ("min_success", config.min_success, "verl has no qualification gate"),
+        ("min_recovery", config.min_recovery, "verl has no qualification gate"),
+    ) if value is not None]
+
+
 def not_moved(recipe, *, routed: dict[str, Route], entries: list[TeacherEntry],
               shares: dict[str, dict[str, float]] | None) -> list[str]:
     """Each thing the run trained with that the bundle cannot carry, one line each."""
@@ -277,20 +291,10 @@ def not_moved(recipe, *, routed: dict[str, Route], entries: list[TeacherEntry],
                 f"route {route.name}: verl's teacher entry loads one model (no adapter field), "
                 f"so its model_path is the base with adapter {route.adapter} merged "
                 f"({route_sentinel(route.name)}; model/base_model.json names both)")
-        config = route.config
-        for field, value, why in (
-            ("endpoint", config.endpoint, "verl starts its own teacher from model_path"),
-            ("scorer", None if config.scorer == "causal_lm" else config.scorer,
-             "verl's teacher is the causal LM itself"),
-            ("mode", None if config.mode == "standard" else config.mode,
-             "verl's teacher scores the student's own tokens, never a privileged view"),
-            ("min_success", config.min_success, "verl has no qualification gate"),
-            ("min_recovery", config.min_recovery, "verl has no qualification gate"),
-        ):
-            if value is not None:
-                where = "teacher" if route.teacher == SINGLE else f"teachers.{route.teacher}"
-                lines.append(f"route {route.name}: {where}.{field} {value!r} does not move "
-                             f"({why})")
+        where = "teacher" if route.teacher == SINGLE else f"teachers.{route.teacher}"
+        lines += _teacher_settings(f"route {route.name}: {where}", route.config)
+    if not routed and recipe.teacher is not None:
+        lines += _teacher_settings("teacher", recipe.teacher)
     loss = recipe.loss
     if loss.objective == "bucketed_topk_tail":
         lines.append(

@@ -174,13 +174,30 @@ def test_a_local_adapter_route_does_not_import(toy_run, tmp_path):
         import_verl(tmp_path / "b", tmp_path / "recipe.yaml")
 
 
-def test_a_teacher_setting_verl_lacks_is_named(toy_run, tmp_path):
+# Each teacher setting verl has no field for, and its line's reason.
+TEACHER_SETTINGS = [
+    ("min_success", 0.5, "verl has no qualification gate"),
+    ("min_recovery", 0.25, "verl has no qualification gate"),
+    ("mode", "privileged_context",
+     "verl's teacher scores the student's own tokens, never a privileged view"),
+    ("scorer", "my_scorer", "verl's teacher is the causal LM itself"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "why"), TEACHER_SETTINGS,
+                         ids=[s[0] for s in TEACHER_SETTINGS])
+def test_a_teacher_setting_verl_lacks_is_named(toy_run, tmp_path, field, value, why):
+    # A route's setting, in a run of several teachers; one teacher's, in a run of one
+    # environment (each one line of the export's output).
     data = mixture_recipe(True)
-    data["teachers"]["nav"] = {**data["teachers"]["nav"], "min_success": 0.5}
+    data["teachers"]["nav"] = {**data["teachers"]["nav"], field: value}
     run = make_run(toy_run, tmp_path / "runs", data, "gated-run")
     lines = export_verl(run, tmp_path / "b", verl_version="0.9.1")["not_moved"]
-    assert ("route nav: teachers.nav.min_success 0.5 does not move (verl has no qualification "
-            "gate)") in lines
+    assert f"route nav: teachers.nav.{field} {value!r} does not move ({why})" in lines
+    one = {**RECIPE, "teacher": {**RECIPE["teacher"], field: value}}
+    run = make_run(toy_run, tmp_path / "runs", one, "gated-one")
+    lines = export_verl(run, tmp_path / "c")["not_moved"]
+    assert f"teacher.{field} {value!r} does not move ({why})" in lines
 
 
 def test_refusals_are_one_line(two_teacher_run, toy_run, tmp_path):
