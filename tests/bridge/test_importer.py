@@ -129,6 +129,16 @@ def test_unknown_field_refused():
     assert all("unknown field" in f.note for f in result.refused)
 
 
+def test_several_teacher_entries_outside_a_bundle_are_refused_one_line_each():
+    # Only miniverl's own bundle says which environment each data_source is.
+    entries = {f"distillation.teacher_models.{name}.{field}": value
+               for name in ("math", "code")
+               for field, value in (("key", name), ("model_path", "Qwen/Qwen3-1.7B"))}
+    result = import_config({**BASE, **entries}, revision=REV, teacher_revision=TREV)
+    assert {f.field: f.note for f in result.refused} == {
+        key: "unknown field: not in the import whitelist" for key in entries}
+
+
 @pytest.mark.parametrize(
     "value", ["${oc.env:HOME}", "ckpt/${trainer.project_name}", "${oc.select:a.b, 1}"]
 )
