@@ -34,7 +34,12 @@ that drips its answer is cut off like one that never answers), and its answer is
 a stream, refused past a size cap (``max_reply_bytes``; by default what the request's
 answer can need). A refused connection, a deadline, ``429`` or ``5xx`` is retried at
 most ``max_retries`` times, then a one-line
-:class:`~miniverl.common.errors.TeacherUnavailable`. An answer that is not the documented
+:class:`~miniverl.common.errors.TeacherUnavailable`; another status is one line naming
+the server's message. A ``SCORE`` request that ends either way ends as
+:class:`~miniverl.common.errors.TeacherRefusing`, with the same line: a run waits out an
+engine that refuses or does not answer its requests as it waits out a ``mvl-score``
+teacher's refusals (``student/train/teacher/link.py``, ``Patience``), and a request it
+gives up on (``forget``) stops at once, its slot freed. An answer that is not the documented
 shape, or whose numbers are not log-probabilities (``protocol/engine_replies.py``), is
 a one-line :class:`~miniverl.common.errors.TeacherError` naming the endpoint, the
 position or field and the fix, never retried and never trained on. The bytes counters
@@ -64,6 +69,7 @@ import numpy as np
 from miniverl.common.errors import (
     ConfigError,
     TeacherError,
+    TeacherRefusing,
     TeacherUnavailable,
     TokenizerMismatch,
 )
@@ -110,6 +116,11 @@ PROBES: tuple[str, ...] = (
 )
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class EngineRefused(TeacherError):
+    """The engine answered a request with an HTTP status that is neither success, a
+    redirect nor one worth retrying (a ``4xx``: an unknown model or adapter, a bad key)."""
 
 
 def require_httpx() -> Any:
@@ -189,7 +200,7 @@ class EngineTeacherClient:
         self._portal: Any = None
         self._http: Any = None
         self._slots: Any = None
-        self._tasks: set[Any] = set()
+        self._tasks: dict[int, Any] = {}  # request id -> the task that scores it
         self._calls = StoppableCalls()
         self._extra = {"http_requests": 0, "model_changed": 0, "engine_garbage": 0,
                        "deadline_exceeded": 0}
@@ -256,7 +267,7 @@ class EngineTeacherClient:
                                    f"{status} to {str(location)[:120]!r}); redirects are not "
                                    "followed: set teacher.endpoint to the server itself")
             if status != 200:
-                raise TeacherError(f"engine teacher at {url} refused the request: HTTP "
+                raise EngineRefused(f"engine teacher at {url} refused the request: HTTP "
                                    f"{status}: {_message(data)}; check teacher.api "
                                    f"({self.flavour}) and teacher.model")
             return self._json(data, url)
@@ -399,10 +410,20 @@ class EngineTeacherClient:
         return self._hello is not None and not self._errors
 
     def forget(self, ids: Iterable[int]) -> None:
+        """Give these requests up: their rows and errors go, and a request still being
+        tried (its retries, its back-offs) is cancelled, so it frees its slot for the
+        requests sent in its place."""
+        if self._portal is not None:
+            self._portal.call(self._drop, list(ids))
+
+    def _drop(self, ids: list[int]) -> None:
+        """:meth:`forget` on the event loop, where the requests' tasks and errors live."""
         for rid in ids:
-            if self._table is not None:
-                self._table.take(rid)
+            self._pending().take(rid)
             self._errors.pop(rid, None)
+            task = self._tasks.pop(rid, None)
+            if task is not None:
+                task.cancel()
 
     @property
     def counters(self) -> dict[str, int]:
@@ -478,8 +499,8 @@ class EngineTeacherClient:
         # On the portal's loop already: the request runs as a task beside the caller.
         task = asyncio.get_running_loop().create_task(
             self._score(rid, table.version, arrays, k))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[rid] = task
+        task.add_done_callback(lambda _: self._tasks.pop(rid, None))
         return rid
 
     async def _score(self, rid: int, version: int, arrays: dict[str, np.ndarray],
@@ -510,7 +531,7 @@ class EngineTeacherClient:
                 answer = await self._request("POST", route, body, max_bytes=max_bytes)
             compute_ms = (time.perf_counter() - t0) * 1e3 - queue_ms
         except Exception as exc:  # down after retries, refused, garbage: ends this request
-            self._fail(rid, exc)
+            self._fail(rid, _as_refusal(exc))
             return
         try:
             result = parse_score(self.flavour, answer, model, seqs, local, k=k,
@@ -567,8 +588,7 @@ class EngineTeacherClient:
             for rid in ids:
                 error = self._errors.pop(rid, None)
                 if error is not None:
-                    for other in ids:
-                        self._pending().take(other)
+                    self._drop(ids)  # the caller re-sends or gives up the whole wait
                     raise error
 
         return await self._pending().collect(ids, timeout_s, tick=0.05, raise_fatal=raise_fatal)
@@ -615,7 +635,7 @@ class EngineTeacherClient:
             portal_cm.__exit__(None, None, None)
 
     async def _aclose(self) -> None:
-        for task in list(self._tasks):
+        for task in list(self._tasks.values()):
             task.cancel()
         if self._http is not None:
             await self._http.aclose()
@@ -626,6 +646,18 @@ class EngineTeacherClient:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
+
+
+def _as_refusal(exc: Exception) -> Exception:
+    """What a ``SCORE`` request that failed ends with: a refusal (an :class:`EngineRefused`
+    status) or no answer after the retries (``TeacherUnavailable``) as
+    :class:`TeacherRefusing` with the same line, which a run waits out
+    (docs/training.md, "A teacher that fails"); anything else (garbage, a redirect, a
+    changed model) as it is."""
+    if isinstance(exc, EngineRefused | TeacherUnavailable) and not isinstance(
+            exc, TeacherRefusing):
+        return TeacherRefusing(str(exc))
+    return exc
 
 
 def _api_key(env: str) -> str:

@@ -340,8 +340,9 @@ class TeacherLink:
                 f"the teacher refused this update's SCOREs for {waited:.1f} s "
                 f"({wait.resent} re-sends, runtime.unavailable_timeout_s="
                 f"{patience.budget_s:g}; last: {' '.join(str(failure).split())}); check it "
-                "with `miniverl teacher status ENDPOINT`, then continue the run with `miniverl "
-                "up RECIPE --resume --run-id ID` (--teacher ENDPOINT for another)") from None
+                "with `miniverl teacher status ENDPOINT` (an engine: its server's log), then "
+                "continue the run with `miniverl up RECIPE --resume --run-id ID` (--teacher "
+                "ENDPOINT for another)") from None
         self.client.forget([j.request_id for j in self._jobs if j.request_id is not None])
         patience.stop.wait(wait.delay_s)
         wait.resent += 1
