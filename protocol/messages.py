@@ -188,6 +188,8 @@ class Counters(_Wire):
     errors: dict[Name, Count] = Field(default_factory=dict)
     bytes_received: Count = 0
     bytes_sent: Count = 0
+    # Replies dropped because their client's queue was full (it does not read them).
+    replies_dropped: Count = 0
 
 
 class DeviceMemory(_Wire):

@@ -20,6 +20,9 @@ loads, reads every message on an asyncio loop, and admits or refuses it (docs/pr
   when the teacher serves named adapters (else ``UNSUPPORTED``); an accepted one is
   queued for the batcher (``batcher.py``);
 - ``PING``/``STATUS`` are answered at once, even while a batch computes;
+- a reply is sent without waiting: one to a client whose queue of unread replies is
+  full is dropped and counted (``replies_dropped``), so a client that never reads
+  cannot hold up the others (``server_state.send``);
 - ``RELOAD``/``PARK``/``WAKE``/``SHUTDOWN`` need admin proof (``roles.py``: an admin
   CURVE key or the admin token), checked before anything else, else ``UNAUTHORIZED``;
   then they go to the lifecycle (``lifecycle.py``).
@@ -174,6 +177,10 @@ def _open_socket(srv: ServerState) -> zmq.asyncio.Socket:
     # Per client, at most this many messages wait unread (ZeroMQ's default is 1000, a
     # thousand frames of up to the cap each); past it that client's sends wait.
     sock.setsockopt(zmq.RCVHWM, srv.limits.receive_hwm())
+    # And at most as many replies wait for a client to read them: past it a reply to that
+    # client is dropped (server_state.send sends without waiting), never the others'
+    # held up behind it, and the teacher buffers no more than this for a client.
+    sock.setsockopt(zmq.SNDHWM, srv.limits.receive_hwm())
     sock.setsockopt(zmq.LINGER, cfg.linger_ms)
     if curve is not None:
         srv.auth = start_curve_authenticator(ctx, curve)
@@ -234,6 +241,10 @@ async def _recv_loop(srv: ServerState) -> None:
             raise
         except Exception as exc:  # never a dead loop: log and keep serving
             log(srv, "error", "loop_error", error=describe(exc), trace=traceback.format_exc(limit=6))
+        # A receive and a send that need not wait return without yielding: without this,
+        # a client that keeps the socket busy held back the batches of every other
+        # client's SCOREs until its own messages ran out.
+        await asyncio.sleep(0)
 
 
 def oversized_header_id(frame0: Any) -> int | None:
@@ -597,6 +608,7 @@ async def _on_status(srv: ServerState, ident: bytes, msg: m.Status, arrays: Any 
             errors=dict(c["errors"]),
             bytes_received=c["bytes_received"],
             bytes_sent=c["bytes_sent"],
+            replies_dropped=c["replies_dropped"],
         ),
         memory=memory,
     )

@@ -71,6 +71,7 @@ def _new_counters() -> dict[str, Any]:
         "errors": Counter(),
         "bytes_received": 0,
         "bytes_sent": 0,
+        "replies_dropped": 0,
     }
 
 
@@ -102,7 +103,6 @@ class ServerState:
     # xvocab SCOREs being planned there: counted open (max_inflight, resends) until queued.
     planning: set[tuple[bytes, int]] = field(default_factory=set)
     compute: asyncio.Lock = field(default_factory=asyncio.Lock)
-    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queue: deque[ScoreJob] = field(default_factory=deque)
     computing: list[ScoreJob] = field(default_factory=list)
     inflight: dict[tuple[bytes, int], ScoreJob] = field(default_factory=dict)
@@ -129,6 +129,8 @@ class ServerState:
     auth: Any = None
     admin: Any = None  # roles.AdminRule, set at bind: what admin messages must prove
     counters: dict[str, Any] = field(default_factory=_new_counters)
+    # Replies dropped per client because its queue was full (it does not read them).
+    dropped: Counter[bytes] = field(default_factory=Counter)
     # In-process clients (the OpenAI front end, openai_http.py): their replies go to this
     # sink instead of the socket.
     local_clients: dict[bytes, Callable[[list], None]] = field(default_factory=dict)
@@ -169,17 +171,34 @@ def run_compute(srv: ServerState, fn: Callable, *args: Any) -> asyncio.Future:
 
 
 async def send(srv: ServerState, ident: bytes, frames: list) -> None:
+    """Send a reply to ``ident`` without ever waiting: a client whose queue is full (it
+    does not read its replies) loses this one (:func:`reply_dropped`), so it cannot hold
+    up the replies to every other client; one that left loses it as well."""
     local = srv.local_clients.get(ident)
     if local is not None:
         local(frames)
         srv.counters["bytes_sent"] += frame_bytes(frames)
         return
     try:
-        async with srv.send_lock:
-            await srv.sock.send_multipart([ident, *frames], copy=False)
+        await srv.sock.send_multipart([ident, *frames], copy=False, flags=zmq.NOBLOCK)
         srv.counters["bytes_sent"] += frame_bytes(frames)
+    except zmq.Again:  # its SNDHWM reached, under ROUTER_MANDATORY
+        reply_dropped(srv, ident)
     except zmq.ZMQError as exc:  # EHOSTUNREACH under ROUTER_MANDATORY: the peer left
         log(srv, "warning", "send_failed", error=str(exc))
+
+
+def reply_dropped(srv: ServerState, ident: bytes) -> None:
+    """Count a reply dropped because ``ident``'s queue is full (``replies_dropped`` in
+    ``STATUS_OK``), and log ``reply_dropped`` at that client's 1st, 2nd, 4th, 8th, ...
+    drop, so a client that never reads cannot flood the log either. Its request is
+    answered nowhere: the client's own deadline ends it."""
+    srv.counters["replies_dropped"] += 1
+    srv.dropped[ident] += 1
+    n = srv.dropped[ident]
+    if n & (n - 1) == 0:
+        log(srv, "warning", "reply_dropped", client=srv.hello.get(ident, ident.hex()),
+            dropped=n, queue_limit=srv.limits.receive_hwm())
 
 
 async def send_error(

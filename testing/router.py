@@ -54,7 +54,9 @@ class MemoryRouter:
     async def recv_multipart(self, copy: bool = False) -> list[Any]:
         return await self._inbox.get()
 
-    async def send_multipart(self, frames: Sequence[Any], copy: bool = False) -> None:
+    async def send_multipart(self, frames: Sequence[Any], copy: bool = False,
+                             flags: int = 0) -> None:
+        # flags (the server's NOBLOCK) change nothing: a memory connection never fills.
         ident, *body = frames
         deliver = self._peers.get(bytes(ident))
         if deliver is None:
