@@ -160,3 +160,32 @@ def test_a_request_given_up_frees_its_slot_at_once():
     assert took < 1.0, took
     np.testing.assert_array_equal(reply_.arrays["ids"], engine.targets(SEQS[0], K)["ids"])
     assert len(calls) == 2  # the given-up request was not tried again
+
+
+@pytest.mark.slow  # a toy OPD run against an engine, stopping in its second update
+def test_a_run_whose_engine_keeps_failing_stops_in_one_line_with_a_checkpoint(tmp_path):
+    from miniverl.common.modeling import load_tokenizer
+    from miniverl.student.train.trainer import Trainer
+    from tests.toy_kit import TEACHER, events, make_recipe, toy_dir
+
+    tok = load_tokenizer(toy_dir(TEACHER))
+    with HostileEngine(tokenize=lambda t, s: tok.encode(t, add_special_tokens=s),
+                       vocab_size=len(tok), behaviour="http_500", after=4) as engine:
+        recipe = make_recipe("opd", tmp_path, cycles=3, sections={
+            "teacher": {"model": {"path": engine.model}, "endpoint": engine.url,
+                        "api": engine.flavour},
+            "loss": {"top_k": 4}, "runtime": {"unavailable_timeout_s": 3.0}})
+        trainer = Trainer(recipe, show_progress=False, write_report=False)
+        with trainer, pytest.raises(TeacherRefusing) as info:
+            trainer.train()
+    text = str(info.value)  # update 0's four SCOREs answered, then HTTP 500 for good
+    assert "\n" not in text and "unavailable_timeout_s=3" in text and "(HTTP 500)" in text
+    run_dir = trainer.run.path
+    assert [e["version"] for e in events(run_dir, "teacher_refusing")] == [1]
+    [gave_up] = events(run_dir, "teacher_unavailable")
+    # The budget, plus at most one request's own retries (0.5 + 1 + 2 s of back-off
+    # against a server that answers 500 at once), which end the last re-send.
+    assert gave_up["version"] == 1 and 2.5 <= gave_up["waited_s"] <= 3.0 + 3.5 + 1.0
+    [failed] = events(run_dir, "run_failed")
+    assert "refused this update's SCOREs" in failed["reason"] and engine.url in failed["reason"]
+    assert (run_dir / "checkpoints" / "step_1").is_dir()  # the update it finished is kept
