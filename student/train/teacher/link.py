@@ -7,8 +7,8 @@ the replies the client's staleness rule accepted. If the bound teacher disappear
 restart gives a new ``instance``, a reload a new ``gen``), the client raises
 ``TeacherChanged``; the link then rebinds, records a ``teacher_changed`` event and
 re-sends the whole update, so one update never mixes teacher generations. In a run of
-one teacher, a teacher that refuses the update's SCOREs (a non-retryable ``ERROR``) is
-waited out the same way: the update sends them again after a backoff, for up to
+one teacher, a teacher that refuses the update's SCOREs (a non-retryable ``ERROR``; an
+engine's request that still fails after the client's retries) is waited out the same way: the update sends them again after a backoff, for up to
 ``runtime.unavailable_timeout_s`` (:class:`Patience`), and only then ends the run.
 
 ``Scored.student_version`` is the wire's ``student_version``: the version the targets
