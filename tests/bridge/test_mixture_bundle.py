@@ -277,7 +277,10 @@ def test_export_import_export_gives_the_same_bundle(toy_run, tmp_path, one_clock
     export_verl(make_run(toy_run, tmp_path / "runs2", again, "source-run"), second,
                 verl_version=version)
     files = {str(f.relative_to(first)) for f in first.rglob("*") if f.is_file()}
-    assert set(_sums(first)) == files - {"SHA256SUMS"} and len(files) == 18
+    assert set(_sums(first)) == files - {"SHA256SUMS"}
+    # 15 files besides the tokenizer's, whose count is transformers' (4.56 also writes
+    # special_tokens_map.json).
+    assert len([f for f in files if not f.startswith("model/tokenizer/")]) == 15, sorted(files)
     assert _sums(second) == _sums(first)
 
 
