@@ -52,7 +52,10 @@ def offline(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def toy_run(offline) -> Path:
-    """A two-step toy SFT run with every installed tracker on."""
+    """A two-step toy SFT run with every installed tracker on.
+
+    Starting every tracker library takes over 10 s, paid by whichever test asks first:
+    each test that uses it is marked slow (tests/tiers.py)."""
     from miniverl.student.train.trainer import Trainer
 
     data = toy_sft_recipe(offline)
@@ -78,6 +81,7 @@ def _config_names_the_run(config: dict, run_dir: Path) -> None:
     assert run_dir.name in text and manifest["recipe_digest"] in text
 
 
+@pytest.mark.slow
 @needs("tensorboard")
 def test_tensorboard_holds_the_metrics_of_metrics_jsonl(toy_run):
     last, config, notes = read.tensorboard(toy_run)
@@ -86,6 +90,7 @@ def test_tensorboard_holds_the_metrics_of_metrics_jsonl(toy_run):
     assert any("run_completed" in n for n in notes)
 
 
+@pytest.mark.slow
 @needs("wandb")
 def test_wandb_offline_holds_the_metrics_of_metrics_jsonl(toy_run):
     last, config, notes = read.wandb(toy_run)
@@ -96,6 +101,7 @@ def test_wandb_offline_holds_the_metrics_of_metrics_jsonl(toy_run):
     assert any(n.startswith("run_completed") for n in notes)
 
 
+@pytest.mark.slow
 @needs("mlflow")
 def test_mlflow_local_store_holds_the_metrics_of_metrics_jsonl(toy_run):
     last, config, notes = read.mlflow(toy_run.parent, toy_run.name)
@@ -105,6 +111,7 @@ def test_mlflow_local_store_holds_the_metrics_of_metrics_jsonl(toy_run):
     assert any("run_completed" in n for n in notes)
 
 
+@pytest.mark.slow
 @needs("trackio")
 def test_trackio_local_store_holds_the_metrics_of_metrics_jsonl(toy_run):
     last, config, _ = read.trackio(toy_run.name)
@@ -112,6 +119,7 @@ def test_trackio_local_store_holds_the_metrics_of_metrics_jsonl(toy_run):
     _config_names_the_run(config, toy_run)
 
 
+@pytest.mark.slow
 def test_the_trackers_started_event_names_every_logger(tmp_path, monkeypatch, request):
     # The event names every logger of the recipe, jsonl first, and where each one writes:
     # with a recording tracker in place of each library (no extra needed), then in the

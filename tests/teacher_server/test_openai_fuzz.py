@@ -4,9 +4,10 @@ What a user relies on (docs/engine-teachers.md, "Rules it keeps"): whatever a cl
 sends to ``/v1/completions`` or ``/v1/models`` — valid, near-valid or garbage JSON,
 wrong types, extreme sizes and nesting, any field of the request — is answered with a
 2xx or a 4xx JSON error, within a bounded time; never a 5xx, never a logged error or
-traceback, and the process keeps serving. The fast tier runs a few dozen examples per
-test; ``benchmarks/http_fuzz.py`` runs 10,000+ per route against a real ``miniverl
-teacher serve --openai`` process.
+traceback, and the process keeps serving. The suite runs a few dozen examples per
+test (the completion bodies, up to 120,000 tokens, in the slow tier: over 2 s);
+``benchmarks/http_fuzz.py`` runs 10,000+ per route against a real ``miniverl teacher
+serve --openai`` process.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def check(reply, took: float, method: str = "POST") -> None:
         assert len(reply.content) < 4096  # a refusal never echoes a large body back
 
 
+@pytest.mark.slow
 @settings(FAST, max_examples=15)
 @given(example=completion_bodies("fake", FAKE_VOCAB, 16))
 def test_generated_completion_bodies_get_2xx_or_a_4xx_json_error(front, example):
