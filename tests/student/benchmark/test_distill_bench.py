@@ -267,13 +267,25 @@ def test_the_smoke_config_is_small():
     assert len(raw["arms"]) == 2 and raw["seeds"] == [1] and raw["budget"]["updates"] == 2
 
 
-@pytest.mark.slow
-def test_the_distill_benchmark_runs_on_a_fresh_clone(tmp_path):
-    from tests.student.benchmark.test_smoke import assert_untouched, fresh_clone, run
+@pytest.fixture(scope="module")
+def doc_clone(tmp_path_factory) -> Path:
+    """A fresh clone in which every documented command ran in its smoke form, in order.
 
-    clone = fresh_clone(tmp_path / "clone")
+    The version 3, 4 and 5 tests read their smoke runs there (``runs/benchmarks/
+    distill-v{3,4,5}-doc``) instead of running the same configs again."""
+    from tests.student.benchmark.test_smoke import fresh_clone, run
+
+    clone = fresh_clone(tmp_path_factory.mktemp("distill") / "clone")
     for command in DISTILL_SMOKE.values():
         run(clone, command)
+    return clone
+
+
+@pytest.mark.slow
+def test_the_distill_benchmark_runs_on_a_fresh_clone(doc_clone):
+    from tests.student.benchmark.test_smoke import assert_untouched, run
+
+    clone = doc_clone
     summary = json.loads((clone / "runs/benchmarks/distill-smoke/distill_bench_smoke.json")
                          .read_text())
     assert summary["complete"] and set(summary["grid"]["choice"]) == {"sft", "gkd"}
@@ -427,12 +439,12 @@ def test_a_student_prepared_on_the_teachers_episodes_names_the_prepared_teacher(
 
 
 @pytest.mark.slow
-def test_the_version_4_smoke_narrows_one_arm_to_the_users_prompts(tmp_path):
+def test_the_version_4_smoke_narrows_one_arm_to_the_users_prompts(doc_clone):
     # benchmarks/smoke/distill_v4.yaml: seqkd on the whole pool, seqkd_user on its first
-    # half, each paired with the baseline, rl and seqkd_user.
-    assert bench.main(["--config", str(ROOT / SMOKE_V4), "--output-dir",
-                       str(tmp_path / "v4")]) == 0
-    summary = json.loads((tmp_path / "v4" / "distill_bench_v4_smoke.json").read_text())
+    # half, each paired with the baseline, rl and seqkd_user (run by the documented
+    # commands, which exited 0).
+    out = doc_clone / "runs/benchmarks/distill-v4-doc"
+    summary = json.loads((out / "distill_bench_v4_smoke.json").read_text())
     main = summary["main"]
     assert summary["complete"] and main["also_against"] == ["rl", "seqkd_user"]
     assert "t1_vs_seqkd_user" in main["arms"]["seqkd"]["updates=2"]
@@ -443,18 +455,18 @@ def test_the_version_4_smoke_narrows_one_arm_to_the_users_prompts(tmp_path):
                                      params={"units": False, "chain": 3})}
     for arm in ("seqkd", "seqkd_user"):
         run = next(c for c in main["cells"] if c["arm"] == arm)["run_dir"]
-        played = {t.task_id for t in read_trajectories(tmp_path / "v4" / "main" / run /
+        played = {t.task_id for t in read_trajectories(out / "main" / run /
                                                        "trajectories.jsonl")}
         assert played <= user if arm == "seqkd_user" else played - user, (arm, played)
 
 
 @pytest.mark.slow
-def test_the_version_3_smoke_runs_end_to_end(tmp_path):
+def test_the_version_3_smoke_runs_end_to_end(doc_clone):
     # The student prepared on what the prepared teacher plays, an rl arm with no teacher
-    # section, the gap and time-to-rl readings (benchmarks/smoke/distill_v3.yaml).
-    assert bench.main(["--config", str(ROOT / "benchmarks/smoke/distill_v3.yaml"),
-                       "--output-dir", str(tmp_path / "v3")]) == 0
-    summary = json.loads((tmp_path / "v3" / "distill_bench_v3_smoke.json").read_text())
+    # section, the gap and time-to-rl readings (benchmarks/smoke/distill_v3.yaml, run by
+    # the documented commands, which exited 0).
+    out = doc_clone / "runs/benchmarks/distill-v3-doc"
+    summary = json.loads((out / "distill_bench_v3_smoke.json").read_text())
     assert summary["complete"] and set(summary["grid"]["choice"]) == {"seqkd", "rl", "opd_rl"}
     main = summary["main"]
     assert main["gap"]["start"]["t1"] is not None and main["also_against"] == ["rl"]
@@ -465,8 +477,34 @@ def test_the_version_3_smoke_runs_end_to_end(tmp_path):
             assert "t1_vs_rl" in entry["updates=2"]
     rl_run = next(c for c in main["cells"] if c["arm"] == "rl")["run_dir"]
     events = [json.loads(line) for line in
-              (tmp_path / "v3" / "main" / rl_run / "events.jsonl").read_text().splitlines()]
+              (out / "main" / rl_run / "events.jsonl").read_text().splitlines()]
     assert not any(e["event"] == "teacher_connected" for e in events)  # no teacher asked
+
+
+@pytest.mark.slow
+def test_the_version_5_smoke_runs_every_new_path_end_to_end(doc_clone):
+    # benchmarks/smoke/distill_v5.yaml: a grid extended once (with two rates every choice
+    # is an edge), the control's arms with the warm student as their teacher, fixed sets
+    # charged as used, a seconds budget, each cell's clip binding share.
+    out = doc_clone / "runs/benchmarks/distill-v5-doc"  # the documented commands exited 0
+    summary = json.loads((out / "distill_bench_v5_smoke.json").read_text())
+    assert summary["complete"] and summary["grid"]["extensions"] == ["grid_ext1"]
+    for row in summary["grid"]["choice"].values():
+        assert len(row["grid"]) == 3 and row["at_edge"] in ("low", "high", None)
+    main = summary["main"]
+    warm = json.loads((out / "start_evals.json").read_text())["warm:eval"]["model"]
+    for cell in main["cells"]:
+        assert 0.0 <= cell["signal"]["clip_binding_share"] <= 1.0 and cell["signal"]["clip"] == 1.0
+        # Whether a 2-update toy cell trains for the smoke's 1 s depends on the machine's
+        # load; what the record must say is whether it did.
+        assert cell["reached_budget_s"] is (cell["training_s"] >= 1), cell["arm"]
+        resolved = yaml.safe_load((out / "main" / cell["run_dir"] / "recipe.resolved.yaml")
+                                  .read_text())
+        teacher = (resolved.get("teacher") or {}).get("model", {}).get("path", "")
+        assert teacher.endswith(warm) == (cell["arm"] in ("sft_own", "opd_self")), cell["arm"]
+    for arm, entry in main["arms"].items():
+        short = sum(c["reached_budget_s"] is False for c in main["cells"] if c["arm"] == arm)
+        assert entry["short_of_budget_s"] == short and "half_gap_s" not in entry  # no gap here
 
 
 def test_the_training_signal_counts_updates_with_nothing_to_learn():

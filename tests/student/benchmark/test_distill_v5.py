@@ -1,5 +1,7 @@
 """Version 5 of the distillation benchmark (benchmarks/distill/v5.yaml, docs/distillbench.md):
-the preregistered config runs every arm it names, with the batch, prompts and caps it says."""
+the preregistered config runs every arm it names, with the batch, prompts and caps it says.
+Its smoke form (benchmarks/smoke/distill_v5.yaml) runs end to end in test_distill_bench.py,
+where the documented commands already run it on a fresh clone."""
 
 from __future__ import annotations
 
@@ -76,38 +78,6 @@ def test_version_5_runs_every_arm_it_names_with_its_batch_and_cap(tmp_path):
     assert recipes["opd_topk_rkl"].loss.estimator == "full"
     assert recipes["opd_rkl"].loss.estimator == "sampled_token"
     assert recipes["gkd"].loss.divergence == "jsd" and recipes["rl"].teacher is None
-
-
-@pytest.mark.slow
-def test_the_version_5_smoke_runs_every_new_path_end_to_end(tmp_path):
-    # benchmarks/smoke/distill_v5.yaml: a grid extended once (with two rates every choice
-    # is an edge), the control's arms with the warm student as their teacher, fixed sets
-    # charged as used, a seconds budget, each cell's clip binding share.
-    import json
-
-    import yaml
-
-    out = tmp_path / "v5"
-    assert bench.main(["--config", str(ROOT / "benchmarks/smoke/distill_v5.yaml"),
-                       "--output-dir", str(out)]) == 0
-    summary = json.loads((out / "distill_bench_v5_smoke.json").read_text())
-    assert summary["complete"] and summary["grid"]["extensions"] == ["grid_ext1"]
-    for row in summary["grid"]["choice"].values():
-        assert len(row["grid"]) == 3 and row["at_edge"] in ("low", "high", None)
-    main = summary["main"]
-    warm = json.loads((out / "start_evals.json").read_text())["warm:eval"]["model"]
-    for cell in main["cells"]:
-        assert 0.0 <= cell["signal"]["clip_binding_share"] <= 1.0 and cell["signal"]["clip"] == 1.0
-        # Whether a 2-update toy cell trains for the smoke's 1 s depends on the machine's
-        # load; what the record must say is whether it did.
-        assert cell["reached_budget_s"] is (cell["training_s"] >= 1), cell["arm"]
-        resolved = yaml.safe_load((out / "main" / cell["run_dir"] / "recipe.resolved.yaml")
-                                  .read_text())
-        teacher = (resolved.get("teacher") or {}).get("model", {}).get("path", "")
-        assert teacher.endswith(warm) == (cell["arm"] in ("sft_own", "opd_self")), cell["arm"]
-    for arm, entry in main["arms"].items():
-        short = sum(c["reached_budget_s"] is False for c in main["cells"] if c["arm"] == arm)
-        assert entry["short_of_budget_s"] == short and "half_gap_s" not in entry  # no gap here
 
 
 def test_version_n_names_its_committed_config_or_says_which_exist(tmp_path):
