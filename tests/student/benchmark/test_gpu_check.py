@@ -33,11 +33,19 @@ def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-@pytest.mark.slow  # starts `miniverl up` four times and a teacher once: about a minute
-def test_the_cpu_form_runs_every_step(tmp_path):
-    done = _run("--cpu-smoke", "--output-dir", str(tmp_path))
+@pytest.fixture(scope="module")
+def cpu_form(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
+    """The CPU form's process and its record, run once for the tests that read it (about a
+    minute: `miniverl up` four times, a teacher once, two updates at the real vocabulary)."""
+    out = tmp_path_factory.mktemp("cpu-form")
+    done = _run("--cpu-smoke", "--output-dir", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads((tmp_path / "gpu_check_cpu_smoke.json").read_text())
+    return done, json.loads((out / "gpu_check_cpu_smoke.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_cpu_form_runs_every_step(cpu_form):
+    done, record = cpu_form
     assert record["benchmark"] == "gpu_check" and record["cpu_smoke"] is True
     assert list(record["steps"]) == [name for name, _ in gpu_check.STEPS]
     machine = record["machine"]
@@ -255,11 +263,10 @@ def test_the_estimate_fits_eight_minutes(capsys):
     assert sum(gpu_check.ESTIMATE_S[name] for name, _ in gpu_check.STEPS) <= 480
 
 
-@pytest.mark.slow  # one child process, two updates at the real vocabulary: ~20 s
-def test_the_recipe_shaped_update_reports_the_plan_beside_the_peak(tmp_path):
-    check = SimpleNamespace(cuda=False, device="cpu", tmp=tmp_path,
-                            shapes=gpu_check.SHAPES["cpu"])
-    row = gpu_check.step_update("recipe_update")(check)
+@pytest.mark.slow  # the CPU form ran the step (a child: two updates at the real vocabulary)
+def test_the_recipe_shaped_update_reports_the_plan_beside_the_peak(cpu_form):
+    row = cpu_form[1]["steps"]["recipe_update"]
+    assert row["status"] == "ok", row
     assert row["config"]["vocab"] == 151_936 and row["config"]["checkpointing"]
     assert row["loss_finite"] and row["measured_peak_mib"] > 0
     assert 0.7 <= row["predicted_over_measured"] <= 1.3
