@@ -12,6 +12,7 @@ benchmark command in the docs has its smoke form here, so a new one cannot go un
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -127,11 +128,19 @@ def assert_untouched(clone: Path) -> None:
     assert status == "", f"a benchmark touched committed files:\n{status}"
 
 
-@pytest.mark.slow
-def test_the_toy_and_recovery_benchmarks_run_on_a_fresh_clone(tmp_path):
-    clone = fresh_clone(tmp_path / "clone")
+@pytest.fixture(scope="module")
+def toy_recovery_clone(tmp_path_factory) -> Path:
+    """A fresh clone in which the toy and recovery benchmarks' documented commands ran in
+    their smoke forms, in order; the recovery end-to-end checks read its run there."""
+    clone = fresh_clone(tmp_path_factory.mktemp("bench") / "clone")
     for command in (*TOY_SMOKE.values(), *RECOVERY_SMOKE.values()):
         run(clone, command)
+    return clone
+
+
+@pytest.mark.slow
+def test_the_toy_and_recovery_benchmarks_run_on_a_fresh_clone(toy_recovery_clone):
+    clone = toy_recovery_clone
     assert (clone / "runs/benchmarks/toy-smoke/results.json").is_file()
     assert (clone / "runs/benchmarks/recovery-smoke/recovery_bench_smoke.json").is_file()
     # The committed results' runs are not in a clone: --analyze-only says so, writes nothing.
@@ -143,6 +152,34 @@ def test_the_toy_and_recovery_benchmarks_run_on_a_fresh_clone(tmp_path):
                      "benchmarks/results/toy", code=1)
     assert "--update-committed" in out
     assert_untouched(clone)
+
+
+@pytest.mark.slow
+def test_the_recovery_benchmark_runs_two_arms_one_seed_two_updates_end_to_end(toy_recovery_clone):
+    # The real pipeline on the committed smoke config (benchmarks/smoke/recovery.yaml: the
+    # benchmark's base recipe, 2-step preparations, 8 held-out tasks): a teacher process,
+    # frozen-state KD and pipelined OPD cells, then the analysis; run by the documented
+    # commands, which exited 0.
+    out = toy_recovery_clone / "runs/benchmarks/recovery-smoke"
+    summary = json.loads((out / "recovery_bench_smoke.json").read_text())
+    assert summary["complete"] and set(summary["arms"]) == {"frozen_kd", "opd"}
+    for cell in summary["cells"]:
+        assert cell["status"] == "ok" and cell["updates"] == 2 and cell["budget_matched"]
+        assert cell["after"]["n_faulted"] + cell["after"]["n_fault_free"] == 8
+        split = cell["time_split"]
+        # A pipelined OPD cell can hide all of its teacher wait behind sampling.
+        assert split["rollout_s"] > 0 and split["update_s"] > 0 and split["teacher_wait_s"] >= 0
+        assert cell["positions_scored"] > 0 and cell["bytes_sent"] > 0
+    frozen = next(c for c in summary["cells"] if c["arm"] == "frozen_kd")
+    opd = next(c for c in summary["cells"] if c["arm"] == "opd")
+    # Both sample 2 x 4 episodes; the frozen cell did it before its first update.
+    assert frozen["positions_scored"] > 0 and opd["positions_scored"] > 0
+    assert summary["arms"]["opd"]["faulted_success_vs_frozen_kd"]["n_pairs"] == 1
+    assert set(summary["cost_ratio_opd_vs_frozen"]["per_seed"]) == {"1"}
+    assert (out / "recovery_report.html").is_file() and (out / "recovery-1.svg").is_file()
+    assert all((out / f).is_file() or (toy_recovery_clone / f).is_file()
+               for f in summary["figures"])
+    assert not any(Path(f).is_absolute() for f in summary["figures"])
 
 
 @pytest.mark.slow
