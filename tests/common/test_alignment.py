@@ -46,7 +46,11 @@ def _load(name: str):
     return tok
 
 
-@pytest.mark.parametrize("student,teacher", PAIRS, ids=["-".join(p) for p in PAIRS])
+# Reading SmolLM2's tokenizer from its GGUF takes over 2 s, paid by the first pair that
+# asks: its pairs are in the slow tier (tests/tiers.py).
+@pytest.mark.parametrize("student,teacher", [
+    pytest.param(*pair, marks=pytest.mark.slow) if "smollm2" in pair else pair
+    for pair in PAIRS], ids=["-".join(p) for p in PAIRS])
 @pytest.mark.parametrize("text", HOSTILE, ids=["emoji", "combining", "fallback", "whitespace",
                                                "newlines"])
 def test_hostile_text_aligns(student, teacher, text):
