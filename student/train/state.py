@@ -302,9 +302,10 @@ def planned_for_device(recipe: Recipe, run: RunDir, *, offline: bool) -> Recipe:
     return planned
 
 
-def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: bool,
-                stop_event: threading.Event, started: float, checkpoints: bool) -> TrainState:
-    """Seed, load the policy, build optimizer, scheduler, tasks, runner and cache."""
+def prepare_process(recipe: Recipe, run: RunDir, *, offline: bool) -> Recipe:
+    """Set this process up for ``recipe`` (its threads, CUDA's environment, determinism)
+    and return the recipe to run: with what the memory plan filled in on a CUDA student
+    (:func:`planned_for_device`), so that the trackers, opened next, log its digest."""
     # `miniverl up` divides the machine's cores between its two processes.
     cap = int(os.environ.get("MINIVERL_CPU_THREADS", "0") or 0)
     apply_cpu_threads(min(recipe.runtime.cpu_threads, cap) if cap else recipe.runtime.cpu_threads)
@@ -312,8 +313,14 @@ def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: b
     cuda_process_env(deterministic=recipe.run.deterministic)
     if recipe.run.deterministic:
         torch.use_deterministic_algorithms(True)
+    return planned_for_device(recipe, run, offline=offline)
+
+
+def build_state(recipe: Recipe, run: RunDir, teacher: TeacherSide, *, offline: bool,
+                stop_event: threading.Event, started: float, checkpoints: bool) -> TrainState:
+    """Seed, load the policy, build optimizer, scheduler, tasks, runner and cache (for the
+    recipe :func:`prepare_process` returned)."""
     seed_everything(recipe.run.seed)
-    recipe = planned_for_device(recipe, run, offline=offline)
     policy = load_policy(recipe, offline=offline)
     optimizer = build_optimizer(recipe, policy.trainable_parameters())
     autocast = make_autocast(policy)

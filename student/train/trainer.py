@@ -29,7 +29,7 @@ from miniverl.protocol.scoring_client import ScoringClient
 from miniverl.student.report.build import build_report
 from miniverl.student.trackers import Trackers, check_loggers, open_trackers
 from miniverl.student.train.loop import resume_from_checkpoint, run
-from miniverl.student.train.state import TrainState, build_state
+from miniverl.student.train.state import TrainState, build_state, prepare_process
 from miniverl.student.train.teacher.link import TeacherSide
 from miniverl.student.train.teacher.routed import RouteSide, routed_side
 
@@ -145,6 +145,7 @@ class Trainer:
         """Run the recipe to the end (or to a stop request); returns what happened."""
         self.run.set_status("running")
         try:
+            self.recipe = prepare_process(self.recipe, self.run, offline=self.offline)
             self.trackers = open_trackers(self.run, self.recipe)
             self.state = state = build_state(
                 self.recipe, self.run, self.teacher, offline=self.offline,

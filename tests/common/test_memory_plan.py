@@ -281,3 +281,39 @@ def test_plan_is_within_15_percent_of_the_cpus_measured_peak(arch):
 
     row = memory_plan_check.run_case(arch, checkpointing=False)
     assert 0.85 <= row["predicted_over_measured"] <= 1.15, row
+
+
+def test_trackers_log_the_digest_of_the_recipe_the_plan_filled_in(monkeypatch, tmp_path):
+    # The trackers open after the plan has filled in what the recipe left null: the
+    # digest they record is the run's (the manifest's), not the submitted recipe's.
+    import torch
+
+    from miniverl.common.manifest import read_manifest
+    from miniverl.common.recipe import recipe_digest
+    from miniverl.student import trackers as trackers_mod
+    from miniverl.student.train import trainer as trainer_mod
+    from tests.toy_kit import make_recipe
+
+    recipe = make_recipe("sft", tmp_path / "runs")
+    recipe = recipe.model_copy(update={"student": recipe.student.model_copy(
+        update={"device": "cuda"})})
+    written = check_recipe(recipe, 1024 * GIB)[1].plan.peak
+    logged = {}
+
+    def opened(run, planned):
+        logged["digest"] = trackers_mod.run_config(run, planned)["recipe_digest"]
+        logged["recipe"] = planned
+        raise RuntimeError("stop before the model loads")
+
+    monkeypatch.setattr(trainer_mod, "open_trackers", opened)
+    with trainer_mod.Trainer(recipe, run_id="tracked", offline=True,
+                             show_progress=False) as trainer:
+        # A CUDA device whose memory the plan fills micro-batches and checkpointing for.
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, written - 1))
+        with pytest.raises(RuntimeError, match="stop before"):
+            trainer.train()
+    assert logged["recipe"] != recipe  # the plan filled something in
+    assert logged["digest"] == read_manifest(trainer.run)["recipe_digest"] \
+        == recipe_digest(logged["recipe"]) != recipe_digest(recipe)

@@ -258,8 +258,7 @@ def test_student_sets_cublas_before_deterministic_algorithms(monkeypatch, tmp_pa
     recipe = make_recipe("sft", tmp_path)
     assert recipe.run.deterministic
     with pytest.raises(RuntimeError, match="stop here"):
-        state_mod.build_state(recipe, None, None, offline=True, stop_event=None, started=0.0,
-                              checkpoints=False)
+        state_mod.prepare_process(recipe, None, offline=True)
     assert seen["cublas"] == CUBLAS_WORKSPACE
 
 
