@@ -126,7 +126,9 @@ def test_a_reply_that_is_not_log_probabilities_is_still_refused_at_once():
         with pytest.raises(TeacherError, match="not log-probabilities") as info:
             link.collect()
     assert not isinstance(info.value, TeacherRefusing) and said == []
-    assert engine.misbehaved == 2  # each request once: never sent again
+    # Each request at most once (never sent again); the second may still be in flight when
+    # the first reply ends the collect.
+    assert 1 <= engine.misbehaved <= 2
 
 
 def test_a_request_given_up_frees_its_slot_at_once():
