@@ -181,15 +181,20 @@ class Timing(_Wire):
 
 
 class Counters(_Wire):
-    """Teacher-side counters in ``STATUS_OK``."""
+    """Teacher-side counters in ``STATUS_OK``. ``replies_dropped`` (replies to a client
+    whose queue of unread replies was full) is off the wire while 0, so a teacher that
+    dropped none answers what a client that predates the field reads."""
 
     requests: Count = 0
     positions: Count = 0
     errors: dict[Name, Count] = Field(default_factory=dict)
     bytes_received: Count = 0
     bytes_sent: Count = 0
-    # Replies dropped because their client's queue was full (it does not read them).
     replies_dropped: Count = 0
+
+    @model_serializer(mode="wrap")
+    def _omit_no_drops(self, handler: Any) -> dict[str, Any]:
+        return _omit(handler(self), "replies_dropped", default=0)
 
 
 class DeviceMemory(_Wire):

@@ -190,3 +190,12 @@ def test_curve_keys_load_from_zmq_certificates(tmp_path):
         load_curve_server_keys(server_public, clients)
     with pytest.raises(ConfigError, match="authorized"):
         load_curve_server_keys(server_secret, tmp_path / "nowhere")
+
+
+def test_replies_dropped_is_on_the_wire_only_when_a_reply_was_dropped():
+    from miniverl.protocol.messages import Counters
+
+    assert "replies_dropped" not in Counters().model_dump(mode="json")
+    assert Counters(replies_dropped=3).model_dump(mode="json")["replies_dropped"] == 3
+    for counters in (Counters(), Counters(replies_dropped=3)):
+        assert Counters.model_validate(counters.model_dump(mode="json")) == counters
