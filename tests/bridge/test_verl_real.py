@@ -5,7 +5,9 @@ Each target of ``bridge/profile.py`` (verl 0.8.0 and 0.9.1) has its own venv fro
 exported for that target (``export-verl --verl-version``) and ``verl_check.py`` runs in
 that venv: Hydra composition (every key the bundle writes is one verl's own config has),
 RLHFDataset, get_custom_reward_fn and the tool classes run for real; Ray, vLLM, FSDP and
-a training step do not. Without a venv its case skips and says how to create it.
+a training step do not. Without a venv its case skips and says how to create it. One
+``verl_check.py`` process per release checks every bundle of this module (importing verl
+takes most of a check's time); each test asserts on its own bundle's result.
 """
 
 from __future__ import annotations
@@ -53,49 +55,109 @@ def verl_ready(version: str) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module", params=sorted(profile.VERL_TARGETS))
-def target_bundle(request, toy_run, tmp_path_factory):
-    """``(version, bundle)``: the toy run exported for one verl target."""
+def _add_keys_the_release_lacks(bundle: Path) -> None:
+    """``rollout.skip`` (0.8.0 declares it, 0.9 removed it) and ``data.not_a_verl_key``."""
+    overrides = bundle / "recipe/verl-overrides.yaml"
+    doc = yaml.safe_load(overrides.read_text())
+    doc["actor_rollout_ref"]["rollout"]["skip"] = {"enable": False}
+    doc["data"]["not_a_verl_key"] = 1
+    overrides.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _swap_teacher_keys(bundle: Path) -> None:
+    """calc's teacher entry keyed by jsonnav's data_source and nav's by calculator's."""
+    path = bundle / "recipe/verl-overrides.yaml"
+    text = path.read_text()
+    text = (text.replace("key: miniverl/calculator", "key: SWAP")
+            .replace("key: miniverl/jsonnav", "key: miniverl/calculator")
+            .replace("key: SWAP", "key: miniverl/jsonnav"))
+    path.write_text(text)
+
+
+def _export_bundles(version: str, runs: dict, out: Path) -> dict[str, Path]:
+    """Every bundle this module checks with ``version``, by name."""
     from miniverl.bridge.bundle import export_verl
 
-    version = request.param
-    reason = verl_ready(version)
-    if reason:
-        pytest.skip(reason)
-    out = tmp_path_factory.mktemp(f"bundle-{version}") / "bundle"
-    export_verl(toy_run, out, verl_version=version)
-    return version, out
+    bundles = {}
+    for name, run in runs.items():
+        bundles[name] = out / name
+        export_verl(run, bundles[name], verl_version=version)
+    edits = {"toy-unknown-keys": ("toy", _add_keys_the_release_lacks)}
+    if version == "0.9.1":
+        edits["two-teachers-swapped"] = ("two-teachers", _swap_teacher_keys)
+    for name, (source, edit) in edits.items():
+        bundles[name] = out / name
+        shutil.copytree(bundles[source], bundles[name])
+        edit(bundles[name])
+    return bundles
 
 
-def _run_check(version: str, bundle: Path) -> dict:
+def _run_checks(version: str, bundles: dict[str, Path], workdir: Path) -> dict[str, dict]:
+    """``{name: result}`` from one ``verl_check.py`` process checking every bundle; a bundle
+    without a result line gets one whose ``error`` has the process's stderr."""
     env = {
         **os.environ,
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
-        "HF_DATASETS_CACHE": str(bundle.parent / "hf-datasets"),
+        "HF_DATASETS_CACHE": str(workdir / "hf-datasets"),
     }
     proc = subprocess.run(
-        [str(venv_python(version)), str(HERE / "verl_check.py"), str(bundle)],
+        [str(venv_python(version)), str(HERE / "verl_check.py"),
+         *(str(b) for b in bundles.values())],
         capture_output=True,
         text=True,
         timeout=900,
         env=env,
-        cwd=bundle.parent,
+        cwd=workdir,
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("VERL_CHECK_RESULT ")]
-    assert lines, f"no result line; rc={proc.returncode}\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("VERL_CHECK_RESULT ") :])
+    found = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("VERL_CHECK_RESULT "):
+            result = json.loads(line[len("VERL_CHECK_RESULT ") :])
+            found[result["bundle"]] = result
+    missing = {"error": f"no result line; rc={proc.returncode}\n{proc.stderr[-3000:]}"}
+    return {name: found.get(str(path.resolve()), missing) for name, path in bundles.items()}
 
 
-def test_bundle_passes_official_verl_code(target_bundle):
+@pytest.fixture(scope="module")
+def verl_checks(toy_run, mixture_run, two_teacher_run, tmp_path_factory):
+    """``result(version, name)``: the check of bundle ``name`` by verl ``version``. The first
+    call for a release exports and checks all of its bundles in one process; without the
+    release's venv it skips and says how to create it."""
+    runs = {"toy": toy_run, "mixture": mixture_run, "two-teachers": two_teacher_run}
+    done: dict[str, dict | str] = {}
+
+    def result(version: str, name: str) -> dict:
+        if version not in done:
+            workdir = tmp_path_factory.mktemp(f"verl-{version}")
+            done[version] = verl_ready(version) or _run_checks(
+                version, _export_bundles(version, runs, workdir), workdir)
+        checked = done[version]
+        if isinstance(checked, str):
+            pytest.skip(checked)
+        found = checked[name]
+        assert "error" not in found, f"{name} (verl {version}): {found['error']}\n" + found.get(
+            "trace", "")
+        return found
+
+    return result
+
+
+@pytest.fixture(params=sorted(profile.VERL_TARGETS))
+def target(request) -> str:
+    """One verl target's version."""
+    return request.param
+
+
+def test_bundle_passes_official_verl_code(target, verl_checks):
     # A user hands the bundle to the verl release it names: that release's own config,
     # dataset, reward and tool code must accept it as written.
-    version, bundle = target_bundle
-    result = _run_check(version, bundle)
+    version = target
+    result = verl_checks(version, "toy")
     failed = {k: v for k, v in result["steps"].items() if not v["ok"]}
-    assert not failed, json.dumps(failed, indent=2)
+    assert not failed, "toy: " + json.dumps(failed, indent=2)
     assert result["verl_version"] == version
     assert set(result["steps"]) == {"compose", "dataset", "reward", "tools"}
     compose = result["steps"]["compose"]
@@ -115,20 +177,13 @@ def test_bundle_passes_official_verl_code(target_bundle):
     )
 
 
-def test_a_key_the_release_lacks_fails_the_check(target_bundle, tmp_path):
+def test_a_key_the_release_lacks_fails_the_check(target, verl_checks):
     # 0.9 removed rollout.skip, which 0.8.0 still declares: a bundle writing it must
     # fail the 0.9.1 check (its RolloutConfig refuses the key; a key outside the
     # dataclass sections is named by unknown_keys, since Hydra adds an unknown key of
-    # the primary config silently) and pass the 0.8.0 one.
-    version, bundle = target_bundle
-    edited = tmp_path / "bundle"
-    shutil.copytree(bundle, edited)
-    overrides = edited / "recipe/verl-overrides.yaml"
-    doc = yaml.safe_load(overrides.read_text())
-    doc["actor_rollout_ref"]["rollout"]["skip"] = {"enable": False}
-    doc["data"]["not_a_verl_key"] = 1
-    overrides.write_text(yaml.safe_dump(doc, sort_keys=False))
-    compose = _run_check(version, edited)["steps"]["compose"]
+    # the primary config silently) and pass the 0.8.0 one (_add_keys_the_release_lacks).
+    version = target
+    compose = verl_checks(version, "toy-unknown-keys")["steps"]["compose"]
     if version == "0.8.0":
         assert compose["ok"] and compose["unknown_keys"] == ["data.not_a_verl_key"], compose
     else:
@@ -138,30 +193,23 @@ def test_a_key_the_release_lacks_fails_the_check(target_bundle, tmp_path):
 # ------------------------------------------------------- mixtures and several teachers
 
 
-@pytest.fixture(scope="module", params=[(v, kind) for v in sorted(profile.VERL_TARGETS)
-                                        for kind in ("mixture", "two teachers")],
+@pytest.fixture(params=[(v, kind) for v in sorted(profile.VERL_TARGETS)
+                        for kind in ("mixture", "two teachers")],
                 ids=lambda p: f"{p[0]}-{p[1].replace(' ', '-')}")
-def mixture_bundle(request, mixture_run, two_teacher_run, tmp_path_factory):
-    """``(version, kind, bundle)``: a mixture run (one teacher) or a run of two teachers
-    exported for one verl target."""
-    from miniverl.bridge.bundle import export_verl
-
-    version, kind = request.param
-    reason = verl_ready(version)
-    if reason:
-        pytest.skip(reason)
-    out = tmp_path_factory.mktemp(f"mix-{version}") / "bundle"
-    export_verl(mixture_run if kind == "mixture" else two_teacher_run, out, verl_version=version)
-    return version, kind, out
+def mixture_target(request) -> tuple[str, str]:
+    """``(version, kind)``: a mixture run (one teacher) or a run of two teachers, for one
+    verl target."""
+    return request.param
 
 
-def test_a_mixture_bundle_passes_official_verl_code(mixture_bundle):
+def test_a_mixture_bundle_passes_official_verl_code(mixture_target, verl_checks):
     # Every environment's reward and tools, and verl's own routing of every train row to
     # the teacher whose route scored that row's environment in the run.
-    version, kind, bundle = mixture_bundle
-    result = _run_check(version, bundle)
+    version, kind = mixture_target
+    name = kind.replace(" ", "-")
+    result = verl_checks(version, name)
     failed = {k: v for k, v in result["steps"].items() if not v["ok"]}
-    assert not failed, json.dumps(failed, indent=2)
+    assert not failed, f"{name}: " + json.dumps(failed, indent=2)
     steps = result["steps"]
     assert steps["compose"]["unknown_keys"] == []
     rows = {"miniverl/calculator": 6, "miniverl/jsonnav": 6}
@@ -180,23 +228,9 @@ def test_a_mixture_bundle_passes_official_verl_code(mixture_bundle):
     assert steps["tools"]["called"]["miniverl/jsonnav"].keys() == {"get", "keys", "find"}
 
 
-def test_a_teacher_keyed_by_another_environment_fails_the_routing_check(tmp_path,
-                                                                       two_teacher_run):
-    # calc's entry keyed by jsonnav's data_source and nav's by calculator's: verl then
-    # routes each row to the other route's teacher, and the check must say so.
-    from miniverl.bridge.bundle import export_verl
-
-    version = "0.9.1"
-    reason = verl_ready(version)
-    if reason:
-        pytest.skip(reason)
-    bundle = tmp_path / "bundle"
-    export_verl(two_teacher_run, bundle, verl_version=version)
-    path = bundle / "recipe/verl-overrides.yaml"
-    text = path.read_text()
-    text = (text.replace("key: miniverl/calculator", "key: SWAP")
-            .replace("key: miniverl/jsonnav", "key: miniverl/calculator")
-            .replace("key: SWAP", "key: miniverl/jsonnav"))
-    path.write_text(text)
-    routing = _run_check(version, bundle)["steps"]["routing"]
+def test_a_teacher_keyed_by_another_environment_fails_the_routing_check(verl_checks):
+    # calc's entry keyed by jsonnav's data_source and nav's by calculator's
+    # (_swap_teacher_keys): verl then routes each row to the other route's teacher, and
+    # the check must say so.
+    routing = verl_checks("0.9.1", "two-teachers-swapped")["steps"]["routing"]
     assert not routing["ok"] and "miniverl/calculator', 'nav', 'calc'" in routing["error"], routing

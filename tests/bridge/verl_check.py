@@ -1,7 +1,7 @@
 """Check a miniverl bundle with an official verl release's own code (0.8.0 or 0.9.1); run
 with the python of that release's venv (``tests/bridge/setup_verl_venv.sh VERSION``).
 
-    ~/.cache/miniverl/verl-VERSION-venv/bin/python tests/bridge/verl_check.py BUNDLE
+    ~/.cache/miniverl/verl-VERSION-venv/bin/python tests/bridge/verl_check.py BUNDLE [BUNDLE ...]
 
 What it exercises, all inside verl's code paths:
 1. Hydra composes verl's ``ppo_trainer`` config with ``recipe/verl-overrides.yaml`` (the
@@ -31,7 +31,10 @@ recording stand-in of each teacher's server: the teacher verl called must be the
 that scored the row's environment in the run (``provenance/source_run.json``'s recipe).
 
 It does not start Ray, vLLM, FSDP or a training step: distributed execution is not
-tested. Prints one JSON object; exits 1 if any step failed.
+tested. verl is imported once (most of a check's time) and the bundles are checked one
+after the other; each bundle's own modules (its ``reward/`` folder) are unloaded before the
+next. Prints one JSON object per bundle, in order, with its ``bundle`` path; exits 1 if any
+step of any bundle failed.
 """
 
 from __future__ import annotations
@@ -49,10 +52,47 @@ from verl_prompt_check import _RayState, compose, install_ray_standin
 MARKER = "VERL_CHECK_RESULT "
 
 
-def main(bundle: Path) -> int:
-    bundle = bundle.resolve()
-    results: dict = {"verl_version": None, "steps": {}}
-    sys.path.insert(0, str(bundle / "reward"))
+def main(bundles: list[Path]) -> int:
+    install_ray_standin()
+    import verl
+
+    # Imported before the stand-in is armed: the agent loop touches Ray at import time.
+    import verl.experimental.agent_loop.agent_loop  # noqa: F401
+
+    _RayState.armed = True
+    ok = True
+    for bundle in (b.resolve() for b in bundles):
+        try:
+            results = _with_bundle_modules(bundle, check)
+        except Exception as exc:  # outside the steps (say, no manifest): the next bundle runs
+            results = {"bundle": str(bundle), "steps": {}, "ok": False,
+                       "error": f"{type(exc).__name__}: {exc}",
+                       "trace": traceback.format_exc(limit=4)}
+        results["verl_version"] = verl.__version__
+        ok = ok and results["ok"]
+        # verl prints to stdout too; each result is one line, after a marker.
+        print(MARKER + json.dumps(results, default=str), flush=True)
+    return 0 if ok else 1
+
+
+def _with_bundle_modules(bundle: Path, fn):
+    """``fn(bundle)`` with ``reward/`` importable (the tool class ``miniverl_tool`` lives
+    there); the modules imported from the bundle are unloaded afterwards, so the next
+    bundle's own files are the ones that run."""
+    reward = str(bundle / "reward")
+    sys.path.insert(0, reward)
+    try:
+        return fn(bundle)
+    finally:
+        sys.path.remove(reward)
+        for name, module in list(sys.modules.items()):
+            if str(getattr(module, "__file__", None) or "").startswith(str(bundle) + "/"):
+                del sys.modules[name]
+
+
+def check(bundle: Path) -> dict:
+    """The steps of the module docstring on one bundle: ``{"bundle", "steps", "ok"}``."""
+    results: dict = {"bundle": str(bundle), "verl_version": None, "steps": {}}
 
     def step(name):
         def wrap(fn):
@@ -68,14 +108,6 @@ def main(bundle: Path) -> int:
 
         return wrap
 
-    install_ray_standin()
-    import verl
-
-    # Imported before the stand-in is armed: the agent loop touches Ray at import time.
-    import verl.experimental.agent_loop.agent_loop  # noqa: F401
-
-    _RayState.armed = True
-    results["verl_version"] = verl.__version__
     state: dict = {}
     manifest = json.loads((bundle / "provenance/manifest.json").read_text())
     mixture = "environments" in manifest
@@ -278,9 +310,7 @@ def main(bundle: Path) -> int:
             return _route_rows(bundle, state, manifest)
 
     results["ok"] = all(s["ok"] for s in results["steps"].values())
-    # verl prints to stdout too; the result is the last line, after a marker.
-    print(MARKER + json.dumps(results, default=str))
-    return 0 if results["ok"] else 1
+    return results
 
 
 class _RecordingTeacher:
@@ -415,4 +445,4 @@ def _probe_args(tool) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main([Path(arg) for arg in sys.argv[1:]]))
