@@ -7,7 +7,9 @@ episode length, LoRA/4-bit and dtype, :func:`plan_memory` predicts, per process:
   the activations one micro-batch keeps for backward (with or without gradient
   checkpointing), the loss's chunk of ``[C, V]`` logits and the float32 output layer,
   and, in the rollout phase, the KV cache of ``rollout.batch_size`` episodes, or with
-  ``rollout.engine: vllm`` the engine's share of the device (``rollout.engine_memory``);
+  ``rollout.engine: vllm`` the engine's share of the device (``rollout.engine_memory``),
+  which must hold the student's weights and one episode's KV cache; with the engine's
+  log-prob check on (``rollout.engine_check``), the check's forward after sampling;
 - the **teacher**: its weights and the peak of scoring one batch of
   ``--batch-tokens`` (16,384) tokens.
 
@@ -46,6 +48,12 @@ LOSS_CHUNK_COPIES = 3
 # elements of one head chunk on an accelerator (teacher_server/scoring.py).
 TEACHER_BATCH_TOKENS = 16_384
 TEACHER_HEAD_CHUNK_ELEMENTS = 64 * 2**20
+# Live float32 [T, V] tensors at the peak of the vLLM engine's log-prob check over one
+# episode (student/rollout/vllm_engine.py logprob_gap: the logits, the sampled positions'
+# copy, their division by the temperature, its log-softmax; top-p's sort, its int64
+# order and masks double it); measured on the CPU (tests/common/test_memory_plan.py).
+CHECK_COPIES = 4
+CHECK_COPIES_TOP_P = 8
 
 # Shapes of the hub models the shipped recipes name, for a plan made where the hub cannot
 # be reached and the model was never downloaded (read from their config.json files).
@@ -206,6 +214,10 @@ class StudentSettings:
     # device, rollout.engine_memory: its own weights and KV cache); 0 for hf, whose
     # KV cache is counted from the batch. It sleeps outside its rollouts.
     engine_bytes: int = 0
+    # rollout.engine_check with vllm: after sampling (the engine asleep) the trainer's
+    # no-grad forward of one episode at a time, against the engine's log-probs.
+    engine_check: bool = False
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -229,8 +241,27 @@ def micro_batch_tokens_of(s: StudentSettings) -> int:
     return math.ceil(s.update_episodes / s.grad_accum) * s.episode_tokens
 
 
+def engine_needs(shape: ModelShape, s: StudentSettings) -> int:
+    """The least a vLLM engine's share must hold: the student's weights in the engine's
+    dtype (the student's compute dtype; it loads the unquantized model) and the KV cache
+    of one episode of ``rollout.max_total_tokens``."""
+    kv = s.episode_tokens * shape.layers * 2 * shape.kv_dim * s.dtype_bytes
+    return shape.params() * s.dtype_bytes + kv
+
+
+def check_bytes(shape: ModelShape, s: StudentSettings) -> int:
+    """The engine's log-prob check over one episode of ``rollout.max_total_tokens``: a
+    no-grad forward (one layer's widest tensors at a time) and its float32 ``[T, V]``
+    logits with the copies the comparison makes (:data:`CHECK_COPIES`)."""
+    forward = s.episode_tokens * (3 * shape.intermediate + 2 * shape.hidden) * s.dtype_bytes
+    copies = CHECK_COPIES if s.top_p >= 1.0 else CHECK_COPIES_TOP_P
+    return forward + copies * s.episode_tokens * shape.vocab * 4
+
+
 def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan]:
-    """The student's peak in its update and in its rollouts (``{"update", "rollout"}``)."""
+    """The student's peak in its update and in its rollouts (``{"update", "rollout"}``),
+    and with the vLLM engine's log-prob check on, in that check after sampling
+    (``"check"``; the engine sleeps there)."""
     b, f32 = s.dtype_bytes, 4
     if s.quantization == "nf4":
         # 4-bit layers (half a byte a weight, plus a float32 scale per 64); the embedding
@@ -276,8 +307,11 @@ def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan
         rollout = {"weights": weights, "trainable": trainable, "kv_cache": kv,
                    "prefill": prefill, "logits": 2 * s.rollout_batch * shape.vocab * f32,
                    "fp32_head": head}
-    return {name: ProcessPlan(parts, sum(parts.values()))
-            for name, parts in (("update", update), ("rollout", rollout))}
+    phases = {"update": update, "rollout": rollout}
+    if s.engine_bytes and s.engine_check:
+        phases["check"] = {"weights": weights, "trainable": trainable, "fp32_head": head,
+                           "logprob_check": check_bytes(shape, s)}
+    return {name: ProcessPlan(parts, sum(parts.values())) for name, parts in phases.items()}
 
 
 def teacher_plan(shape: ModelShape, *, dtype_bytes: int, quantization: str,
@@ -313,10 +347,12 @@ class MemoryPlan:
     @property
     def peak(self) -> int:
         """The device's peak over the cycle's phases (rollout, scoring, update); ``swap``
-        leaves the teacher's weights off the device in the update and the rollouts."""
+        leaves the teacher's weights off the device in the update and the rollouts. The
+        vLLM engine's log-prob check runs after sampling, while the teacher scores."""
         s_up, s_roll = self.student["update"].peak, self.student["rollout"].peak
+        check = self.student.get("check")
         if self.teacher is None:
-            return max(s_up, s_roll) + CUDA_OVERHEAD_BYTES
+            return max(s_up, s_roll, check.peak if check else 0) + CUDA_OVERHEAD_BYTES
         # What the teacher holds between its batches (parked together under swap).
         t_weights = self.teacher.parts["weights"] + self.teacher.parts["fp32_head"]
         t_peak = self.teacher.peak
@@ -324,7 +360,7 @@ class MemoryPlan:
         # sleeps).
         rollout = self.student["rollout"].parts
         resting = s_roll - sum(rollout.get(k, 0) for k in ROLLOUT_TRANSIENT)
-        scoring = resting + t_peak
+        scoring = (check.peak if check else resting) + t_peak
         if self.memory == "swap":
             phases = (s_up, s_roll, scoring)
         else:
@@ -335,6 +371,8 @@ class MemoryPlan:
     def lines(self, device_bytes: int | None = None) -> list[str]:
         out = [f"student update  {self.student['update'].line()}",
                f"student rollout {self.student['rollout'].line()}"]
+        if "check" in self.student:
+            out.append(f"student check   {self.student['check'].line()}")
         if self.teacher is not None:
             out.append(f"teacher         {self.teacher.line()}")
         s = self.settings
@@ -435,6 +473,8 @@ def settings_of(recipe: Any, device_bytes: int) -> StudentSettings:
         chunk_size=recipe.loss.chunk_size, fp32_head=recipe.fp32_head,
         rollout_batch=recipe.rollout.batch_size,
         engine_bytes=int(recipe.rollout.engine_memory_share * device_bytes) if vllm else 0,
+        engine_check=vllm and recipe.rollout.engine_check is not False,
+        top_p=recipe.rollout.top_p,
     )
 
 
@@ -477,6 +517,25 @@ def refusal(recipe: Any, device_bytes: int, chosen: Fit, *, student: ModelShape,
             "rollout.batch_size, or set teacher.quantization: nf4")
 
 
+def engine_refusal(plan: MemoryPlan, device_bytes: int) -> str | None:
+    """The one line refusing a vLLM engine share (``rollout.engine_memory``) too small for
+    the student's weights and one episode's KV cache (:func:`engine_needs`), naming the
+    smallest share that holds them; None when it holds them or the engine is hf."""
+    s = plan.settings
+    if not s.engine_bytes:
+        return None
+    needs = engine_needs(plan.shape, s)
+    if needs <= s.engine_bytes:
+        return None
+    what = (f"rollout.engine_memory gives the vLLM engine {s.engine_bytes / GIB:.2f} GiB of "
+            f"{device_bytes / GIB:.1f} GiB, less than the student's weights and one "
+            f"episode's KV cache ({needs / GIB:.2f} GiB)")
+    smallest = math.ceil(needs / device_bytes * 100) / 100
+    if smallest >= 1.0:
+        return f"{what}; no share of this device holds them: set rollout.engine: hf"
+    return f"{what}; set rollout.engine_memory: {smallest:.2f} or more"
+
+
 def _yaml(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -496,7 +555,9 @@ def check_recipe(recipe: Any, device_bytes: int, *, student: ModelShape | None =
         picked = ", ".join(f"{k}: {_yaml(v)}" for k, v in chosen.changes.items())
         lines += [f"memory plan (chosen: {picked}):",
                   *(f"  {x}" for x in chosen.plan.lines(device_bytes))]
-    return lines, chosen, refusal(recipe, device_bytes, chosen, student=student, teacher=teacher)
+    refused = engine_refusal(written, device_bytes) or refusal(
+        recipe, device_bytes, chosen, student=student, teacher=teacher)
+    return lines, chosen, refused
 
 
 def cuda_total_bytes(device: str) -> int | None:

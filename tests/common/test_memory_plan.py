@@ -9,6 +9,8 @@ CPU's measured peak on a Qwen3-shaped and a SmolLM2-shaped model (slow).
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,11 +19,16 @@ import pytest
 
 from miniverl.common.errors import ConfigError
 from miniverl.common.memory_plan import (
+    CHECK_COPIES,
+    CHECK_COPIES_TOP_P,
+    CUDA_OVERHEAD_BYTES,
     GIB,
     KNOWN_CONFIGS,
     LORA_TARGETS,
     ModelShape,
     check_recipe,
+    engine_needs,
+    engine_refusal,
     parse_bytes,
     with_train_changes,
 )
@@ -212,6 +219,82 @@ def test_a_vllm_engines_share_of_the_device_is_counted_in_the_rollouts():
     # A share that leaves no room beside the trainer and the teacher is refused, naming it.
     _, chosen, refused = check_recipe(_with_engine(recipe, 0.9), 24 * GIB)
     assert not chosen.fits and "lower rollout.engine_memory" in refused
+
+
+def _with_check(recipe, on, top_p=1.0):
+    rollout = recipe.rollout.model_copy(update={"engine_check": on, "top_p": top_p})
+    return recipe.model_copy(update={"rollout": rollout})
+
+
+def test_the_engines_logprob_check_is_counted_after_sampling_while_the_teacher_scores():
+    # A share of 0.05 (4 GiB): the check's phase, not the rollouts', is the device's peak.
+    recipe = _with_engine(load_recipe(QWEN_RECIPE), 0.05)
+    off = check_recipe(_with_check(recipe, False), 80 * GIB)[1].plan
+    assert "check" not in off.student
+    lines, chosen, _ = check_recipe(recipe, 80 * GIB)  # engine_check null: on
+    plan = chosen.plan
+    check = plan.student["check"].parts
+    # One episode of 2,048 tokens: four float32 [2048, 151936] copies (4.6 GiB) and a
+    # no-grad forward; the engine is asleep, so its share is not there.
+    assert check["logprob_check"] == 4 * 2048 * 151_936 * 4 + 2048 * (3 * 3072 + 2 * 1024) * 2
+    assert "engine" not in check and check["weights"] == plan.student["rollout"].parts["weights"]
+    scoring = plan.student["check"].peak + plan.teacher.peak + 2 * CUDA_OVERHEAD_BYTES
+    assert plan.peak == max(scoring, off.peak) and plan.peak > off.peak
+    assert plan.student["update"] == off.student["update"]
+    assert any(line.strip().startswith("student check") for line in lines)
+    # Top-p's sort and masks double the copies.
+    nucleus = check_recipe(_with_check(recipe, None, top_p=0.9), 80 * GIB)[1].plan
+    assert nucleus.student["check"].parts["logprob_check"] - check["logprob_check"] \
+        == 4 * 2048 * 151_936 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_the_checks_float32_copies_are_the_cpus_measured_peak(top_p):
+    # logprob_gap over one episode of a model whose forward is its [T, V] float32 logits,
+    # in a child process (glibc hands freed tensors back at once): its peak resident
+    # memory above its footing, in [T, V] float32 copies.
+    code = f"""
+import sys, types, torch
+from miniverl.student.rollout.vllm_engine import logprob_gap
+T, V = 256, 151936
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+    def forward(self, input_ids):
+        return types.SimpleNamespace(logits=torch.randn(1, input_ids.shape[1], V))
+class Episode:
+    tokens, sampling_logprobs = list(range(T)), [-1.0] * (T - 1)
+    def target_positions(self):
+        return list(range(T - 1))
+def hwm():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
+model = Model()
+before = hwm()
+logprob_gap(model, [Episode()], temperature=1.0, top_p={top_p})
+print((hwm() - before) / (T * V * 4))
+"""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    copies = CHECK_COPIES if top_p == 1.0 else CHECK_COPIES_TOP_P
+    assert 0.9 * copies <= float(out) <= 1.1 * copies, out
+
+
+def test_an_engine_share_too_small_for_the_weights_and_one_episode_is_refused(capsys):
+    # Qwen3-0.6B in bf16 (1.11 GiB) and one episode's KV cache (2,048 tokens x 28 layers
+    # x 2 x 8 heads x 128 x 2 bytes, 0.22 GiB): 1.33 GiB, 0.02 of 80 GiB.
+    recipe = load_recipe(QWEN_RECIPE)
+    _, chosen, _ = check_recipe(_with_engine(recipe, 0.02), 80 * GIB)
+    assert engine_needs(chosen.plan.shape, chosen.plan.settings) == 1_426_980_864
+    assert engine_refusal(chosen.plan, 80 * GIB) is None
+    _, _, refused = check_recipe(_with_engine(recipe, 0.01), 80 * GIB)
+    assert refused.startswith("rollout.engine_memory gives the vLLM engine 0.80 GiB")
+    assert refused.endswith("set rollout.engine_memory: 0.02 or more")
+    # A device too small for any share names the hf engine.
+    _, _, refused = check_recipe(_with_engine(recipe, 0.9), GIB)
+    assert refused.endswith("no share of this device holds them: set rollout.engine: hf")
 
 
 def _cuda_of(monkeypatch, total: int) -> None:
