@@ -16,6 +16,7 @@ the real server (``miniverl.testing.TeacherHarness``); no sockets, no child proc
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,12 @@ def test_interleaved_adapters_are_never_coalesced_and_each_reply_is_its_adapters
                          {"tokens": tokens, "cu_seqlens": cu, "positions": positions})
         if rid == 10:
             assert backend.entered.wait(10)  # the first batch is inside: the rest queue
+    # Release only once all seven are queued: read off the sockets later (a loaded machine),
+    # one would run alone and the batches would say when the server read, not how it batched.
+    deadline = time.monotonic() + 10
+    while len(h.server.srv.queue) < len(order) - 1:
+        assert time.monotonic() < deadline, f"{len(h.server.srv.queue)} of 7 queued after 10 s"
+        time.sleep(0.005)
     backend.release()
     replies = {}
     for name, conn in conns.items():
