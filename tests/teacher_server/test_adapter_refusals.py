@@ -123,7 +123,10 @@ def test_queued_scores_are_batched_one_adapter_at_a_time_in_arrival_order(harnes
         send(conns[name], score_header(rid, adapter=name), score_arrays())
         if rid == 1:
             assert backend.entered.wait(5)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10  # all six behind the held one queued, however loaded
+    while len(h.server.srv.queue) < len(order) - 1:
+        assert time.monotonic() < deadline, f"{len(h.server.srv.queue)} of 6 queued after 10 s"
+        time.sleep(0.005)
     backend.release()
     answered = [recv(conn)[0] for name, conn in conns.items() for _ in range(order.count(name))]
     assert sorted(msg.id for msg in answered) == list(range(1, len(order) + 1))
