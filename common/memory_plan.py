@@ -218,6 +218,9 @@ class StudentSettings:
     # no-grad forward of one episode at a time, against the engine's log-probs.
     engine_check: bool = False
     top_p: float = 1.0
+    # train.pipelining: the teacher scores finished episodes while the rest are sampled,
+    # so its scoring peak meets the student's rollout peak.
+    pipelined: bool = True
 
 
 @dataclass(frozen=True)
@@ -345,28 +348,37 @@ class MemoryPlan:
     shape: ModelShape  # the student's
 
     @property
-    def peak(self) -> int:
-        """The device's peak over the cycle's phases (rollout, scoring, update); ``swap``
-        leaves the teacher's weights off the device in the update and the rollouts. The
-        vLLM engine's log-prob check runs after sampling, while the teacher scores."""
+    def phases(self) -> dict[str, int]:
+        """The device's bytes in each phase of a cycle (both CUDA contexts counted):
+
+        - ``sampling``: the teacher is on the device (``swap`` wakes it before the
+          rollouts) and, pipelined, scores finished episodes while the rest are sampled
+          (its scoring peak beside the student's rollouts; serial, its weights only);
+        - ``scoring``: after the last episode the student's rollout memory is free (a
+          vLLM engine sleeps), or the engine's log-prob check runs;
+        - ``update``: ``swap`` has parked the teacher's weights, ``resident`` keeps them.
+        """
         s_up, s_roll = self.student["update"].peak, self.student["rollout"].peak
         check = self.student.get("check")
         if self.teacher is None:
-            return max(s_up, s_roll, check.peak if check else 0) + CUDA_OVERHEAD_BYTES
+            alone = {"sampling": s_roll, "update": s_up}
+            if check:
+                alone["check"] = check.peak
+            return {k: v + CUDA_OVERHEAD_BYTES for k, v in alone.items()}
         # What the teacher holds between its batches (parked together under swap).
         t_weights = self.teacher.parts["weights"] + self.teacher.parts["fp32_head"]
         t_peak = self.teacher.peak
-        # While the teacher scores, the student's rollout memory is free (a vLLM engine
-        # sleeps).
         rollout = self.student["rollout"].parts
         resting = s_roll - sum(rollout.get(k, 0) for k in ROLLOUT_TRANSIENT)
-        scoring = (check.peak if check else resting) + t_peak
-        if self.memory == "swap":
-            phases = (s_up, s_roll, scoring)
-        else:
-            phases = (s_up + t_weights, s_roll + t_weights, scoring)
-        # Two processes: two CUDA contexts.
-        return max(phases) + 2 * CUDA_OVERHEAD_BYTES
+        both = {"sampling": s_roll + (t_peak if self.settings.pipelined else t_weights),
+                "scoring": (check.peak if check else resting) + t_peak,
+                "update": s_up if self.memory == "swap" else s_up + t_weights}
+        return {k: v + 2 * CUDA_OVERHEAD_BYTES for k, v in both.items()}
+
+    @property
+    def peak(self) -> int:
+        """The device's peak: the largest of :attr:`phases`."""
+        return max(self.phases.values())
 
     def lines(self, device_bytes: int | None = None) -> list[str]:
         out = [f"student update  {self.student['update'].line()}",
@@ -379,7 +391,9 @@ class MemoryPlan:
         chosen = (f"teacher.memory {self.memory}, gradient_checkpointing "
                   f"{str(s.gradient_checkpointing).lower()}, micro-batch "
                   f"{micro_batch_tokens_of(s)} tokens")
-        total = f"device peak     {self.peak / GIB:.2f} GiB ({chosen})"
+        phases = self.phases
+        at = max(phases, key=lambda name: phases[name])
+        total = f"device peak     {self.peak / GIB:.2f} GiB in {at} ({chosen})"
         if device_bytes is not None:
             total += f" of {device_bytes / GIB:.1f} GiB: " + (
                 "fits" if self.peak <= device_bytes else "does not fit")
@@ -409,7 +423,8 @@ def fit(plan: MemoryPlan, device_bytes: int, *, memory_fixed: bool,
         checkpointing_fixed: bool, micro_batch_fixed: bool) -> Fit:
     """The first plan that fits ``device_bytes``, changing, in turn, what the recipe left
     to the plan (``*_fixed`` False): gradient checkpointing on, then the teacher parked
-    during updates, then a micro-batch token budget halved down to one episode."""
+    during updates (when that lowers the peak), then a micro-batch token budget halved
+    down to one episode."""
     candidates: list[tuple[MemoryPlan, dict[str, Any]]] = [(plan, {})]
     s, memory = plan.settings, plan.memory
     changes: dict[str, Any] = {}
@@ -418,10 +433,13 @@ def fit(plan: MemoryPlan, device_bytes: int, *, memory_fixed: bool,
         changes = {**changes, "train.gradient_checkpointing": True}
         candidates.append((replace(plan, settings=s, student=student_plan(plan.shape, s)), changes))
     if not memory_fixed and plan.teacher is not None and memory != "swap":
-        memory = "swap"
-        changes = {**changes, "teacher.memory": "swap"}
-        candidates.append((replace(plan, settings=s, student=student_plan(plan.shape, s),
-                                   memory=memory), changes))
+        parked = replace(candidates[-1][0], memory="swap")
+        # Parking helps only when the update is the peak: the teacher is back on the
+        # device for the rollouts and scoring.
+        if parked.peak < candidates[-1][0].peak:
+            memory = "swap"
+            changes = {**changes, "teacher.memory": "swap"}
+            candidates.append((parked, changes))
     if not micro_batch_fixed:
         budget = micro_batch_tokens_of(s)
         while budget > s.episode_tokens:
@@ -474,7 +492,7 @@ def settings_of(recipe: Any, device_bytes: int) -> StudentSettings:
         rollout_batch=recipe.rollout.batch_size,
         engine_bytes=int(recipe.rollout.engine_memory_share * device_bytes) if vllm else 0,
         engine_check=vllm and recipe.rollout.engine_check is not False,
-        top_p=recipe.rollout.top_p,
+        top_p=recipe.rollout.top_p, pipelined=train.pipelining,
     )
 
 
@@ -503,16 +521,26 @@ def refusal(recipe: Any, device_bytes: int, chosen: Fit, *, student: ModelShape,
     make it fit (found by fitting with every setting free); None when it fits."""
     if chosen.fits:
         return None
-    free = fit(chosen.plan, device_bytes, memory_fixed=chosen.plan.teacher is None,
+    plan = chosen.plan
+    free = fit(plan, device_bytes, memory_fixed=plan.teacher is None,
                checkpointing_fixed=False, micro_batch_fixed=False)
-    need = f"{chosen.plan.peak / GIB:.1f} GiB"
+    extra: dict[str, Any] = {}
+    if not free.fits and plan.teacher is not None and plan.settings.pipelined:
+        # Serial scoring: only the teacher's weights beside the student's rollouts.
+        serial = fit(replace(plan, settings=replace(plan.settings, pipelined=False)),
+                     device_bytes, memory_fixed=False, checkpointing_fixed=False,
+                     micro_batch_fixed=False)
+        free, extra = serial, {"train.pipelining": False}
+    need = f"{plan.peak / GIB:.1f} GiB"
     if free.fits:
-        fix = ", ".join(f"{k}: {_yaml(v)}" for k, v in {**chosen.changes, **free.changes}.items())
+        fix = ", ".join(f"{k}: {_yaml(v)}"
+                        for k, v in {**chosen.changes, **free.changes, **extra}.items())
         return (f"the memory plan needs {need} of {device_bytes / GIB:.1f} GiB "
                 f"(miniverl validate --device-memory shows it); set {fix}")
-    engine = "rollout.engine_memory, " if chosen.plan.settings.engine_bytes else ""
+    engine = "rollout.engine_memory, " if plan.settings.engine_bytes else ""
+    serially = ", serial scoring" if extra else ""
     return (f"the memory plan needs {need} of {device_bytes / GIB:.1f} GiB even with "
-            f"gradient checkpointing, the teacher parked and one episode per micro-batch "
+            f"gradient checkpointing, the teacher parked{serially} and one episode per micro-batch "
             f"({free.plan.peak / GIB:.1f} GiB); lower {engine}rollout.max_total_tokens or "
             "rollout.batch_size, or set teacher.quantization: nf4")
 

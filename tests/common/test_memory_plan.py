@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -95,6 +96,44 @@ def test_a_recipe_that_cannot_fit_is_refused_naming_what_would():
     assert "\n" not in refused
 
 
+def test_the_teacher_is_on_the_device_while_the_student_samples():
+    # swap wakes the teacher before sampling (steps.sample) and, pipelined, the teacher
+    # scores finished episodes while the rest are sampled: the rollout phase holds the
+    # teacher's scoring peak under either strategy; serial, its weights only.
+    recipe = load_recipe(QWEN_RECIPE)
+    plan = check_recipe(recipe, 80 * GIB)[1].plan
+    t, s_roll = plan.teacher, plan.student["rollout"].peak
+    t_weights = t.parts["weights"] + t.parts["fp32_head"]
+    assert plan.settings.pipelined and plan.memory == "resident"
+    assert plan.peak == s_roll + t.peak + 2 * CUDA_OVERHEAD_BYTES  # the recipe's peak
+    assert replace(plan, memory="swap").peak == plan.peak  # parking does not lower it
+    serial = check_recipe(with_train_changes(recipe, {"train.pipelining": False}),
+                          80 * GIB)[1].plan
+    assert not serial.settings.pipelined
+    assert serial.peak == s_roll + t_weights + 2 * CUDA_OVERHEAD_BYTES < plan.peak
+
+
+def test_parking_is_chosen_only_where_it_lowers_the_peak():
+    recipe = load_recipe(QWEN_RECIPE)  # teacher.memory: auto
+    # The rollouts are the peak: between the serial and the pipelined peaks, no parking
+    # fits; serial scoring does, and the refusal names it alone.
+    pipelined = check_recipe(recipe, 80 * GIB)[1].plan.peak
+    serial = check_recipe(with_train_changes(recipe, {"train.pipelining": False}),
+                          80 * GIB)[1].plan.peak
+    device = (pipelined + serial) // 2
+    _, chosen, refused = check_recipe(recipe, device)
+    assert not chosen.fits and "teacher.memory" not in chosen.changes
+    assert refused.endswith("set train.pipelining: false"), refused
+    # The update is the peak (no checkpointing, 16,384 tokens per micro-batch): parked
+    # during updates, the teacher's weights leave it, and auto picks swap.
+    heavy = with_train_changes(recipe, {"train.gradient_checkpointing": False})
+    resident = check_recipe(heavy, 80 * GIB)[1].plan
+    parked = replace(resident, memory="swap")
+    assert parked.peak < resident.peak
+    _, chosen, refused = check_recipe(heavy, (parked.peak + resident.peak) // 2)
+    assert refused is None and chosen.changes == {"teacher.memory": "swap"}
+
+
 @pytest.mark.parametrize("text,value", [("24GiB", 24 * GIB), ("80GB", 80 * 10**9),
                                         ("16384MiB", 16 * GIB), ("1024", 1024)])
 def test_sizes_parse(text, value):
@@ -134,13 +173,20 @@ def test_auto_teacher_memory_follows_the_plan(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, 80 * GIB))
     strategy, reason = memory_strategy(recipe, cuda)
     assert strategy == "resident" and reason.startswith("the memory plan fits")
-    _, chosen, _ = check_recipe(recipe, 80 * GIB)
-    resident_peak = chosen.plan.peak
-    # Below the resident peak, parking the teacher during updates is what fits.
+    # An update that is the peak (no checkpointing): below its resident peak, parking the
+    # teacher during updates is what fits.
+    heavy = with_train_changes(recipe, {"train.gradient_checkpointing": False})
+    resident = check_recipe(heavy, 80 * GIB)[1].plan
+    assert replace(resident, memory="swap").peak < resident.peak - GIB // 2
     monkeypatch.setattr(torch.cuda, "mem_get_info",
-                        lambda device: (0, resident_peak - GIB // 2))
-    strategy, reason = memory_strategy(recipe, cuda)
+                        lambda device: (0, resident.peak - GIB // 2))
+    strategy, reason = memory_strategy(heavy, cuda)
     assert strategy == "swap" and "parked during updates" in reason
+    # Where nothing fits, auto does not say it fits (up and train refuse such a plan
+    # before they ask).
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, 4 * GIB))
+    strategy, reason = memory_strategy(heavy, cuda)
+    assert "does not fit" in reason and "fits" not in reason.replace("does not fit", "")
 
 
 def test_a_cuda_student_is_planned_before_its_weights_load(monkeypatch, tmp_path):

@@ -649,6 +649,9 @@ def _planned_memory(recipe: Any, total: int) -> tuple[str, str] | None:
     except (ConfigError, OSError):
         return None
     peak = f"{chosen.plan.peak / GIB:.1f} GiB of {total / GIB:.1f} GiB"
+    if not chosen.fits:  # up and train refuse such a plan before they ask
+        return chosen.plan.memory, (f"the memory plan needs {peak} and does not fit "
+                                    "(miniverl validate --device-memory shows it)")
     if chosen.plan.memory == "swap":
         return "swap", f"the memory plan fits {peak} only with the teacher parked during updates"
     return "resident", f"the memory plan fits {peak} with the teacher resident"
