@@ -109,7 +109,20 @@ def _map(
     lora: dict = {}
     seen_lengths = result.seen
 
+    routing = _routing_keys(flat) if bundle is None else []
+    if routing:
+        # One mistake, one line: the routing is refused whole, not field by field.
+        entries = sorted({k.split(".")[2] for k in routing if k.count(".") >= 3})
+        named = ", ".join(entries)
+        result.add("distillation.teacher_models", "refused",
+                   {k: flat[k] for k in routing}, None,
+                   f"this config names teacher entries {named}, not verl's one teacher_model; a verl "
+                   "config of several teachers imports only as a bundle export-verl wrote "
+                   "(its manifest names each route's environments); write a recipe with "
+                   "teachers: and environments: instead (docs/several-teachers.md)")
     for key, value in flat.items():
+        if key in routing:
+            continue
         if isinstance(value, str) and _INTERP.search(value):
             result.add(
                 key,
@@ -154,6 +167,8 @@ def _map(
     for section in ("student", "teacher"):
         if section not in recipe:  # several teachers: teachers:, filled from the bundle
             continue
+        if section == "teacher" and routing:
+            continue  # refused above, in the routing's one line
         if "model" not in recipe[section] and not any(
             f.target == f"{section}.model" for f in result.findings
         ):
@@ -170,6 +185,16 @@ def _map(
                 f"required: set {src} to the {section} model",
             )
     return result
+
+
+def _routing_keys(flat: dict) -> list[str]:
+    """The keys of a hand-written config's teacher routing: ``distillation.teacher_key``
+    and every ``distillation.teacher_models`` entry, when an entry is not verl's single
+    ``teacher_model``; [] for a config of one teacher."""
+    entries = [k for k in flat if k.startswith("distillation.teacher_models.")]
+    if all(k.split(".")[2] == "teacher_model" for k in entries):
+        return []
+    return [k for k in flat if k == "distillation.teacher_key" or k in entries]
 
 
 # -------------------------------------------------------------------------- driver

@@ -129,14 +129,33 @@ def test_unknown_field_refused():
     assert all("unknown field" in f.note for f in result.refused)
 
 
-def test_several_teacher_entries_outside_a_bundle_are_refused_one_line_each():
-    # Only miniverl's own bundle says which environment each data_source is.
+def test_several_teacher_entries_outside_a_bundle_are_one_refusal(tmp_path):
+    # Only miniverl's own bundle says which environment each data_source is: a hand-written
+    # routing is refused whole, in one line naming the entries and the way in, and the
+    # teacher it never names is not a second error.
     entries = {f"distillation.teacher_models.{name}.{field}": value
                for name in ("math", "code")
                for field, value in (("key", name), ("model_path", "Qwen/Qwen3-1.7B"))}
+    routing = {"distillation.teacher_key": "data_source", **entries}
+    student = {"actor_rollout_ref.model.path": BASE["actor_rollout_ref.model.path"]}
+    result = import_config({**student, **routing}, revision=REV, teacher_revision=TREV)
+    [refused] = result.refused
+    assert refused.field == "distillation.teacher_models" and refused.value == routing
+    assert "teacher entries code, math" in refused.note
+    assert "imports only as a bundle export-verl wrote" in refused.note
+    assert "teachers: and environments:" in refused.note
+    # Beside verl's own teacher_model entry too; one teacher_model alone is one teacher.
     result = import_config({**BASE, **entries}, revision=REV, teacher_revision=TREV)
-    assert {f.field: f.note for f in result.refused} == {
-        key: "unknown field: not in the import whitelist" for key in entries}
+    assert [f.field for f in result.refused] == ["distillation.teacher_models"]
+    assert not import_config(BASE, revision=REV, teacher_revision=TREV).refused
+    # The command: exit 1, the one line, a report naming every routing key.
+    src = tmp_path / "verl.yaml"
+    src.write_text(yaml.safe_dump({**student, **routing}))
+    with pytest.raises(ConfigError) as err:
+        import_verl(src, tmp_path / "r.yaml", revision=REV)
+    assert str(err.value).count("\n") == 1 and "(1 problem(s)" in str(err.value)
+    report = json.loads((tmp_path / "import-report.json").read_text())
+    assert report["fields"][0]["value"] == routing and not report["ok"]
 
 
 @pytest.mark.parametrize(
