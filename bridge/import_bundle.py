@@ -445,8 +445,17 @@ def _source_fields(result, facts: BundleFacts) -> None:
     that is the field's default is left out; a redacted one (a local path, a secret)
     keeps its default, said in the report.
     """
-    if facts.source_recipe is not None:
-        _carry(facts.source_recipe, result.recipe, [], result)
+    if facts.source_recipe is None:
+        return
+    mode = (facts.source_recipe.get("run") or {}).get("mode")
+    if mode not in (None, "opd"):
+        # verl continues any run on-policy (distillation.enabled); the recipe is the run's.
+        result.recipe["run"]["mode"] = mode
+        result.add("provenance/source_run.json:recipe.run.mode", "derived", mode, "run.mode",
+                   f"the source run trained by {mode}; the bundle's verl config continues "
+                   "it by on-policy distillation (distillation.enabled), the recipe is the "
+                   "run's own")
+    _carry(facts.source_recipe, result.recipe, [], result)
 
 
 def _teacher_sections(facts: BundleFacts):

@@ -254,7 +254,8 @@ class TeacherConfig(Placement):
         description="Name of the environment variable holding the engine's API key (never the key).",
     )
     # Beside the endpoint they secure: keys belong to the connection to *this* teacher
-    # (`miniverl teacher keys DIR` makes them); paths as given, like a model path.
+    # (`miniverl teacher keys DIR` makes them); files resolved from the recipe's folder,
+    # like a model path (common/recipe_paths.py).
     curve_secret_key: str | None = Field(
         None, min_length=1, description="Student's CURVE secret key file (a remote teacher)."
     )

@@ -3,14 +3,16 @@ recipe's own folder (docs/recipes.md, "Paths").
 
 The paths a recipe reads are its model directories (``student.model.path``, a launched
 teacher's ``model.path``), its adapters (``teacher.adapter``, ``teacher.adapters``, and
-each of ``teachers:``'s) and its teacher preparations (``prepare:``). ``prepare:`` always
+each of ``teachers:``'s), its teacher preparations (``prepare:``), a remote teacher's
+CURVE key files (``curve_secret_key``, ``curve_server_key``) and offline KD's
+``train.trajectories``. ``prepare:`` always
 resolved from the recipe's folder, adapters and model paths from the current directory:
 the same recipe meant two things depending on where it was run (issue 53).
 :func:`anchor_paths` makes the relative ones absolute against the recipe's folder when
 the recipe is loaded from a file (``load_recipe``), so every reader of a loaded recipe
 sees one meaning; :func:`path_problems` is what ``miniverl validate`` checks of each
 (it exists, it is a folder, it holds a model config or an adapter config; a
-preparation is a file), one line per path, before any process or folder exists.
+preparation, a key file and the trajectories are files), one line per path, before any process or folder exists.
 
 Left as written: an engine teacher's ``model.path`` (the served model's name, not a
 path), a hub id (``adapter`` with ``adapter_revision``, ``ORG/NAME@<40-hex>`` among
@@ -31,6 +33,8 @@ from typing import Any
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 PINNED_HUB_ADAPTER = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+@[0-9a-f]{40}$")
 MODEL_CONFIG = "config.json"
+# A remote teacher's CURVE key files (``miniverl teacher keys``).
+CURVE_KEYS = ("curve_secret_key", "curve_server_key")
 ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -77,12 +81,18 @@ def anchor_paths(recipe: Any, base: Path) -> Any:
             changes["adapters"] = {
                 name: ref if PINNED_HUB_ADAPTER.match(ref) else _anchored(base, ref)
                 for name, ref in section.adapters.items()}
+        for key in CURVE_KEYS:
+            if getattr(section, key) is not None:
+                changes[key] = _anchored(base, getattr(section, key))
         return section.model_copy(update=changes) if changes else section
 
     if recipe.teacher is not None:
         update["teacher"] = teacher(recipe.teacher)
     if recipe.teachers is not None:
         update["teachers"] = {name: teacher(s) for name, s in recipe.teachers.items()}
+    if recipe.train.trajectories is not None:
+        update["train"] = recipe.train.model_copy(
+            update={"trajectories": _anchored(base, recipe.train.trajectories)})
     return recipe.model_copy(update=update) if update else recipe
 
 
@@ -119,6 +129,10 @@ def path_problems(recipe: Any, base: Path | None) -> list[str]:
             if not PINNED_HUB_ADAPTER.match(ref):
                 problems.append(_folder_problem(f"{where}.adapters.{name}", Path(ref),
                                                 ADAPTER_CONFIG, "an adapter"))
+        for key in CURVE_KEYS:
+            if getattr(section, key) is not None:
+                problems.append(_file_problem(f"{where}.{key}", Path(getattr(section, key)),
+                                              "the key file `miniverl teacher keys` wrote"))
         if section.prepare is not None:
             prep = Path(section.prepare).expanduser()
             prep = prep if prep.is_absolute() else folder / prep
@@ -127,4 +141,15 @@ def path_problems(recipe: Any, base: Path | None) -> list[str]:
                     f"{where}.prepare: {section.prepare!r} is not a file (looked at "
                     f"{str(prep)!r}; a recipe's paths resolve from its own folder); point it "
                     "at an sft recipe")
+    if recipe.train.trajectories is not None:
+        problems.append(_file_problem("train.trajectories", Path(recipe.train.trajectories),
+                                      "a trajectories.jsonl a run wrote"))
     return [p for p in problems if p is not None]
+
+
+def _file_problem(where: str, path: Path, what: str) -> str | None:
+    if path.is_file():
+        return None
+    state = "is a folder, not a file" if path.is_dir() else "does not exist"
+    return (f"{where}: {str(path)!r} {state} (a recipe's paths resolve from its own "
+            f"folder); give {what}")

@@ -159,3 +159,35 @@ def test_model_paths_and_preparations_resolve_from_the_recipes_folder_too(folder
     assert len(lines) == 3, lines  # two problems and the count line
     assert f"student.model.path: '{folder}/gone' does not exist" in lines[0]
     assert "teachers.calc.prepare: 'prep.yaml' is not a file" in lines[1]
+
+
+def test_trajectories_and_key_files_resolve_from_the_recipes_folder(folder, capsys):
+    # Offline KD's train.trajectories and a remote teacher's CURVE key files are read
+    # from the recipe's folder like every other path (they were read from the current
+    # directory, so the same recipe trained on another file depending on where it ran).
+    from miniverl.common.recipe import load_recipe
+
+    (folder / "trajs.jsonl").write_text("")
+    (folder / "keys").mkdir()
+    for name in ("student.key_secret", "server.key"):
+        (folder / "keys" / name).write_text("")
+    text = (f"schema_version: 1\nrun: {{name: t, mode: offline_kd}}\n"
+            f"student: {{model: {TOY}, device: cpu, dtype: float32}}\n"
+            f"teacher: {{model: {TOY}, endpoint: 'tcp://127.0.0.1:5555', curve_secret_key: KEY, "
+            "curve_server_key: keys/server.key}\n"
+            "environment: {name: calculator}\ntrain: {trajectories: TRAJ}\n")
+    recipe = folder / "r.yaml"
+    recipe.write_text(text.replace("KEY", "keys/student.key_secret").replace("TRAJ", "trajs.jsonl"))
+    assert run(["validate", str(recipe)]) == 0, capsys.readouterr().err
+    loaded = load_recipe(recipe)
+    assert loaded.train.trajectories == str(folder / "trajs.jsonl")
+    assert loaded.teacher.curve_secret_key == str(folder / "keys" / "student.key_secret")
+    assert loaded.teacher.curve_server_key == str(folder / "keys" / "server.key")
+    # Missing, or a folder: one line each, naming the path looked at.
+    capsys.readouterr()
+    recipe.write_text(text.replace("KEY", "keys").replace("TRAJ", "gone.jsonl"))
+    assert run(["validate", str(recipe)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3, lines  # two problems and the count line
+    assert f"teacher.curve_secret_key: '{folder}/keys' is a folder, not a file" in lines[0]
+    assert f"train.trajectories: '{folder}/gone.jsonl' does not exist" in lines[1]
