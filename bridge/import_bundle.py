@@ -63,6 +63,8 @@ class BundleFacts:
     manifest: dict
     base: dict
     source_recipe: dict | None
+    # import-verl --trajectories: the offline KD set the bundle does not hold.
+    trajectories: Path | None = None
 
 
 def find_bundle(config_path: Path) -> tuple[Path, Path] | None:
@@ -447,7 +449,8 @@ def _source_fields(result, facts: BundleFacts) -> None:
     """
     if facts.source_recipe is None:
         return
-    mode = (facts.source_recipe.get("run") or {}).get("mode")
+    source = _trajectories(result, facts)
+    mode = (source.get("run") or {}).get("mode")
     if mode not in (None, "opd"):
         # verl continues any run on-policy (distillation.enabled); the recipe is the run's.
         result.recipe["run"]["mode"] = mode
@@ -455,7 +458,40 @@ def _source_fields(result, facts: BundleFacts) -> None:
                    f"the source run trained by {mode}; the bundle's verl config continues "
                    "it by on-policy distillation (distillation.enabled), the recipe is the "
                    "run's own")
-    _carry(facts.source_recipe, result.recipe, [], result)
+    _carry(source, result.recipe, [], result)
+
+
+def _trajectories(result, facts: BundleFacts) -> dict:
+    """The source recipe without ``train.trajectories``, which comes back from
+    ``--trajectories`` (the bundle holds no offline set; its path, redacted or relative to
+    another machine's folder, would not lead to it), or refused in one line without it."""
+    source = dict(facts.source_recipe or {})
+    train = dict(source.get("train") or {})
+    was = train.pop("trajectories", None)
+    source["train"] = train
+    key = "provenance/source_run.json:recipe.train.trajectories"
+    if was is None:
+        if facts.trajectories is not None:
+            result.add("--trajectories", "refused", str(facts.trajectories), None,
+                       "the source run read no trajectories file (its offline set, if any, "
+                       "is train.fixed_set's); leave --trajectories out")
+        return source
+    if facts.trajectories is None:
+        result.add(key, "refused", was, "train.trajectories",
+                   f"the source run distilled offline from {was}, a file the bundle does not "
+                   "hold (without it offline_kd would train on the oracle traces); pass it "
+                   "with --trajectories FILE")
+        return source
+    path = Path(facts.trajectories).expanduser().resolve()
+    if not path.is_file():
+        result.add("--trajectories", "refused", str(facts.trajectories), "train.trajectories",
+                   f"{str(path)!r} is not a file; pass the trajectories.jsonl the source run "
+                   f"distilled from ({was})")
+        return source
+    result.recipe.setdefault("train", {})["trajectories"] = str(path)
+    result.add(key, "derived", was, "train.trajectories",
+               f"the source run's offline set, given as --trajectories {path}")
+    return source
 
 
 def _teacher_sections(facts: BundleFacts):

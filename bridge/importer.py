@@ -23,6 +23,7 @@ This module maps values; it does not read verl's defaults, run Hydra or contact 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -262,10 +263,12 @@ def import_verl(
     *,
     revision: str | None = None,
     teacher_revision: str | None = None,
+    trajectories: Path | None = None,
 ) -> tuple[dict, Path]:
     """Write ``out_path`` (recipe) and ``import-report.json`` beside it; raise on refusal.
 
     The report is written in both cases, so a refused import still explains itself.
+    ``trajectories``: an offline KD run's set, which its bundle does not hold.
     """
     config_path, out_path = Path(config_path), Path(out_path)
     base_dir, facts = config_path.parent, None
@@ -274,7 +277,11 @@ def import_verl(
         # miniverl's own bundle: its paths are bundle-relative, its provenance fills in
         # what verl has no field for.
         base_dir, config_path = found
-        facts = import_bundle.load_facts(base_dir)
+        facts = replace(import_bundle.load_facts(base_dir), trajectories=trajectories)
+    elif trajectories is not None:
+        raise ConfigError(
+            f"--trajectories {trajectories}: only a bundle export-verl wrote takes it (the "
+            f"offline set of the run it came from); {config_path} is a verl config")
     config = _read_config(config_path)
     if not config:
         raise ConfigError(

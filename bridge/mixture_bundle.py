@@ -270,6 +270,16 @@ def not_moved(recipe, *, routed: dict[str, Route], entries: list[TeacherEntry],
               shares: dict[str, dict[str, float]] | None) -> list[str]:
     """Each thing the run trained with that the bundle cannot carry, one line each."""
     lines: list[str] = []
+    mode = recipe.run.mode
+    if mode != "opd":
+        lines.append(
+            f"run.mode {mode}: the bundle's verl config distils on the student's own "
+            f"rollouts (distillation.enabled), and verl has no {mode}; import-verl gives "
+            "the run's recipe back whole")
+    if recipe.train.trajectories is not None:
+        lines.append(
+            "train.trajectories: the offline set is a local file the bundle does not hold; "
+            "import-verl takes it back with --trajectories FILE")
     if shares:
         differ = {n: s for n, s in shares.items() if abs(s["miniverl"] - s["verl"]) > 1e-6}
         if differ:

@@ -89,11 +89,17 @@ def import_verl(
     teacher_revision: str = typer.Option(
         None, "--teacher-revision", help="40-hex revision for a hub teacher."
     ),
+    trajectories: Path = typer.Option(
+        None, "--trajectories",
+        help="A bundle of an offline_kd run: the trajectories.jsonl it distilled from "
+        "(the bundle does not hold it).",
+    ),
 ) -> None:
     """Import a whitelisted verl config as a recipe; refuse anything else (import-report.json)."""
     from miniverl.bridge.importer import import_verl as _import
 
-    report, report_path = _import(config, out, revision=revision, teacher_revision=teacher_revision)
+    report, report_path = _import(config, out, revision=revision,
+                                  teacher_revision=teacher_revision, trajectories=trajectories)
     counts = ", ".join(f"{v} {k}" for k, v in report["counts"].items() if v)
     typer.echo(f"recipe {out} ({counts}); report {report_path}")
 

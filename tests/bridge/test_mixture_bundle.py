@@ -284,6 +284,53 @@ def test_export_import_export_gives_the_same_bundle(toy_run, tmp_path, one_clock
     assert _sums(second) == _sums(first)
 
 
+# Runs that did not train by OPD: the bundle's verl config distils on-policy, and the
+# recipe that comes back is the run's own, its mode and its offline set included.
+MODES = {"sft": {}, "replay": {"max_lag": 2}, "offline_kd teacher set": {"fixed_set": "teacher"},
+         "offline_kd trajectories": {"trajectories": "TRAJ"}}
+
+
+@pytest.mark.parametrize("case", sorted(MODES))
+def test_a_run_of_another_mode_comes_back_as_itself(toy_run, tmp_path, one_clock, case):
+    trajs = tmp_path / "sets" / "trajectories.jsonl"
+    trajs.parent.mkdir()
+    trajs.write_text("")
+    source = copy.deepcopy(RECIPE)
+    source["run"]["mode"] = case.split()[0]
+    source["train"].update({k: str(trajs) if v == "TRAJ" else v for k, v in MODES[case].items()})
+    first = tmp_path / "first"
+    lines = export_verl(make_run(toy_run, tmp_path / "runs", source, "source-run"),
+                        first)["not_moved"]
+    assert lines[0].startswith(f"run.mode {source['run']['mode']}: the bundle's verl config "
+                               "distils on the student's own rollouts")
+    given = trajs if "trajectories" in case else None
+    out = tmp_path / "imported" / "recipe.yaml"
+    if given is not None:
+        # The bundle holds no offline set: without the file, one line naming the flag
+        # (the oracle traces offline_kd would fall back to are other data).
+        assert any(line.startswith("train.trajectories: ") for line in lines)
+        with pytest.raises(ConfigError) as err:
+            import_verl(first, out)
+        assert str(err.value).count("\n") == 1 and "pass it with --trajectories FILE" in str(
+            err.value)
+        assert not out.exists()
+        with pytest.raises(ConfigError, match="is not a file"):
+            import_verl(first, out, trajectories=tmp_path / "missing.jsonl")
+    else:
+        with pytest.raises(ConfigError, match="the source run read no trajectories file"):
+            import_verl(first, out, trajectories=trajs)
+    report, _ = import_verl(first, out, trajectories=given)
+    assert report["ok"]
+    imported = load_recipe(out)
+    assert imported.run.mode == source["run"]["mode"]
+    assert diff_recipes(imported, Recipe.model_validate(source)) == []
+    # Trained again and exported again: every file the same.
+    second = tmp_path / "second"
+    export_verl(make_run(toy_run, tmp_path / "runs2", yaml.safe_load(out.read_text()),
+                         "source-run"), second)
+    assert _sums(second) == _sums(first)
+
+
 def test_an_edited_route_key_is_refused_on_import(two_bundle, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(two_bundle, bundle)
