@@ -31,8 +31,8 @@ from the ``real`` extra's GGUF (``{gguf: smollm2}``).
 **One OPD update** per engine: ``miniverl up`` (under this python) on the model's OPD
 recipe (toy: the engine tier's toy run; SmolLM2: ``recipes/smollm2_cpu_opd.yaml``, its
 prepared teacher) for ``--opd-cycles`` cycles, no evaluation; the record gives each
-cycle's seconds (rollout, teacher wait, update, and the cycle's wall time) and the median
-over the cycles after the first.
+cycle's seconds (rollout, the vLLM engine's log-prob check, teacher wait, update, and
+the cycle's wall time) and the median over the cycles after the first.
 
 Writes ``sampling_engines.json`` in ``--output-dir`` (default
 ``runs/benchmarks/sampling_engines/``; the committed
@@ -243,12 +243,25 @@ def opd_updates(name: str, cycles: int, out: Path) -> dict[str, Any]:
             **{f"{k}_median": round(statistics.median(r[k] for r in rows[1:]), 2)
                for k in keys if len(rows) > 1},
             "engine_logprob_gap_max": [r.get("engine_logprob_gap_max") for r in rows],
+            # rollout.engine vllm: the check's forward, between sampling and the loss.
+            "time_engine_check_s": [round(r.get("time_engine_check_s") or 0.0, 2)
+                                    for r in rows],
         }
+        if len(rows) > 1:
+            record[engine]["time_engine_check_s_median"] = round(statistics.median(
+                record[engine]["time_engine_check_s"][1:]), 2)
         print(f"{name} OPD {engine}: {record[engine]['cycle_s_median']} s per cycle", flush=True)
     hf, vllm = record["hf"].get("cycle_s_median"), record["vllm"].get("cycle_s_median")
     if hf and vllm:
         record["cycle_ratio_hf_over_vllm"] = round(hf / vllm, 3)
     return record
+
+
+def _check_s(run: dict[str, Any]) -> str:
+    """The engine check's median seconds ('-' for hf, and in a record made before it was
+    timed)."""
+    median = run.get("time_engine_check_s_median")
+    return "-" if not median else f"{median:.2f}"
 
 
 def tables(record: dict[str, Any]) -> list[str]:
@@ -266,14 +279,16 @@ def tables(record: dict[str, Any]) -> list[str]:
                 f"| {ratio['vllm_over_hf']:.2f}x | {ratio['vllm_over_generate']:.2f}x "
                 f"| {ratio['hf_over_generate']:.2f}x |")
     if record.get("opd_update"):
-        lines += ["", "| model | engine | cycle s | rollout s | teacher wait s | loss and step s |",
-                  "| --- | --- | --- | --- | --- | --- |"][0 if lines else 1:]
+        lines += ["", "| model | engine | cycle s | rollout s | engine check s | teacher wait s "
+                  "| loss and step s |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"][0 if lines else 1:]
         for name, part in record["opd_update"].items():
             for engine in ("hf", "vllm"):
                 run = part[engine]
                 lines.append(
                     f"| {name} | {engine} | {run['cycle_s_median']:.2f} "
                     f"| {run['time_rollout_s_median']:.2f} "
+                    f"| {_check_s(run)} "
                     f"| {run['time_teacher_wait_s_median']:.2f} "
                     f"| {run['time_update_s_median']:.2f} |")
     return lines

@@ -55,7 +55,9 @@ class OpdMode:
 
         #    rollout.engine vllm: the engine's log-probs of the sampled tokens against the
         #    trainer's forward on them, before the step changes the trainer.
+        t_check = time.perf_counter()
         gap = state.engine_check(sampled.trajs) if state.engine_check is not None else None
+        t_check = time.perf_counter() - t_check
 
         # 3. The first micro-batch's forward while the teacher scores (swap keeps it
         #    after PARK, when the teacher's memory is free).
@@ -84,6 +86,7 @@ class OpdMode:
         if gap is not None:  # rollout.engine vllm: the engine-trainer log-prob gap
             extra = {"engine_logprob_gap_max": gap.max_abs,
                      "engine_logprob_gap_mean": gap.mean_abs,
-                     "engine_logprob_gap_tokens": gap.tokens, "engine_dtype": gap.dtype}
+                     "engine_logprob_gap_tokens": gap.tokens, "engine_dtype": gap.dtype,
+                     "time_engine_check_s": t_check}
         return CycleResult(stats, sampled.trajs, sampled.t_rollout, t_wait, t_update,
                            scored=scored, extra=extra)
