@@ -48,12 +48,13 @@ LOSS_CHUNK_COPIES = 3
 # elements of one head chunk on an accelerator (teacher_server/scoring.py).
 TEACHER_BATCH_TOKENS = 16_384
 TEACHER_HEAD_CHUNK_ELEMENTS = 64 * 2**20
-# Live float32 [T, V] tensors at the peak of the vLLM engine's log-prob check over one
-# episode (student/rollout/vllm_engine.py logprob_gap: the logits, the sampled positions'
-# copy, their division by the temperature, its log-softmax; top-p's sort, its int64
-# order and masks double it); measured on the CPU (tests/common/test_memory_plan.py).
-CHECK_COPIES = 4
-CHECK_COPIES_TOP_P = 8
+# Live float32 [P, V] tensors at the peak of the vLLM engine's log-prob check over one
+# episode (student/rollout/vllm_engine.py logprob_gap: the logits kept at the sampled
+# positions, their division by the temperature, its log-softmax; top-p's sort, its int64
+# order and masks add four); measured on the CPU (tests/common/test_memory_plan.py).
+# P, the sampled positions, is counted as the episode's every token, its most.
+CHECK_COPIES = 3
+CHECK_COPIES_TOP_P = 7
 
 # Shapes of the hub models the shipped recipes name, for a plan made where the hub cannot
 # be reached and the model was never downloaded (read from their config.json files).
@@ -254,8 +255,9 @@ def engine_needs(shape: ModelShape, s: StudentSettings) -> int:
 
 def check_bytes(shape: ModelShape, s: StudentSettings) -> int:
     """The engine's log-prob check over one episode of ``rollout.max_total_tokens``: a
-    no-grad forward (one layer's widest tensors at a time) and its float32 ``[T, V]``
-    logits with the copies the comparison makes (:data:`CHECK_COPIES`)."""
+    no-grad forward (one layer's widest tensors at a time) and its float32 logits at the
+    sampled positions (at most ``T``) with the copies the comparison makes
+    (:data:`CHECK_COPIES`)."""
     forward = s.episode_tokens * (3 * shape.intermediate + 2 * shape.hidden) * s.dtype_bytes
     copies = CHECK_COPIES if s.top_p >= 1.0 else CHECK_COPIES_TOP_P
     return forward + copies * s.episode_tokens * shape.vocab * 4

@@ -33,6 +33,7 @@ when a run picks ``engine: vllm`` (docs/rollouts.md, "Sampling engines").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -367,8 +368,9 @@ def sampling_logq(logits_P_V: torch.Tensor, ids_P: torch.Tensor, *, temperature:
 def logprob_gap(model: Any, trajs: Sequence[Any], *, temperature: float, top_p: float,
                 autocast: Any = None) -> LogprobGap | None:
     """The trainer's log-prob of every sampled token of ``trajs`` (one forward each, in
-    eval mode, under the update's ``autocast``) against the engine's recorded
-    ``sampling_logprobs``; None when no trajectory recorded any (greedy)."""
+    eval mode, under the update's ``autocast``; the output layer only at the sampled
+    positions, ``logits_to_keep``) against the engine's recorded ``sampling_logprobs``;
+    None when no trajectory recorded any (greedy)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -379,14 +381,10 @@ def logprob_gap(model: Any, trajs: Sequence[Any], *, temperature: float, top_p: 
                 continue
             positions_P = torch.as_tensor(traj.target_positions(), device=device)
             ids_1_T = torch.tensor([traj.tokens], dtype=torch.long, device=device)
-            if autocast is not None:
-                with autocast:
-                    logits_T_V = model(input_ids=ids_1_T).logits[0]
-            else:
-                logits_T_V = model(input_ids=ids_1_T).logits[0]
+            with autocast if autocast is not None else contextlib.nullcontext():
+                logits_P_V = model(input_ids=ids_1_T, logits_to_keep=positions_P).logits[0]
             ids_P = ids_1_T[0, positions_P + 1]
-            ours_P = sampling_logq(logits_T_V[positions_P], ids_P, temperature=temperature,
-                                   top_p=top_p)
+            ours_P = sampling_logq(logits_P_V, ids_P, temperature=temperature, top_p=top_p)
             engine_P = torch.tensor(traj.sampling_logprobs, dtype=torch.float32, device=device)
             gaps.append((ours_P - engine_P).abs().cpu())
     finally:

@@ -273,16 +273,17 @@ def _with_check(recipe, on, top_p=1.0):
 
 
 def test_the_engines_logprob_check_is_counted_after_sampling_while_the_teacher_scores():
-    # A share of 0.05 (4 GiB): the check's phase, not the rollouts', is the device's peak.
-    recipe = _with_engine(load_recipe(QWEN_RECIPE), 0.05)
+    # A share of 0.02 (1.6 GiB): the check's phase, not the rollouts', is the device's peak.
+    recipe = _with_engine(load_recipe(QWEN_RECIPE), 0.02)
     off = check_recipe(_with_check(recipe, False), 80 * GIB)[1].plan
     assert "check" not in off.student
     lines, chosen, _ = check_recipe(recipe, 80 * GIB)  # engine_check null: on
     plan = chosen.plan
     check = plan.student["check"].parts
-    # One episode of 2,048 tokens: four float32 [2048, 151936] copies (4.6 GiB) and a
-    # no-grad forward; the engine is asleep, so its share is not there.
-    assert check["logprob_check"] == 4 * 2048 * 151_936 * 4 + 2048 * (3 * 3072 + 2 * 1024) * 2
+    # One episode of 2,048 tokens, each one counted as sampled: three float32
+    # [2048, 151936] copies (3.5 GiB) and a no-grad forward; the engine is asleep, so its
+    # share is not there.
+    assert check["logprob_check"] == 3 * 2048 * 151_936 * 4 + 2048 * (3 * 3072 + 2 * 1024) * 2
     assert "engine" not in check and check["weights"] == plan.student["rollout"].parts["weights"]
     scoring = plan.student["check"].peak + plan.teacher.peak + 2 * CUDA_OVERHEAD_BYTES
     assert plan.peak == max(scoring, off.peak) and plan.peak > off.peak
@@ -297,7 +298,8 @@ def test_the_engines_logprob_check_is_counted_after_sampling_while_the_teacher_s
 @pytest.mark.slow
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_the_checks_float32_copies_are_the_cpus_measured_peak(top_p):
-    # logprob_gap over one episode of a model whose forward is its [T, V] float32 logits,
+    # logprob_gap over one episode of a model whose forward is its float32 logits at every
+    # position (the logits it keeps: each one sampled, the check's most),
     # in a child process (glibc hands freed tensors back at once): its peak resident
     # memory above its footing, in [T, V] float32 copies.
     code = f"""
@@ -308,8 +310,8 @@ class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
-    def forward(self, input_ids):
-        return types.SimpleNamespace(logits=torch.randn(1, input_ids.shape[1], V))
+    def forward(self, input_ids, logits_to_keep):
+        return types.SimpleNamespace(logits=torch.randn(1, len(logits_to_keep), V))
 class Episode:
     tokens, sampling_logprobs = list(range(T)), [-1.0] * (T - 1)
     def target_positions(self):
