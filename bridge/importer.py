@@ -117,10 +117,11 @@ def _map(
         named = ", ".join(entries)
         result.add("distillation.teacher_models", "refused",
                    {k: flat[k] for k in routing}, None,
-                   f"this config names teacher entries {named}, not verl's one teacher_model; a verl "
-                   "config of several teachers imports only as a bundle export-verl wrote "
-                   "(its manifest names each route's environments); write a recipe with "
-                   "teachers: and environments: instead (docs/several-teachers.md)")
+                   f"this config names teacher entries {named}, not verl's one "
+                   "teacher_model; a verl config of several teachers imports only as a "
+                   "bundle export-verl wrote (its manifest names each route's environments); "
+                   "write a recipe with teachers: and environments: instead "
+                   "(docs/several-teachers.md)")
     for key, value in flat.items():
         if key in routing:
             continue

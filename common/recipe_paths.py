@@ -12,7 +12,8 @@ the same recipe meant two things depending on where it was run (issue 53).
 the recipe is loaded from a file (``load_recipe``), so every reader of a loaded recipe
 sees one meaning; :func:`path_problems` is what ``miniverl validate`` checks of each
 (it exists, it is a folder, it holds a model config or an adapter config; a
-preparation, a key file and the trajectories are files), one line per path, before any process or folder exists.
+preparation, a key file and the trajectories are files), one line per path, before any
+process or folder exists.
 
 Left as written: an engine teacher's ``model.path`` (the served model's name, not a
 path), a hub id (``adapter`` with ``adapter_revision``, ``ORG/NAME@<40-hex>`` among
