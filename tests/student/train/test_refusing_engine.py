@@ -115,7 +115,9 @@ def test_an_engine_that_keeps_refusing_ends_the_update_in_one_line_within_its_bu
     assert f"engine teacher at {engine.url}" in text and "(HTTP 500)" in text
     assert 0.3 <= waited < 2.0, waited  # bounded by the budget
     assert [name for name, _ in said] == ["teacher_refusing", "teacher_unavailable"]
-    assert said[1][1]["resent"] >= 2 and said[1][1]["waited_s"] <= 0.6
+    # No backoff starts that would end past the budget; the last re-send's refusal (its
+    # own retries) may come later (docs/training.md: up to one request's retries).
+    assert said[1][1]["resent"] >= 2 and said[1][1]["waited_s"] < 2.0
 
 
 def test_a_reply_that_is_not_log_probabilities_is_still_refused_at_once():
