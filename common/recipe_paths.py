@@ -5,9 +5,9 @@ The paths a recipe reads are its model directories (``student.model.path``, a la
 teacher's ``model.path``), its adapters (``teacher.adapter``, ``teacher.adapters``, and
 each of ``teachers:``'s), its teacher preparations (``prepare:``), a remote teacher's
 CURVE key files (``curve_secret_key``, ``curve_server_key``) and offline KD's
-``train.trajectories``. ``prepare:`` always
-resolved from the recipe's folder, adapters and model paths from the current directory:
-the same recipe meant two things depending on where it was run (issue 53).
+``train.trajectories``. ``prepare:`` always resolved from the recipe's folder, the others
+from the current directory: the same recipe meant two things depending on where it was
+run (issue 53).
 :func:`anchor_paths` makes the relative ones absolute against the recipe's folder when
 the recipe is loaded from a file (``load_recipe``), so every reader of a loaded recipe
 sees one meaning; :func:`path_problems` is what ``miniverl validate`` checks of each
