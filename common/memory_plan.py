@@ -151,6 +151,15 @@ class ModelShape:
             small += self.heads + self.kv_heads
         return elems + small, seq_len
 
+    def kv_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """The KV cache of ``tokens`` tokens: a key and a value per layer."""
+        return tokens * self.layers * 2 * self.kv_dim * dtype_bytes
+
+    def no_grad_forward_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """A no-grad forward's peak over ``tokens`` tokens: one layer's widest tensors at a
+        time (the MLP's three intermediate-wide ones and two hidden-wide)."""
+        return tokens * (3 * self.intermediate + 2 * self.hidden) * dtype_bytes
+
     def checkpointed_elements_per_token_layer(self) -> int:
         """What a checkpointed layer keeps: its input and the rotary cos/sin it is called
         with (non-reentrant checkpointing saves the layer's tensor arguments)."""
@@ -249,8 +258,7 @@ def engine_needs(shape: ModelShape, s: StudentSettings) -> int:
     """The least a vLLM engine's share must hold: the student's weights in the engine's
     dtype (the student's compute dtype; it loads the unquantized model) and the KV cache
     of one episode of ``rollout.max_total_tokens``."""
-    kv = s.episode_tokens * shape.layers * 2 * shape.kv_dim * s.dtype_bytes
-    return shape.params() * s.dtype_bytes + kv
+    return shape.params() * s.dtype_bytes + shape.kv_bytes(s.episode_tokens, s.dtype_bytes)
 
 
 def check_bytes(shape: ModelShape, s: StudentSettings) -> int:
@@ -258,7 +266,7 @@ def check_bytes(shape: ModelShape, s: StudentSettings) -> int:
     no-grad forward (one layer's widest tensors at a time) and its float32 logits at the
     sampled positions (at most ``T``) with the copies the comparison makes
     (:data:`CHECK_COPIES`)."""
-    forward = s.episode_tokens * (3 * shape.intermediate + 2 * shape.hidden) * s.dtype_bytes
+    forward = shape.no_grad_forward_bytes(s.episode_tokens, s.dtype_bytes)
     copies = CHECK_COPIES if s.top_p >= 1.0 else CHECK_COPIES_TOP_P
     return forward + copies * s.episode_tokens * shape.vocab * 4
 
@@ -306,7 +314,7 @@ def student_plan(shape: ModelShape, s: StudentSettings) -> dict[str, ProcessPlan
         rollout = {"weights": weights, "trainable": trainable, "engine": s.engine_bytes,
                    "fp32_head": head}
     else:
-        kv = 2 * shape.layers * shape.kv_dim * b * s.rollout_batch * s.episode_tokens
+        kv = shape.kv_bytes(s.rollout_batch * s.episode_tokens, b)
         # A prefill of the batch: one layer's widest tensors at a time, and the last logits.
         prefill = s.rollout_batch * s.episode_tokens * (3 * shape.intermediate) * b
         rollout = {"weights": weights, "trainable": trainable, "kv_cache": kv,
@@ -332,7 +340,7 @@ def teacher_plan(shape: ModelShape, *, dtype_bytes: int, quantization: str,
         weights = shape.layers * shape.layer_params() + shape.embedding_params() * b
     else:
         weights = shape.params() * b
-    forward = batch_tokens * (3 * shape.intermediate + 2 * shape.hidden) * b
+    forward = shape.no_grad_forward_bytes(batch_tokens, b)
     chunks = 3 * min(TEACHER_HEAD_CHUNK_ELEMENTS, batch_tokens * shape.vocab) * 4
     head = shape.vocab * shape.hidden * 4 if (fp32_head and b != 4) else 0
     parts = {"weights": weights, "fp32_head": head, "scoring": forward + chunks}
@@ -395,10 +403,10 @@ class MemoryPlan:
                   f"{micro_batch_tokens_of(s)} tokens")
         phases = self.phases
         at = max(phases, key=lambda name: phases[name])
-        total = f"device peak     {self.peak / GIB:.2f} GiB in {at} ({chosen})"
+        total = f"device peak     {phases[at] / GIB:.2f} GiB in {at} ({chosen})"
         if device_bytes is not None:
             total += f" of {device_bytes / GIB:.1f} GiB: " + (
-                "fits" if self.peak <= device_bytes else "does not fit")
+                "fits" if phases[at] <= device_bytes else "does not fit")
         return [*out, total]
 
 
