@@ -448,3 +448,45 @@ def test_trackers_log_the_digest_of_the_recipe_the_plan_filled_in(monkeypatch, t
     assert logged["recipe"] != recipe  # the plan filled something in
     assert logged["digest"] == read_manifest(trainer.run)["recipe_digest"] \
         == recipe_digest(logged["recipe"]) != recipe_digest(recipe)
+
+
+def test_docs_gpu_prints_the_qwen_recipes_plan():
+    # docs/gpu.md's "The Qwen recipe" paragraph: each figure is the plan's, at one decimal.
+    from miniverl.common.memory_plan import check_bytes
+
+    text = " ".join((ROOT / "docs" / "gpu.md").read_text().split())
+    recipe = load_recipe(QWEN_RECIPE)
+    first = check_recipe(with_train_changes(recipe, {"train.gradient_checkpointing": False,
+                                                     "train.micro_batch_tokens": 32 * 2048}),
+                         80 * GIB)[1].plan
+    first = replace(first, memory="resident")
+    now = check_recipe(recipe, 24 * GIB)[1].plan
+    null = check_recipe(with_train_changes(recipe, {"train.gradient_checkpointing": None,
+                                                    "train.micro_batch_tokens": None}),
+                        24 * GIB)[1].plan
+    serial = check_recipe(with_train_changes(recipe, {"train.pipelining": False}),
+                          24 * GIB)[1].plan
+    engine = _with_engine(recipe, 0.3).model_copy()
+    check = check_recipe(engine, 80 * GIB)[1].plan
+    check_copies = (check.student["check"].parts["logprob_check"]
+                    - check.shape.no_grad_forward_bytes(2048, 2))
+
+    def gib(value: int) -> str:
+        return f"{value / GIB:.1f} GiB"
+
+    said = [
+        f"student's update {gib(first.student['update'].peak)} and the device {gib(first.peak)}",
+        f"update is {gib(now.student['update'].peak)}",
+        f"the rollouts {gib(now.student['rollout'].peak)} "
+        f"({gib(now.student['rollout'].parts['kv_cache'])} of KV cache)",
+        f"the teacher {gib(now.teacher.peak)}",
+        f"copy {gib(now.teacher.parts['fp32_head'])} of it",
+        f"the device {gib(now.peak)}, teacher resident",
+        f"checkpointing alone ({gib(null.peak)} on 24 GiB)",
+        f"the device needs {gib(serial.peak)}",
+        f"{gib(check_copies)} at the Qwen recipe's",
+    ]
+    assert check_bytes(check.shape, check.settings) == check.student["check"].parts[
+        "logprob_check"]
+    missing = [phrase for phrase in said if phrase not in text]
+    assert not missing, missing
