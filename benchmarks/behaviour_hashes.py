@@ -51,7 +51,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,9 @@ import yaml
 
 from miniverl.student.teacher_process import start_teacher, stop_teacher
 from miniverl.testing.toy_recipe import STUDENT, TEACHER, recipe_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
+from machine import machine_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("sft", "offline_kd", "opd", "replay", "dpo", "dpo_step")
@@ -145,31 +147,6 @@ def run_mode(mode: str, work: Path, attempt: int) -> dict[str, Any]:
                          f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     sha, step = checkpoint_sha256(out / "runs" / "run")
     return {"sha256": sha, "checkpoint": step, "wall_s": round(wall, 1)}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what platform reports)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def machine_record() -> dict[str, Any]:
-    """What a hash is tied to: the torch build, the CPU and the kernels torch picked."""
-    import torch
-    import transformers
-
-    return {
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
 
 
 MACHINE_KEYS = ("torch", "machine", "cpu_model", "cpu_capability")

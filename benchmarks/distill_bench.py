@@ -70,6 +70,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 
+from machine import machine_record  # noqa: E402
 from real_model_learning import (  # noqa: E402
     benchmark_arguments,
     missing_runs,
@@ -1154,6 +1155,32 @@ def output_paths(args: argparse.Namespace, raw: dict[str, Any],
     return out_dir, analysis
 
 
+MACHINE_FILE = "machine.json"
+
+
+def check_machine(out_dir: Path, resume: bool,
+                  here: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This machine's record (``machine.py``), written beside the first part's cells; a
+    resumed run must be on the machine that started it, since its cells spend a budget
+    in seconds and train models whose numerics the torch build, the libraries and the
+    CPU decide (exits 1 with one line naming what differs)."""
+    here = here if here is not None else machine_record()
+    path = out_dir / MACHINE_FILE
+    if resume and path.is_file():
+        there = json.loads(path.read_text(encoding="utf-8"))
+        differ = [f"{k} {here.get(k)} here, {there.get(k)} there"
+                  for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k)]
+        if differ:
+            raise fail(f"--resume on another machine than the one that ran {path.parent}'s "
+                       f"first cells ({'; '.join(differ)}); a benchmark budgeted in seconds "
+                       "compares the cells of one machine: resume there, or run it again "
+                       "without --resume into another --output-dir")
+        return there
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(here, indent=2) + "\n", encoding="utf-8")
+    return here
+
+
 def write_phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
                        config_dir: Path, phase_dir: Path,
                        chosen: dict[str, float] | None = None) -> Path:
@@ -1298,8 +1325,10 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(output.read_text(encoding="utf-8")) if output.is_file() else {}
         start = previous.get("start")
     else:
+        machine = check_machine(out_dir, args.resume)
         warm, teacher = prepared_records(raw, config_dir)
         start = start_summary(warm, teacher, settings.warm_start)
+        start["machine"] = machine
         check_warm_start(warm, settings.warm_start, raw["student_prepare"])
         start["gates"] = check_gates(warm, teacher, settings, raw["student_prepare"])
         print(f"warm student: T=1 {start['warm_student']['t1']:.3f} (band "

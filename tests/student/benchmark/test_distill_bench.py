@@ -651,3 +651,23 @@ def test_a_fixed_set_is_charged_up_front_or_as_it_is_used(tmp_path):
     (run / "recipe.resolved.yaml").unlink()
     assert bench.set_share_used(run, events, 4) == 1.0
 
+
+
+def test_a_run_in_parts_resumes_only_on_the_machine_that_started_it(tmp_path):
+    """Cells spend seconds and train models whose numerics the libraries and the CPU
+    decide: the first part writes the machine's record, a resume on the same machine
+    goes on, and one on another machine is one line naming what differs."""
+    here = bench.machine_record()
+    assert {"torch", "transformers", "cpu_model", "cpu_capability", "cpus"} <= set(here)
+    assert bench.check_machine(tmp_path, resume=False) == here
+    assert json.loads((tmp_path / bench.MACHINE_FILE).read_text()) == here
+    assert bench.check_machine(tmp_path, resume=True) == here
+    other = {**here, "transformers": "0.0.1"}
+    with pytest.raises(SystemExit) as exc:
+        bench.check_machine(tmp_path, resume=True, here=other)
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith("error: --resume on another machine")
+    assert f"transformers 0.0.1 here, {here['transformers']} there" in message
+    assert "--output-dir" in message
+    # A run started afresh (no --resume) on another machine writes its own record.
+    assert bench.check_machine(tmp_path, resume=False, here=other) == other
