@@ -1156,6 +1156,7 @@ def output_paths(args: argparse.Namespace, raw: dict[str, Any],
 
 
 MACHINE_FILE = "machine.json"
+START_FILE = "start_weights.json"
 
 
 def check_machine(out_dir: Path, resume: bool,
@@ -1164,19 +1165,45 @@ def check_machine(out_dir: Path, resume: bool,
     resumed run must be on the machine that started it, since its cells spend a budget
     in seconds and train models whose numerics the torch build, the libraries and the
     CPU decide (exits 1 with one line naming what differs)."""
-    here = here if here is not None else machine_record()
-    path = out_dir / MACHINE_FILE
+    return same_as_recorded(out_dir / MACHINE_FILE, machine_record() if here is None else here,
+                            resume, "on another machine than the one that ran")
+
+
+def check_start(out_dir: Path, resume: bool, prepared: dict[str, dict | None]) -> dict[str, str]:
+    """The sha256 of each preparation's weights, written beside the first part's cells; a
+    resumed run must start from the same weights. Two machines of one label can prepare
+    different models from one recipe (benchmarks/results/distill_v5_attempts.json), and
+    a cached preparation is trusted by its recipe alone (exits 1 with one line)."""
+    from miniverl.common.hashing import sha256_file, sha256_text
+
+    weights = {}
+    for name, record in prepared.items():
+        if record is None:
+            continue
+        files = sorted(Path(record["model_dir"]).glob("*.safetensors"))
+        if not files:
+            raise fail(f"the {name} preparation {record['model_dir']} holds no .safetensors "
+                       "weights; remove that folder and run again to prepare it anew")
+        weights[name] = sha256_text("".join(f"{f.name}\0{sha256_file(f)}\n" for f in files))
+    return same_as_recorded(out_dir / START_FILE, weights, resume,
+                            "from other prepared weights than")
+
+
+def same_as_recorded(path: Path, here: dict[str, Any], resume: bool,
+                     what: str) -> dict[str, Any]:
+    """``here`` written to ``path`` by a first part; on ``--resume``, the recorded one,
+    or one line and exit 1 naming each field that differs."""
     if resume and path.is_file():
         there = json.loads(path.read_text(encoding="utf-8"))
         differ = [f"{k} {here.get(k)} here, {there.get(k)} there"
                   for k in sorted(set(here) | set(there)) if here.get(k) != there.get(k)]
         if differ:
-            raise fail(f"--resume on another machine than the one that ran {path.parent}'s "
-                       f"first cells ({'; '.join(differ)}); a benchmark budgeted in seconds "
-                       "compares the cells of one machine: resume there, or run it again "
-                       "without --resume into another --output-dir")
+            raise fail(f"--resume {what} {path.parent}'s first cells ({'; '.join(differ)}); "
+                       "a benchmark budgeted in seconds compares the cells of one machine "
+                       "and one start: resume there, or run it again without --resume into "
+                       "another --output-dir")
         return there
-    out_dir.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(here, indent=2) + "\n", encoding="utf-8")
     return here
 
@@ -1329,6 +1356,8 @@ def main(argv: list[str] | None = None) -> int:
         warm, teacher = prepared_records(raw, config_dir)
         start = start_summary(warm, teacher, settings.warm_start)
         start["machine"] = machine
+        start["weights_sha256"] = check_start(out_dir, args.resume,
+                                              {"warm": warm, "teacher": teacher})
         check_warm_start(warm, settings.warm_start, raw["student_prepare"])
         start["gates"] = check_gates(warm, teacher, settings, raw["student_prepare"])
         print(f"warm student: T=1 {start['warm_student']['t1']:.3f} (band "

@@ -671,3 +671,28 @@ def test_a_run_in_parts_resumes_only_on_the_machine_that_started_it(tmp_path):
     assert "--output-dir" in message
     # A run started afresh (no --resume) on another machine writes its own record.
     assert bench.check_machine(tmp_path, resume=False, here=other) == other
+
+
+def test_a_run_in_parts_resumes_only_from_the_weights_it_started_from(tmp_path):
+    """One recipe can prepare different weights on two machines of one label (the
+    record of version 5's first attempt): the first part writes each preparation's
+    weights digest, and a resume whose preparations differ is one line naming which."""
+    warm, teacher, out = tmp_path / "warm", tmp_path / "teacher", tmp_path / "out"
+    for folder, data in ((warm, b"w" * 64), (teacher, b"t" * 64)):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(data)
+    prepared = {"warm": {"model_dir": str(warm)}, "teacher": {"model_dir": str(teacher)},
+                "none": None}
+    first = bench.check_start(out, resume=False, prepared=prepared)
+    assert set(first) == {"warm", "teacher"} and first["warm"] != first["teacher"]
+    assert bench.check_start(out, resume=True, prepared=prepared) == first
+    (warm / "model.safetensors").write_bytes(b"x" * 64)
+    with pytest.raises(SystemExit) as exc:
+        bench.check_start(out, resume=True, prepared=prepared)
+    message = str(exc.value)
+    assert "\n" not in message and "from other prepared weights" in message
+    assert f"warm {bench.check_start(tmp_path / 'other', False, prepared)['warm']} here" in message
+    assert "teacher" not in message.split("(")[1].split(")")[0]
+    (warm / "model.safetensors").unlink()
+    with pytest.raises(SystemExit, match="holds no .safetensors weights; remove that folder"):
+        bench.check_start(out, resume=True, prepared=prepared)
