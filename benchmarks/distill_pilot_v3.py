@@ -14,9 +14,10 @@ evaluated on the validation split every ``eval_every`` updates. The teacher is
 judged by the two gates version 3 checks before its first cell
 (``student/benchmark/gates.py``): the plateau rule on the last two evaluations and the
 teacher's T=1 margin over the plateau; the record also keeps the teacher episodes'
-own success (how good the user's data is) and each run's wall clock. The choice: the
-largest N where both gates hold and the plateau is at least ``warm_floor``; none is a
-result too, written as such.
+own success (how good the user's data is), each run's wall clock and the machine it
+ran on (``machine.py``: one recipe can train another student on another machine). The
+choice: the largest N where both gates hold and the plateau is at least
+``warm_floor``; none is a result too, written as such.
 
 Writes ``distill_pilot_v3.json`` in ``--output-dir`` (default
 ``runs/benchmarks/distill-pilot-v3``, git-ignored; the runs beside it), or in
@@ -37,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
+from machine import machine_record  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,11 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    machine = machine_record()
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(run_one, str(args.config.resolve()), n, teacher["model_dir"],
                                str(runs.resolve())) for n in wanted]
         for future in futures:
             entry = future.result()
+            entry["machine"] = machine  # Ns run in parts may run on other machines
             entry["gates"] = judge(entry, teacher["t1"], config.gates)
             entries[entry["n"]] = entry
             g = entry["gates"]

@@ -85,3 +85,6 @@ def test_the_smoke_pilot_runs_on_a_fresh_clone(tmp_path):
     assert all(len(r["evals"]) == 2 and r["teacher_set"]["episodes"] == r["n"]
                for r in record["runs"])
     assert "choice" in record and record["config"] == "benchmarks/smoke/distill_pilot_v3.yaml"
+    # Each N names the machine it trained on: one recipe trains another student elsewhere.
+    assert all(r["machine"]["cpu_model"] and r["machine"]["transformers"]
+               for r in record["runs"])
