@@ -1170,21 +1170,22 @@ def check_machine(out_dir: Path, resume: bool,
 
 
 def check_start(out_dir: Path, resume: bool, prepared: dict[str, dict | None]) -> dict[str, str]:
-    """The sha256 of each preparation's weights, written beside the first part's cells; a
-    resumed run must start from the same weights. Two machines of one label can prepare
-    different models from one recipe (benchmarks/results/distill_v5_attempts.json), and
-    a cached preparation is trusted by its recipe alone (exits 1 with one line)."""
-    from miniverl.common.hashing import sha256_file, sha256_text
+    """The digest of each prepared model (``model_dir_digest``: its folder, miniverl's
+    own notes aside), written beside the first part's cells; a resumed run must start
+    from the same models. Two machines of one label can prepare different models from
+    one recipe (benchmarks/results/distill_v5_attempts.json), and a cached preparation
+    is trusted by its recipe alone (exits 1 with one line)."""
+    from miniverl.common.qualification import model_dir_digest
 
     weights = {}
     for name, record in prepared.items():
         if record is None:
             continue
-        files = sorted(Path(record["model_dir"]).glob("*.safetensors"))
-        if not files:
-            raise fail(f"the {name} preparation {record['model_dir']} holds no .safetensors "
+        folder = Path(record["model_dir"])
+        if not any(folder.glob("*.safetensors")):
+            raise fail(f"the {name} preparation {folder} holds no .safetensors "
                        "weights; remove that folder and run again to prepare it anew")
-        weights[name] = sha256_text("".join(f"{f.name}\0{sha256_file(f)}\n" for f in files))
+        weights[name] = model_dir_digest(folder)
     return same_as_recorded(out_dir / START_FILE, weights, resume,
                             "from other prepared weights than")
 

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts beside this file
 from machine import machine_record  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "benchmarks" / "distill" / "pilot_v3.yaml"

@@ -1,8 +1,9 @@
 """What a measurement is tied to: the torch build, the libraries, the CPU and its kernels.
 
-Two benchmarks read it: ``behaviour_hashes.py`` (a hash compares only on the same
-machine) and ``distill_bench.py`` (its cells spend a budget in seconds and train models
-whose numerics depend on these, so a run in parts resumes only where it started).
+``behaviour_hashes.py`` reads it (a hash compares only on the same machine), and so do
+``distill_bench.py`` (its cells spend a budget in seconds and train models whose
+numerics depend on these, so a run in parts resumes only where it started) and
+``distill_pilot_v3.py`` (each N's student names the machine it trained on).
 """
 
 from __future__ import annotations
