@@ -111,6 +111,16 @@ class GridSettings(BaseModel):
         return self
 
 
+class StartModel(BaseModel):
+    """One model of a committed start (``distill.start``): its folder, relative to the
+    config's, and the digest it was committed with (``model_dir_digest``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1)
+    digest: str = Field(pattern="^sha256:[0-9a-f]{64}$")
+
+
 class DistillSettings(GridSettings):
     """The ``distill:`` section of a distillation benchmark config."""
 
@@ -157,8 +167,19 @@ class DistillSettings(GridSettings):
                     "how many fell short, and the report reads every arm there; null: "
                     "the budget is updates only")
 
+    start: dict[str, StartModel] | None = Field(
+        None,
+        description="a start committed as weights (version 5): 'warm' (the student at its "
+                    "plateau) and 'teacher', each a prepared folder with its preparation "
+                    "record, used as they are instead of preparing student_prepare and "
+                    "teacher.prepare on this machine (one recipe prepares other models on "
+                    "another machine); null: prepared here, cached")
+
     @model_validator(mode="after")
     def _consistent(self) -> DistillSettings:
+        if self.start is not None and set(self.start) != {"warm", "teacher"}:
+            raise ValueError(f"start names {sorted(self.start)}; give exactly 'warm' and "
+                             "'teacher', each with its path and digest")
         low, high = self.warm_start
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"warm_start {list(self.warm_start)} must be [low, high] within "
@@ -244,7 +265,9 @@ def phase_config(raw: dict[str, Any], settings: DistillSettings, phase: str,
     out = copy.deepcopy(raw)
     rel = Path(os.path.relpath(config_dir.resolve(), phase_dir.resolve()))
     out["recipe"] = (rel / raw["recipe"]).as_posix()
-    if raw.get("student_prepare"):
+    if settings.start is not None:  # the cells read the committed start: none prepares
+        out.pop("student_prepare", None)
+    elif raw.get("student_prepare"):
         prep = student_prepare_path(raw, config_dir)
         out["student_prepare"] = (Path(os.path.relpath(prep.resolve(), phase_dir.resolve()))
                                   .as_posix())
@@ -413,13 +436,19 @@ def at_seconds(curve: list[dict[str, Any]], seconds: float) -> dict[str, Any] | 
 
 def analyze_cell(cell: dict[str, Any], results_dir: Path,
                  start: dict[str, Any] | None = None,
-                 charge_set: str = "up_front") -> dict[str, Any]:
+                 charge_set: str = "up_front",
+                 kept: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One cell's readings from its run folder; a folder that is gone (run folders are
+    git-ignored: an earlier part on another clone) is read from ``kept``, the readings
+    the committed analysis holds for that run, or the cell's own fields alone."""
     result = cell["result"]
     out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
            **{k: result.get(k) for k in ("error", "updates", "wall_s", "run_dir")}}
     if out["status"] != "ok" or not out["run_dir"]:
         return out
     run_dir = run_path(results_dir, out["run_dir"])
+    if not run_dir.is_dir() and out["run_dir"] in (kept or {}):
+        return {**(kept or {})[out["run_dir"]], **out}
     out["curve"] = read_curve(run_dir, start, charge_set)
     out["preparation_s"] = round(preparation_s(RunDir(run_dir).read_jsonl("events.jsonl")), 3)
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
@@ -570,6 +599,64 @@ def prepared_records(raw: dict[str, Any], config_dir: Path) -> tuple[dict, dict 
         except ConfigError as exc:
             raise fail(str(exc)) from None
     return records["warm"], records.get("teacher")
+
+
+PREPARED_RECORD = "miniverl_prepared.json"  # student/teacher_prep.py's record in its folder
+
+
+def committed_start(settings: DistillSettings, config_dir: Path) -> tuple[dict, dict]:
+    """The warm student's and the teacher's preparation records from the folders
+    ``distill.start`` commits, as :func:`prepared_records` gives them (``model_dir``
+    absolute); SystemExit (one line naming the folder, the rule and the fix) when a folder
+    is missing, holds no weights or record, or is not the digest the config committed."""
+    from miniverl.common.qualification import model_dir_digest
+
+    assert settings.start is not None
+    records = {}
+    for name in ("warm", "teacher"):
+        entry = settings.start[name]
+        folder = (config_dir / entry.path).resolve()
+        record = folder / PREPARED_RECORD
+        if not any(folder.glob("*.safetensors")) or not record.is_file():
+            raise fail(f"distill.start.{name}.path {entry.path} ({folder}) holds no "
+                       f".safetensors weights and {PREPARED_RECORD}; a committed start is a "
+                       "prepared model's folder: check out the commit that holds it")
+        digest = model_dir_digest(folder)
+        if digest != entry.digest:
+            raise fail(f"distill.start.{name}.path {entry.path} has digest {digest}, not the "
+                       f"{entry.digest} the config committed; restore the folder from git "
+                       "(git checkout -- it), or preregister a new start in a new commit")
+        records[name] = {**json.loads(record.read_text(encoding="utf-8")),
+                         "model_dir": str(folder)}
+    return records["warm"], records["teacher"]
+
+
+def start_ref(raw: dict[str, Any], settings: DistillSettings, config_dir: Path,
+              name: str) -> str:
+    """``distill.start``'s folder ``name`` relative to the base recipe's folder, as a
+    cell's recipe names it (the same on every clone: the derived configs, their digest
+    and a resumed run's check stay one)."""
+    assert settings.start is not None
+    recipe_dir = (config_dir / raw["recipe"]).resolve().parent
+    folder = (config_dir / settings.start[name].path).resolve()
+    return Path(os.path.relpath(folder, recipe_dir)).as_posix()
+
+
+def start_arms(raw: dict[str, Any], settings: DistillSettings, config_dir: Path) -> dict[str, Any]:
+    """``raw`` with every arm's student at the committed warm student and every arm's
+    teacher at the committed teacher (``prepare`` dropped), paths relative to the base
+    recipe's folder, from which the cells resolve them; an arm without a teacher
+    (``teacher: null``) keeps none. Without ``distill.start``, ``raw`` unchanged."""
+    if settings.start is None:
+        return raw
+    out = copy.deepcopy(raw)
+    warm, teacher = (start_ref(raw, settings, config_dir, n) for n in ("warm", "teacher"))
+    for arm in out["arms"]:
+        over: dict[str, Any] = {"student": {"model": {"path": warm, "toy": None}}}
+        if (arm.get("overrides") or {}).get("teacher", {}) is not None:
+            over["teacher"] = {"model": {"path": teacher, "toy": None}, "prepare": None}
+        arm["overrides"] = merge_overrides(arm.get("overrides") or {}, over)
+    return out
 
 
 def on_teacher_samples(prep: Path) -> dict[str, Any] | None:
@@ -778,16 +865,26 @@ def arm_rates(out_dir: Path, names: list[str], lr_grid: list[float]) -> dict[str
     return rates
 
 
-def grid_cells(out_dir: Path, split: str, charge_set: str = "up_front") -> list[dict[str, Any]]:
+def kept_cells(output: Path) -> dict[str, dict[str, Any]]:
+    """The readings an analysis at ``output`` holds, by run folder: what a run in parts
+    reads of an earlier part's cells whose git-ignored run folders this clone lacks."""
+    previous = json.loads(output.read_text(encoding="utf-8")) if output.is_file() else {}
+    return {c["run_dir"]: c for p in PHASES for c in (previous.get(p) or {}).get("cells", [])
+            if c.get("run_dir") and c.get("curve") is not None}
+
+
+def grid_cells(out_dir: Path, split: str, charge_set: str = "up_front",
+               kept: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Every grid cell: the grid folder's and its extensions', each curve starting from
     the warm student's evaluation on ``split`` (:func:`start_evals`; a cell read at a
-    seconds budget before its first evaluation stands there)."""
+    seconds budget before its first evaluation stands there; ``kept``: see
+    :func:`analyze_cell`)."""
     starts = Path(out_dir) / START_EVALS
     known = json.loads(starts.read_text(encoding="utf-8")) if starts.is_file() else {}
     cells = []
     for folder in [Path(out_dir) / "grid", *extension_dirs(out_dir)]:
         data = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-        cells += [analyze_cell(c, folder, known.get(f"warm:{split}"), charge_set)
+        cells += [analyze_cell(c, folder, known.get(f"warm:{split}"), charge_set, kept)
                   for c in data["cells"]]
     return cells
 
@@ -1018,6 +1115,7 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
                                # records without this key hold the greedy figure only.
                                "coverage_reading": "t1"}
     names = [a["name"] for a in raw["arms"]]
+    kept = kept_cells(output)  # cells whose run folders are not here (an earlier part)
     starts = out_dir / START_EVALS
     known_starts = json.loads(starts.read_text(encoding="utf-8")) if starts.is_file() else {}
     summary["start_evals"] = known_starts
@@ -1028,12 +1126,12 @@ def analyze(out_dir: Path, raw: dict[str, Any], settings: DistillSettings, outpu
         data = json.loads(results.read_text(encoding="utf-8"))
         split = settings.grid_split if phase == "grid" else settings.main_split
         start0 = known_starts.get(f"warm:{split}")
-        cells = [analyze_cell(c, results.parent, start0, settings.charge_set)
+        cells = [analyze_cell(c, results.parent, start0, settings.charge_set, kept)
                  for c in data["cells"]]
         extensions = extension_dirs(out_dir) if phase == "grid" else []
         for folder in extensions:  # the grid's extensions (grid_extension_factor)
             more = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-            cells += [analyze_cell(c, folder, start0, settings.charge_set)
+            cells += [analyze_cell(c, folder, start0, settings.charge_set, kept)
                       for c in more["cells"]]
         if settings.budget_s is not None:
             for c in cells:
@@ -1157,6 +1255,24 @@ def output_paths(args: argparse.Namespace, raw: dict[str, Any],
 
 MACHINE_FILE = "machine.json"
 START_FILE = "start_weights.json"
+PARTS_FILE = "parts.json"
+
+
+def log_part(out_dir: Path, resume: bool) -> dict[str, Any]:
+    """Append this part (when it started, the host, its machine record) to the run's
+    parts log; a fresh start (no ``--resume``) begins a new log. Parts may run on two
+    hosts whose machine records are equal (check_machine): the log says which ran."""
+    import platform
+
+    from miniverl.common.clock import utc_now
+
+    path = out_dir / PARTS_FILE
+    parts = json.loads(path.read_text(encoding="utf-8")) if resume and path.is_file() else []
+    part = {"started_at": utc_now(), "host": platform.node(), "resume": resume,
+            "machine": machine_record()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([*parts, part], indent=2) + "\n", encoding="utf-8")
+    return part
 
 
 def check_machine(out_dir: Path, resume: bool,
@@ -1247,7 +1363,8 @@ def run_phase(path: Path, phase_dir: Path, args: argparse.Namespace,
 
 
 def extend_grid(raw: dict[str, Any], settings: DistillSettings, config_dir: Path,
-                out_dir: Path, args: argparse.Namespace, deadline: float | None) -> None:
+                out_dir: Path, output: Path, args: argparse.Namespace,
+                deadline: float | None) -> None:
     """The grid's extension rule (:func:`grid_extension`), round after round: each round
     runs the arms whose choice is at an edge at their next rate, in ``grid_ext<k>``
     (a round already run is resumed, not repeated), until every choice is inside its
@@ -1258,7 +1375,9 @@ def extend_grid(raw: dict[str, Any], settings: DistillSettings, config_dir: Path
         folder = out_dir / f"grid_ext{k}"
         if not (folder / "results.json").is_file():
             rates = arm_rates(out_dir, names, settings.lr_grid)
-            _, table = choose_rates(grid_cells(out_dir, settings.grid_split, settings.charge_set), names, rates, settings.budget_s)
+            _, table = choose_rates(grid_cells(out_dir, settings.grid_split, settings.charge_set,
+                                               kept_cells(output)),
+                                    names, rates, settings.budget_s)
             new = grid_extension(table, settings.grid_extension_factor, settings.lr_bounds)
             if not new:
                 return
@@ -1354,7 +1473,11 @@ def main(argv: list[str] | None = None) -> int:
         start = previous.get("start")
     else:
         machine = check_machine(out_dir, args.resume)
-        warm, teacher = prepared_records(raw, config_dir)
+        log_part(out_dir, args.resume)
+        if settings.start is not None:
+            warm, teacher = committed_start(settings, config_dir)
+        else:
+            warm, teacher = prepared_records(raw, config_dir)
         start = start_summary(warm, teacher, settings.warm_start)
         start["machine"] = machine
         start["weights_sha256"] = check_start(out_dir, args.resume,
@@ -1365,7 +1488,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{list(settings.warm_start)}); teacher margin {start['teacher_margin']}",
               flush=True)
         models = {"warm": warm["model_dir"]}
-        raw = own_teacher_arms(raw, warm["model_dir"])
+        raw = own_teacher_arms(start_arms(raw, settings, config_dir),
+                               warm["model_dir"] if settings.start is None
+                               else start_ref(raw, settings, config_dir, "warm"))
         start_evals(raw, config_dir, models, settings.grid_split, out_dir / START_EVALS)
         if teacher is not None:
             models["teacher"] = teacher["model_dir"]
@@ -1377,14 +1502,16 @@ def main(argv: list[str] | None = None) -> int:
                 if not grid_results.is_file():
                     raise fail(f"--phase main runs at the rates the grid chose, and "
                                f"{grid_results} does not exist; run --phase grid first")
-                chosen, _ = choose_rates(grid_cells(out_dir, settings.grid_split, settings.charge_set), names,
+                chosen, _ = choose_rates(grid_cells(out_dir, settings.grid_split,
+                                                    settings.charge_set, kept_cells(output)),
+                                         names,
                                          arm_rates(out_dir, names, settings.lr_grid),
                                          settings.budget_s)
             path = write_phase_config(raw, settings, phase, config_dir, out_dir / phase, chosen)
             try:
                 run_phase(path, out_dir / phase, args, deadline)
                 if phase == "grid" and settings.grid_extension_factor is not None:
-                    extend_grid(raw, settings, config_dir, out_dir, args, deadline)
+                    extend_grid(raw, settings, config_dir, out_dir, output, args, deadline)
             except PartEnded:
                 summary = analyze(out_dir, raw, settings, output, start)
                 output.parent.mkdir(parents=True, exist_ok=True)

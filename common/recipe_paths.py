@@ -55,7 +55,8 @@ def _hub_adapter(section: Any, ref: str) -> bool:
     return section.adapter_revision is not None and HUB_ID.match(ref) is not None
 
 
-def _anchored(base: Path, value: str) -> str:
+def anchored(base: Path, value: str) -> str:
+    """``value`` as written when absolute (``~`` expanded), else under ``base``."""
     path = Path(value).expanduser()
     return str(path if path.is_absolute() else base / path)
 
@@ -69,22 +70,22 @@ def anchor_paths(recipe: Any, base: Path) -> Any:
     student = recipe.student
     if student.model.path is not None:
         update["student"] = student.model_copy(update={"model": student.model.model_copy(
-            update={"path": _anchored(base, student.model.path)})})
+            update={"path": anchored(base, student.model.path)})})
 
     def teacher(section: Any) -> Any:
         changes: dict[str, Any] = {}
         if section.model.path is not None and not _is_engine(section):
             changes["model"] = section.model.model_copy(
-                update={"path": _anchored(base, section.model.path)})
+                update={"path": anchored(base, section.model.path)})
         if section.adapter is not None and not _hub_adapter(section, section.adapter):
-            changes["adapter"] = _anchored(base, section.adapter)
+            changes["adapter"] = anchored(base, section.adapter)
         if section.adapters is not None:
             changes["adapters"] = {
-                name: ref if PINNED_HUB_ADAPTER.match(ref) else _anchored(base, ref)
+                name: ref if PINNED_HUB_ADAPTER.match(ref) else anchored(base, ref)
                 for name, ref in section.adapters.items()}
         for key in CURVE_KEYS:
             if getattr(section, key) is not None:
-                changes[key] = _anchored(base, getattr(section, key))
+                changes[key] = anchored(base, getattr(section, key))
         return section.model_copy(update=changes) if changes else section
 
     if recipe.teacher is not None:
@@ -93,7 +94,7 @@ def anchor_paths(recipe: Any, base: Path) -> Any:
         update["teachers"] = {name: teacher(s) for name, s in recipe.teachers.items()}
     if recipe.train.trajectories is not None:
         update["train"] = recipe.train.model_copy(
-            update={"trajectories": _anchored(base, recipe.train.trajectories)})
+            update={"trajectories": anchored(base, recipe.train.trajectories)})
     return recipe.model_copy(update=update) if update else recipe
 
 

@@ -22,6 +22,7 @@ runs. Run with ``miniverl benchmark CONFIG [--resume] [--output-dir DIR |
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import subprocess
 import time
@@ -36,6 +37,7 @@ from miniverl.common.clock import utc_now
 from miniverl.common.errors import ConfigError
 from miniverl.common.recipe import TEACHER_MODES, Recipe
 from miniverl.common.recipe_models import ModelSource
+from miniverl.common.recipe_paths import anchored
 from miniverl.student.benchmark.config import (
     BenchmarkConfig,
     cell_recipe,
@@ -292,8 +294,19 @@ class TrainerCells:
         return out
 
     def with_prepared_models(self, recipe_dict: dict[str, Any]) -> dict[str, Any]:
-        """``recipe_dict`` with prepared models as ``model.path`` (prepared on first use)."""
+        """``recipe_dict`` with prepared models as ``model.path`` (prepared on first use),
+        and every relative ``model.path`` of its student and launched teachers made
+        absolute against the base recipe's folder, as ``load_recipe`` reads a recipe
+        file's (common/recipe_paths.py): the teacher process reads a copy elsewhere."""
         recipe = copy.deepcopy(recipe_dict)
+        for section in [recipe.get("student"), recipe.get("teacher"),
+                        *(recipe.get("teachers") or {}).values()]:
+            if not isinstance(section, dict) or not isinstance(section.get("model"), dict):
+                continue
+            engine = str(section.get("endpoint") or "").startswith(("http://", "https://"))
+            if isinstance(section["model"].get("path"), str) and not engine:
+                section["model"]["path"] = os.path.normpath(anchored(
+                    self.recipe_dir.resolve(), section["model"]["path"]))
         teacher = recipe.get("teacher")
         # sft arms need none, but a SeqKD arm (train.fixed_set: teacher) plays with the
         # teacher's weights itself; read before validating, which refuses an unprepared one.

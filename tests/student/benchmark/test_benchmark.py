@@ -342,8 +342,10 @@ def test_prepared_models_are_made_once_and_named_in_each_cell(tmp_path: Path, mo
     both = TrainerCells(None, tmp_path, recipe_dir=tmp_path / "recipes").with_prepared_models(
         routed)
     assert made == [("teach.yaml", "teachers.calc.prepare")]
+    # A teacher already given by path keeps it, read from the base recipe's folder as
+    # load_recipe reads a recipe file's (the teacher process reads a copy elsewhere).
     assert both["teachers"] == {"calc": {"model": {"path": str(tmp_path / "ready-teach")}},
-                                "nav": {"model": {"path": "ready-nav"}}}
+                                "nav": {"model": {"path": str(tmp_path / "recipes/ready-nav")}}}
 
 
 def _fake_prepared(monkeypatch, tmp_path: Path, evaluation: dict) -> list[str]:

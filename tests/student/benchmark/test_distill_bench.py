@@ -502,6 +502,11 @@ def test_the_version_5_smoke_runs_every_new_path_end_to_end(doc_clone):
                                   .read_text())
         teacher = (resolved.get("teacher") or {}).get("model", {}).get("path", "")
         assert teacher.endswith(warm) == (cell["arm"] in ("sft_own", "opd_self")), cell["arm"]
+        # The committed start (distill.start), read where the clone holds it: no cell prepares.
+        start = doc_clone / "benchmarks/smoke/start_v5"
+        assert resolved["student"]["model"]["path"] == str(start / "warm")
+        assert teacher == str(start / ("warm" if cell["arm"] in ("sft_own", "opd_self")
+                                       else "teacher")), cell["arm"]
     for arm, entry in main["arms"].items():
         short = sum(c["reached_budget_s"] is False for c in main["cells"] if c["arm"] == arm)
         assert entry["short_of_budget_s"] == short and "half_gap_s" not in entry  # no gap here
@@ -696,3 +701,37 @@ def test_a_run_in_parts_resumes_only_from_the_weights_it_started_from(tmp_path):
     (warm / "model.safetensors").unlink()
     with pytest.raises(SystemExit, match="holds no .safetensors weights; remove that folder"):
         bench.check_start(out, resume=True, prepared=prepared)
+
+
+def test_a_part_reads_an_earlier_parts_cells_from_the_committed_analysis(tmp_path):
+    """Run folders are git-ignored: a part on a fresh clone reads the cells an earlier
+    part ran from the analysis that part committed; a cell whose folder is here is read
+    from it."""
+    run = _write(tmp_path / "grid" / "runs" / "a-1", [_eval(2, 0.3, 0.4)],
+                 [_row(1, 1.0, 0.0, 0.5), _row(2, 1.0, 0.0, 0.5)])
+    cell = {"arm": "a-lr0", "seed": 1,
+            "result": {"status": "ok", "updates": 2, "wall_s": 9.0, "run_dir": "runs/a-1"}}
+    here = bench.analyze_cell(cell, tmp_path / "grid")
+    assert here["training_s"] == 3.0 and here["curve"][-1]["t1"] == 0.4
+    output = tmp_path / "analysis.json"
+    output.write_text(json.dumps({"grid": {"cells": [here]}, "main": None}))
+    kept = bench.kept_cells(output)
+    assert set(kept) == {"runs/a-1"}
+    for path in sorted(run.iterdir()):
+        path.unlink()
+    run.rmdir()
+    assert bench.analyze_cell(cell, tmp_path / "grid", kept=kept) == here
+    assert bench.kept_cells(tmp_path / "none.json") == {}
+
+
+def test_each_part_is_logged_with_the_host_and_machine_it_ran_on(tmp_path):
+    first = bench.log_part(tmp_path, resume=False)
+    second = bench.log_part(tmp_path, resume=True)
+    parts = json.loads((tmp_path / bench.PARTS_FILE).read_text())
+    assert parts == [first, second] and [p["resume"] for p in parts] == [False, True]
+    assert {"started_at", "host", "machine"} <= set(first)
+    assert first["machine"] == bench.machine_record()
+    # A fresh start (no --resume) begins a new log.
+    assert json.loads((tmp_path / bench.PARTS_FILE).read_text()) == parts
+    bench.log_part(tmp_path, resume=False)
+    assert len(json.loads((tmp_path / bench.PARTS_FILE).read_text())) == 1

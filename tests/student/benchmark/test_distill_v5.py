@@ -5,10 +5,12 @@ where the documented commands already run it on a fresh clone."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -88,3 +90,82 @@ def test_version_n_names_its_committed_config_or_says_which_exist(tmp_path):
     with pytest.raises(SystemExit) as info:  # v5 is found: --reread-record finds no record
         bench.main(["--version", "5", "--output-dir", str(tmp_path), "--reread-record"])
     assert "distill_bench_v5.json" in str(info.value) and "has none" in str(info.value)
+
+
+def _start(tmp_path: Path) -> tuple[dict, Path]:
+    """A config in ``tmp_path`` whose distill.start commits two model folders."""
+    from miniverl.common.qualification import model_dir_digest
+
+    raw, _ = bench.load_config(ROOT / "benchmarks/distill/v5.yaml")
+    start = {}
+    for name, data in (("warm", b"w" * 64), ("teacher", b"t" * 64)):
+        folder = tmp_path / "start" / name
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(data)
+        (folder / bench.PREPARED_RECORD).write_text(json.dumps({"steps": 7, "name": name}))
+        start[name] = {"path": f"start/{name}", "digest": model_dir_digest(folder)}
+    text = (ROOT / "benchmarks/distill/v5.yaml").read_text()
+    config = yaml.safe_load(text)
+    config["recipe"] = str(ROOT / "benchmarks/distill" / config["recipe"])
+    config["distill"]["start"] = start
+    path = tmp_path / "v5.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return config, path
+
+
+def test_a_committed_start_is_read_as_committed_or_refused_in_one_line(tmp_path):
+    # Version 5's start travels as weights: the records come from the committed folders
+    # (no preparation), and a folder changed since its commit, or missing, is one line.
+    _, path = _start(tmp_path)
+    _, settings = bench.load_config(path)
+    warm, teacher = bench.committed_start(settings, tmp_path)
+    assert warm == {"steps": 7, "name": "warm", "model_dir": str(tmp_path / "start/warm")}
+    assert teacher["model_dir"] == str(tmp_path / "start/teacher")
+    (tmp_path / "start/teacher/model.safetensors").write_bytes(b"x" * 64)
+    with pytest.raises(SystemExit) as exc:
+        bench.committed_start(settings, tmp_path)
+    (line,) = str(exc.value).splitlines()
+    assert "distill.start.teacher.path start/teacher has digest sha256:" in line
+    assert settings.start["teacher"].digest in line and "git checkout" in line
+    (tmp_path / "start/warm/model.safetensors").unlink()
+    with pytest.raises(SystemExit, match="start.warm.path start/warm .* holds no .safetensors"):
+        bench.committed_start(settings, tmp_path)
+    bad = yaml.safe_load(path.read_text())
+    bad["distill"]["start"].pop("teacher")
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(SystemExit, match="start names \\['warm'\\]; give exactly"):
+        bench.load_config(path)
+
+
+def test_with_a_committed_start_every_cell_names_its_folders_and_none_prepares(tmp_path):
+    # The derived configs name the committed folders relative to the base recipe's folder
+    # (one digest on every clone), hold no student_prepare, keep rl teacherless and give
+    # the control's arms the warm student; the cells resolve the paths from that folder.
+    from miniverl.common.recipe import Recipe
+    from miniverl.student.benchmark.config import cell_recipe, load_benchmark_config
+    from miniverl.student.benchmark.run import TrainerCells
+
+    raw, path = _start(tmp_path)
+    raw, settings = bench.load_config(path)
+    warm = bench.start_ref(raw, settings, tmp_path, "warm")
+    assert not Path(warm).is_absolute()
+    assert (ROOT / "benchmarks/distill" / warm).resolve() == (tmp_path / "start/warm").resolve()
+    resolved = bench.own_teacher_arms(bench.start_arms(raw, settings, tmp_path), warm)
+    chosen = {a["name"]: 1e-4 for a in raw["arms"]}
+    derived = bench.write_phase_config(resolved, settings, "main", tmp_path, tmp_path / "main",
+                                       chosen)
+    assert "student_prepare" not in yaml.safe_load(derived.read_text())
+    config, base = load_benchmark_config(derived)
+    cells = TrainerCells(None, tmp_path, recipe_dir=ROOT / "benchmarks/distill")
+    recipes = {arm.name: Recipe.model_validate(cells.with_prepared_models(
+        cell_recipe(config, base, arm, 1, tmp_path / "main"))) for arm in config.arms}
+    folder = {n: str((tmp_path / "start" / n).resolve()) for n in ("warm", "teacher")}
+    for name, recipe in recipes.items():
+        assert recipe.student.model.path == folder["warm"], name
+        if name == "rl":
+            assert recipe.teacher is None
+        else:
+            own = name in ("sft_own", "opd_self")
+            assert recipe.teacher.model.path == folder["warm" if own else "teacher"], name
+            assert recipe.teacher.prepare is None
+
