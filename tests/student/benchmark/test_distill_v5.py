@@ -169,3 +169,17 @@ def test_with_a_committed_start_every_cell_names_its_folders_and_none_prepares(t
             assert recipe.teacher.model.path == folder["warm" if own else "teacher"], name
             assert recipe.teacher.prepare is None
 
+
+def test_the_committed_start_is_the_one_preregistered_and_passes_its_gates():
+    # benchmarks/distill/start_v5/ (the amendment before any cell): each folder is the
+    # digest v5.yaml committed, and its preparation record passes the warm band, the
+    # plateau gate and the margin gate as the pilot measured them (pilot_v5.json, N=64).
+    raw, settings = bench.load_config(ROOT / "benchmarks/distill/v5.yaml")
+    warm, teacher = bench.committed_start(settings, ROOT / "benchmarks/distill")
+    assert bench.check_warm_start(warm, settings.warm_start, raw["student_prepare"]) == 0.578125
+    gates = bench.check_gates(warm, teacher, settings, raw["student_prepare"])
+    assert gates == {"plateau": 0.578125, "margin": 0.3671875}
+    pilot = json.loads((ROOT / "benchmarks/results/distill_pilot_v5.json").read_text())
+    (n64,) = [r for r in pilot["runs"] if r["n"] == 64]
+    assert [e["t1"] for e in warm["evals"]] == [e["t1"] for e in n64["evals"]]
+    assert raw["student_prepare"] == "student_v5.yaml"
