@@ -1259,17 +1259,19 @@ PARTS_FILE = "parts.json"
 
 
 def log_part(out_dir: Path, resume: bool) -> dict[str, Any]:
-    """Append this part (when it started, the host, its machine record) to the run's
-    parts log; a fresh start (no ``--resume``) begins a new log. Parts may run on two
-    hosts whose machine records are equal (check_machine): the log says which ran."""
+    """Append this part (when it started, the host, its boot id, its machine record) to
+    the run's parts log; a fresh start (no ``--resume``) begins a new log. Parts may run
+    on two hosts whose machine records are equal (check_machine): the log says which."""
     import platform
 
     from miniverl.common.clock import utc_now
 
     path = out_dir / PARTS_FILE
     parts = json.loads(path.read_text(encoding="utf-8")) if resume and path.is_file() else []
-    part = {"started_at": utc_now(), "host": platform.node(), "resume": resume,
-            "machine": machine_record()}
+    boot = Path("/proc/sys/kernel/random/boot_id")  # one per boot: the host name may repeat
+    part = {"started_at": utc_now(), "host": platform.node(),
+            "boot_id": boot.read_text(encoding="utf-8").strip() if boot.is_file() else None,
+            "resume": resume, "machine": machine_record()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([*parts, part], indent=2) + "\n", encoding="utf-8")
     return part

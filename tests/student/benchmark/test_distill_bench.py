@@ -729,7 +729,7 @@ def test_each_part_is_logged_with_the_host_and_machine_it_ran_on(tmp_path):
     second = bench.log_part(tmp_path, resume=True)
     parts = json.loads((tmp_path / bench.PARTS_FILE).read_text())
     assert parts == [first, second] and [p["resume"] for p in parts] == [False, True]
-    assert {"started_at", "host", "machine"} <= set(first)
+    assert {"started_at", "host", "boot_id", "machine"} <= set(first)
     assert first["machine"] == bench.machine_record()
     # A fresh start (no --resume) begins a new log.
     assert json.loads((tmp_path / bench.PARTS_FILE).read_text()) == parts
