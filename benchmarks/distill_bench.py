@@ -440,15 +440,15 @@ def analyze_cell(cell: dict[str, Any], results_dir: Path,
                  kept: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One cell's readings from its run folder; a folder that is gone (run folders are
     git-ignored: an earlier part on another clone) is read from ``kept``, the readings
-    the committed analysis holds for that run, or the cell's own fields alone."""
+    the committed analysis holds for that run (:func:`kept_cells`)."""
     result = cell["result"]
     out = {"arm": cell["arm"], "seed": cell["seed"], "status": result["status"],
            **{k: result.get(k) for k in ("error", "updates", "wall_s", "run_dir")}}
     if out["status"] != "ok" or not out["run_dir"]:
         return out
     run_dir = run_path(results_dir, out["run_dir"])
-    if not run_dir.is_dir() and out["run_dir"] in (kept or {}):
-        return {**(kept or {})[out["run_dir"]], **out}
+    if kept and not run_dir.is_dir() and out["run_dir"] in kept:
+        return {**kept[out["run_dir"]], **out}
     out["curve"] = read_curve(run_dir, start, charge_set)
     out["preparation_s"] = round(preparation_s(RunDir(run_dir).read_jsonl("events.jsonl")), 3)
     out["training_s"] = out["curve"][-1]["train_s"] if out["curve"] else None
